@@ -1,0 +1,57 @@
+// What one running collective knows: who it is, where its peers are, its deadline,
+// and the named send/recv primitives every algorithm is written with.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "common/config.h"
+#include "common/errors.h"
+#include "transport/engine.h"
+
+namespace ringpg {
+
+class OpContext {
+ public:
+  OpContext(Engine& engine, const Config& cfg, OpTag tag, int size, uint8_t opcode,
+            c10::ScalarType dtype, uint64_t opNumel, Deadline deadline, std::vector<char>& scratch)
+      : engine_(engine), cfg_(cfg), tag_(tag), size_(size), opcode_(opcode),
+        dtype_(dtype), opNumel_(opNumel), deadline_(deadline), scratch_(scratch) {}
+
+  int rank() const { return tag_.rank; }
+  int size() const { return size_; }
+  int left() const { return (tag_.rank + size_ - 1) % size_; }
+  int right() const { return (tag_.rank + 1) % size_; }
+  c10::ScalarType dtype() const { return dtype_; }
+  const Config& config() const { return cfg_; }
+  const OpTag& tag() const { return tag_; }
+
+  // Collective frames of this op: same key/op/dtype/numel on both sides.
+  RequestPtr send(int peer, const void* data, size_t nbytes);
+  RequestPtr recv(int peer, void* data, size_t nbytes);
+  // Blocks until `req` completes; throws a c10d error naming op, rank and peer on
+  // failure or when the op's deadline passes (which also breaks the engine, so no
+  // late byte can land in a buffer the caller is about to free).
+  void wait(const RequestPtr& req);
+  void waitAll(std::vector<RequestPtr>& reqs);
+
+  // A reusable scratch area of at least `bytes` (owned by the backend's worker).
+  char* scratch(size_t bytes);
+
+ private:
+  FrameHeader header() const;
+
+  Engine& engine_;
+  const Config& cfg_;
+  OpTag tag_;
+  int size_;
+  uint8_t opcode_;
+  c10::ScalarType dtype_;
+  uint64_t opNumel_;
+  Deadline deadline_;
+  std::vector<char>& scratch_;
+};
+
+} // namespace ringpg

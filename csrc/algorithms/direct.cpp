@@ -1,0 +1,66 @@
+#include "algorithms/direct.h"
+
+#include <c10/util/irange.h>
+
+#include <cstring>
+
+namespace ringpg {
+
+void gatherTo(OpContext& c, int root, const char* input, size_t nbytes, const std::vector<char*>& outputs) {
+  const int p = c.size();
+  const int r = c.rank();
+  if (r != root) {
+    std::vector<RequestPtr> s{c.send(root, input, nbytes)};
+    c.waitAll(s);
+    return;
+  }
+  std::vector<RequestPtr> recvs;
+  for (const auto d : c10::irange(1, p)) {
+    const int q = (r + d) % p;
+    recvs.push_back(c.recv(q, outputs[q], nbytes));
+  }
+  if (nbytes > 0 && outputs[r] != input) {
+    std::memcpy(outputs[r], input, nbytes);
+  }
+  c.waitAll(recvs);
+}
+
+void scatterFrom(OpContext& c, int root, const std::vector<const char*>& inputs, char* output, size_t nbytes) {
+  const int p = c.size();
+  const int r = c.rank();
+  if (r != root) {
+    std::vector<RequestPtr> rv{c.recv(root, output, nbytes)};
+    c.waitAll(rv);
+    return;
+  }
+  std::vector<RequestPtr> sends;
+  for (const auto d : c10::irange(1, p)) {
+    const int q = (r + d) % p;
+    sends.push_back(c.send(q, inputs[q], nbytes));
+  }
+  if (nbytes > 0 && inputs[r] != output) {
+    std::memcpy(output, inputs[r], nbytes);
+  }
+  c.waitAll(sends);
+}
+
+void allToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
+              const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
+  const int p = c.size();
+  const int r = c.rank();
+  std::vector<RequestPtr> reqs;
+  for (const auto d : c10::irange(1, p)) {
+    const int q = (r - d + p) % p;
+    reqs.push_back(c.recv(q, recvBuf[q], recvBytes[q]));
+  }
+  for (const auto d : c10::irange(1, p)) {
+    const int q = (r + d) % p;
+    reqs.push_back(c.send(q, sendBuf[q], sendBytes[q]));
+  }
+  if (recvBytes[r] > 0 && recvBuf[r] != sendBuf[r]) {
+    std::memcpy(recvBuf[r], sendBuf[r], recvBytes[r]);
+  }
+  c.waitAll(reqs);
+}
+
+} // namespace ringpg

@@ -1,0 +1,42 @@
+// Ring collectives, written with the primitives of OpContext in the NCCL manner:
+// reduce-scatter is p-1 "receive, reduce, forward" steps, all-gather is p-1
+// "receive, forward" steps, and allreduce is the one followed by the other in a
+// single pipelined sweep (the last reduced segment leaves as the first gathered one).
+//
+// Every step moves its chunk in segments (ring_plan.h): a segment is forwarded as soon
+// as it is reduced, while the next ones are still arriving, and receives are posted a
+// window ahead so the progress thread can land data while this thread reduces.
+#pragma once
+
+#include <functional>
+
+#include "algorithms/context.h"
+#include "reduce/reduce.h"
+
+namespace ringpg {
+
+struct RingBuffers {
+  const char* input = nullptr; // this rank's contribution, full layout (reduce steps)
+  char* work = nullptr;        // full layout: partial results and gathered chunks
+  char* own = nullptr;         // where this rank's own chunk lives, if not in `work`
+};
+
+struct RingJob {
+  int64_t count = 0;   // elements in the full layout
+  size_t elemSize = 0; // bytes per element
+  bool reduceScatter = false;
+  bool allGather = false;
+  RedOp op = RedOp::Sum;
+  // Applied to each finished segment of the own chunk after the reduce-scatter
+  // (AVG's division); may be empty.
+  std::function<void(char* data, int64_t n)> finalize;
+};
+
+// Requires job.reduceScatter || job.allGather; for all-gather alone, the own chunk
+// must already be in place (in `own` if set, else in `work`).
+void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b);
+
+// Pipelined chain broadcast of `nbytes` from `root` along the ring.
+void chainBroadcast(OpContext& c, char* data, size_t nbytes, int root);
+
+} // namespace ringpg

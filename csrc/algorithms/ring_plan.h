@@ -1,0 +1,87 @@
+// Pure offset arithmetic of the ring: how a buffer is cut into chunks (one per rank)
+// and chunks into pipelined segments, and which chunk a rank sends / receives at
+// each ring step.  No I/O, no state: unit-tested exhaustively (tests/test_ring_plan.py).
+//
+// Conventions (all counts in elements):
+//   * chunk c of `count` elements over `parts` ranks is balanced: the first
+//     count % parts chunks hold one element more.  Chunks may be empty (count < parts).
+//   * every chunk is cut into the same number of segments, so step k's segment j on
+//     one rank pairs with step k's segment j on its neighbour; a segment may be empty,
+//     and an empty segment is neither sent nor received (both sides compute the same
+//     length, so they agree without a message).
+//   * ring step k (0-based) of a rank r in a ring of p:
+//       sends    chunk (r - k - 1) mod p   to   the right neighbour r + 1,
+//       receives chunk (r - k - 2) mod p   from the left neighbour r - 1,
+//     so what is received at step k is what is sent at step k + 1, and after the
+//     p - 1 reduce steps of a reduce-scatter rank r owns the reduced chunk r.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace ringpg {
+
+struct Range {
+  int64_t offset = 0;
+  int64_t length = 0;
+  bool empty() const {
+    return length <= 0;
+  }
+};
+
+inline int mod(int64_t a, int64_t m) {
+  return static_cast<int>(((a % m) + m) % m);
+}
+
+// Chunk c of a balanced split of `count` into `parts`.
+inline Range chunkRange(int64_t count, int parts, int c) {
+  const int64_t base = count / parts;
+  const int64_t rem = count % parts;
+  // Chunks before c each hold `base` elements, and min(c, rem) of them one extra.
+  return Range{c * base + std::min<int64_t>(c, rem), base + (c < rem ? 1 : 0)};
+}
+
+// Segment plan shared by all chunks of one buffer.
+struct SegmentPlan {
+  int64_t segments = 0; // segments per chunk (0 when count == 0)
+  int64_t segElems = 0; // elements per full segment
+};
+
+// Largest chunk cut into ceil(maxChunk / maxSegElems) segments of equal size
+// (rounded up), so segments are balanced instead of leaving a runt at the end.
+inline SegmentPlan segmentPlan(int64_t count, int parts, int64_t maxSegElems) {
+  const int64_t maxChunk = (count + parts - 1) / parts;
+  if (maxChunk == 0) {
+    return SegmentPlan{0, 0};
+  }
+  const int64_t cap = std::max<int64_t>(1, maxSegElems);
+  const int64_t segments = (maxChunk + cap - 1) / cap;
+  return SegmentPlan{segments, (maxChunk + segments - 1) / segments};
+}
+
+// Segment j of chunk `chunk` (absolute offsets into the buffer).
+inline Range segmentRange(const Range& chunk, const SegmentPlan& plan, int64_t j) {
+  const int64_t start = std::min(j * plan.segElems, chunk.length);
+  const int64_t end = std::min(start + plan.segElems, chunk.length);
+  return Range{chunk.offset + start, end - start};
+}
+
+inline int ringSendChunk(int rank, int size, int step) {
+  return mod(static_cast<int64_t>(rank) - step - 1, size);
+}
+
+inline int ringRecvChunk(int rank, int size, int step) {
+  return mod(static_cast<int64_t>(rank) - step - 2, size);
+}
+
+// Segments cut from one flat buffer (broadcast's chain): segment j of `count`.
+inline Range flatSegment(int64_t count, int64_t segElems, int64_t j) {
+  const int64_t start = std::min(j * segElems, count);
+  return Range{start, std::min(start + segElems, count) - start};
+}
+
+inline int64_t flatSegments(int64_t count, int64_t segElems) {
+  return count == 0 ? 0 : (count + segElems - 1) / segElems;
+}
+
+} // namespace ringpg

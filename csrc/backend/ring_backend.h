@@ -1,0 +1,139 @@
+// ringpg's c10d::Backend.  Every op follows the same three stages
+// (the shape of ProcessGroupGloo):
+//   1. validate in the caller's thread (TORCH_CHECK, "ringpg::<op>: ..."), before a
+//      sequence number is taken, so a refused call leaves all ranks in step;
+//   2. take the next sequence number and queue the op for the single worker thread,
+//      which runs ops in issue order (the order is the same on every rank);
+//   3. the worker stages tensors to contiguous host memory if needed, runs the
+//      algorithm with a deadline of the group's (or the op's) timeout, copies results
+//      back and completes the Work and its Future.
+// Point-to-point ops bypass the worker: they are posted to the engine at once and
+// completed by it, so a blocked receive never holds up collectives.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "algorithms/context.h"
+#include "backend/ring_work.h"
+#include "common/config.h"
+#include "transport/engine.h"
+
+namespace ringpg {
+
+class RingBackend final : public c10d::Backend {
+ public:
+  RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+              std::chrono::milliseconds timeout, std::string groupName);
+  ~RingBackend() override;
+
+  const std::string getBackendName() const override {
+    return "ringpg";
+  }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplits,
+                                               std::vector<int64_t>& inputSplits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  uint64_t getSequenceNumberForGroup() override;
+  void setSequenceNumberForGroup() override {}
+  bool supportsCoalescing() const override {
+    return false;
+  }
+  void shutdown() override;
+  void abort() override;
+
+  // The address this rank's listener used (diagnostics and tests).
+  const std::string& localAddress() const {
+    return localAddress_;
+  }
+
+ private:
+  using OpFn = std::function<void(OpContext&)>;
+  struct Queued {
+    c10::intrusive_ptr<RingWork> work;
+    OpFn fn;
+    OpTag tag;
+    uint8_t opcode;
+    c10::ScalarType dtype;
+    uint64_t numel;
+    std::chrono::milliseconds timeout;
+  };
+
+  // Stage 2: takes a sequence number and queues `fn` for the worker.
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name, const char* profilingTitle,
+                                         c10::ScalarType dtype, uint64_t numel,
+                                         std::chrono::milliseconds timeout, std::vector<at::Tensor> outputs,
+                                         const std::vector<at::Tensor>& inputs, OpFn fn);
+  c10::intrusive_ptr<c10d::Work> p2p(c10d::OpType type, const char* name, at::Tensor& tensor, int peer,
+                                     int tag);
+  void workerLoop();
+  void stop(bool graceful);
+  std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
+
+  const Config& cfg_;
+  const std::chrono::milliseconds timeout_;
+  const std::string groupName_;
+  std::string localAddress_;
+  std::unique_ptr<Engine> engine_;
+
+  // queueMu_ guards queue_, seq_ and stopping_: taking the sequence number and
+  // queueing under one lock keeps queue order == sequence order.
+  std::mutex queueMu_;
+  std::condition_variable queueCv_;
+  std::deque<Queued> queue_;
+  uint64_t seq_ = 0;
+  bool stopping_ = false;
+  std::thread worker_;
+  std::vector<char> scratch_; // used by the worker thread only
+};
+
+} // namespace ringpg

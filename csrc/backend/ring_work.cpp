@@ -1,0 +1,53 @@
+#include "backend/ring_work.h"
+
+#include <ATen/core/jit_type.h>
+
+namespace ringpg {
+
+RingWork::RingWork(int rank, c10d::OpType opType, uint64_t seq, const char* profilingTitle,
+                   std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs,
+                   std::chrono::milliseconds timeout)
+    : c10d::Work(rank, opType, profilingTitle, std::optional<std::vector<at::Tensor>>(inputs)),
+      outputs_(std::move(outputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
+      seq_(seq),
+      timeout_(timeout) {}
+
+void RingWork::complete(std::exception_ptr error) {
+  // Work's own state first (wait()/is_completed()), then the future, whose callbacks
+  // (DDP comm hooks, user then()) may run inline here.
+  finish(error);
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> RingWork::getFuture() {
+  return future_;
+}
+
+std::vector<at::Tensor> RingWork::result() {
+  return outputs_;
+}
+
+uint64_t RingWork::getSequencenumber() const {
+  return seq_;
+}
+
+std::chrono::milliseconds RingWork::getTimeout() const {
+  return timeout_;
+}
+
+int RingWork::sourceRank() const {
+  return sourceRank_.load();
+}
+
+void RingWork::synchronize() {
+  if (onSynchronize_) {
+    onSynchronize_();
+  }
+}
+
+} // namespace ringpg

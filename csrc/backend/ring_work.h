@@ -1,0 +1,47 @@
+// The Work handed back for every ringpg op: completed by the worker (collectives) or
+// by the transport engine (point-to-point), with a Future that carries the outputs.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <functional>
+#include <vector>
+
+namespace ringpg {
+
+class RingWork : public c10d::Work {
+ public:
+  RingWork(int rank, c10d::OpType opType, uint64_t seq, const char* profilingTitle,
+           std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs,
+           std::chrono::milliseconds timeout);
+
+  // Completes with success (error == nullptr) or with the error; called once.
+  void complete(std::exception_ptr error);
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  std::vector<at::Tensor> result() override;
+  uint64_t getSequencenumber() const override;
+  std::chrono::milliseconds getTimeout() const override;
+  int sourceRank() const override;
+  void synchronize() override;
+
+  void setSourceRank(int r) {
+    sourceRank_ = r;
+  }
+  // Run in the caller's thread by synchronize() (which Work::wait calls after completion):
+  // (CUDA: make the current stream wait on the op's completion event).
+  void setOnSynchronize(std::function<void()> fn) {
+    onSynchronize_ = std::move(fn);
+  }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  uint64_t seq_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<int> sourceRank_{-1};
+  std::function<void()> onSynchronize_;
+};
+
+} // namespace ringpg

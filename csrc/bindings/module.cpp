@@ -1,0 +1,83 @@
+// Python bindings: the RingBackend class (a c10d Backend subclass, so torch can wrap it
+// in a ProcessGroup), plus the pure pieces the tests check directly (the ring plan and
+// the reduction kernels).
+#include <ATen/ATen.h>
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "algorithms/ring_plan.h"
+#include "backend/ring_backend.h"
+#include "common/config.h"
+#include "reduce/reduce.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// The whole plan of a ring over `count` elements for `rank`: for each step and
+// segment, (step, segment, send_offset, send_length, recv_offset, recv_length).
+std::vector<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>> ringSchedule(
+    int64_t count, int size, int rank, int64_t maxSegElems) {
+  using namespace ringpg;
+  const SegmentPlan plan = segmentPlan(count, size, maxSegElems);
+  std::vector<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>> out;
+  for (int step = 0; step < 2 * size - 2; ++step) {
+    for (int64_t j = 0; j < plan.segments; ++j) {
+      const Range s = segmentRange(chunkRange(count, size, ringSendChunk(rank, size, step)), plan, j);
+      const Range r = segmentRange(chunkRange(count, size, ringRecvChunk(rank, size, step)), plan, j);
+      out.emplace_back(step, j, s.offset, s.length, r.offset, r.length);
+    }
+  }
+  return out;
+}
+
+ringpg::RedOp redOpFromName(const std::string& name) {
+  using ringpg::RedOp;
+  for (RedOp op : {RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max, RedOp::Band, RedOp::Bor, RedOp::Bxor}) {
+    if (name == ringpg::redOpName(op)) {
+      return op;
+    }
+  }
+  TORCH_CHECK(false, "ringpg: unknown reduce op name ", name);
+}
+
+} // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "ringpg's compiled core";
+  py::module_::import("torch.distributed");
+
+  py::class_<ringpg::RingBackend, c10d::Backend, c10::intrusive_ptr<ringpg::RingBackend>>(m, "RingBackend")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, std::string groupName) {
+             return c10::make_intrusive<ringpg::RingBackend>(store, rank, size, timeout, std::move(groupName));
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name") = "",
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("local_address", &ringpg::RingBackend::localAddress);
+
+  m.def("chunk_range", [](int64_t count, int parts, int c) {
+    const auto r = ringpg::chunkRange(count, parts, c);
+    return std::make_pair(r.offset, r.length);
+  });
+  m.def("segment_plan", [](int64_t count, int parts, int64_t maxSegElems) {
+    const auto p = ringpg::segmentPlan(count, parts, maxSegElems);
+    return std::make_pair(p.segments, p.segElems);
+  });
+  m.def("ring_schedule", &ringSchedule, py::arg("count"), py::arg("size"), py::arg("rank"),
+        py::arg("max_segment_elems"));
+  m.def(
+      "reduce_kernel",
+      [](const std::string& op, at::Tensor out, const at::Tensor& a, const at::Tensor& b) {
+        TORCH_CHECK(out.is_contiguous() && a.is_contiguous() && b.is_contiguous() && out.is_cpu());
+        TORCH_CHECK(a.numel() == b.numel() && out.numel() == a.numel());
+        TORCH_CHECK(out.scalar_type() == a.scalar_type() && a.scalar_type() == b.scalar_type());
+        const auto rop = redOpFromName(op);
+        TORCH_CHECK(ringpg::reduceSupported(a.scalar_type(), rop), "unsupported");
+        ringpg::reduce(a.scalar_type(), rop, out.data_ptr(), a.data_ptr(), b.data_ptr(), a.numel());
+      },
+      "out = a (op) b with ringpg's kernels (for tests)");
+  m.def("reduce_isa", &ringpg::reduceIsa);
+  m.def("config_summary", [] { return ringpg::Config::get().summary(); });
+}

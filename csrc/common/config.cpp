@@ -1,0 +1,56 @@
+#include "common/config.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/env.h>
+#include <c10/util/StringUtil.h>
+
+#include <string>
+
+namespace ringpg {
+namespace {
+
+int64_t envInt(const char* name, int64_t dflt, int64_t lo, int64_t hi) {
+  auto v = c10::utils::get_env(name);
+  if (!v || v->empty()) {
+    return dflt;
+  }
+  int64_t x = 0;
+  try {
+    x = std::stoll(*v);
+  } catch (const std::exception&) {
+    TORCH_CHECK(false, "ringpg: ", name, "=", *v, " is not an integer");
+  }
+  TORCH_CHECK(x >= lo && x <= hi, "ringpg: ", name, "=", x, " is outside [", lo, ", ", hi, "]");
+  return x;
+}
+
+Config load() {
+  Config c;
+  c.segmentBytes = static_cast<size_t>(
+      envInt("RINGPG_SEGMENT_BYTES", static_cast<int64_t>(c.segmentBytes), 4096, 1LL << 30));
+  c.recvWindow = static_cast<int>(envInt("RINGPG_RECV_WINDOW", c.recvWindow, 1, 1024));
+  c.socketBuffer = static_cast<int>(envInt("RINGPG_SOCKET_BUFFER", c.socketBuffer, 0, 1LL << 30));
+  c.spinMicros = static_cast<int>(envInt("RINGPG_SPIN_US", c.spinMicros, 0, 1000000));
+  if (auto v = c10::utils::get_env("RINGPG_SOCKET_IFNAME"); v && !v->empty()) {
+    c.ifname = *v;
+  } else if (auto g = c10::utils::get_env("GLOO_SOCKET_IFNAME"); g && !g->empty()) {
+    c.ifname = *g;
+  }
+  return c;
+}
+
+} // namespace
+
+const Config& Config::get() {
+  static const Config config = load(); // thread-safe static init
+  return config;
+}
+
+std::string Config::summary() const {
+  return c10::str(
+      "segment_bytes=", segmentBytes, " recv_window=", recvWindow,
+      " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
+      " spin_us=", spinMicros, " ifname=", ifname.empty() ? std::string("(hostname)") : ifname);
+}
+
+} // namespace ringpg

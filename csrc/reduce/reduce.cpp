@@ -1,0 +1,105 @@
+// Runtime-dispatched reduction kernels (see reduce.h).  kernels.inc is compiled three
+// times, each copy inside a `#pragma GCC target` region, and reduce() jumps to the
+// best copy the running CPU supports (chosen once).
+#include "reduce/reduce.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <type_traits>
+
+namespace ringpg {
+
+namespace isa_baseline {
+#include "reduce/kernels.inc"
+} // namespace isa_baseline
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2")
+namespace isa_avx2 {
+#include "reduce/kernels.inc"
+} // namespace isa_avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2")
+namespace isa_avx512 {
+#include "reduce/kernels.inc"
+} // namespace isa_avx512
+#pragma GCC pop_options
+
+namespace {
+
+using ReduceFn = bool (*)(c10::ScalarType, RedOp, void*, const void*, const void*, int64_t);
+
+struct Dispatch {
+  ReduceFn fn;
+  const char* name;
+};
+
+Dispatch choose() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    return {&isa_avx512::detail::reduceImpl, "avx512"};
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return {&isa_avx2::detail::reduceImpl, "avx2"};
+  }
+  return {&isa_baseline::detail::reduceImpl, "baseline"};
+}
+
+const Dispatch& dispatch() {
+  static const Dispatch d = choose();
+  return d;
+}
+
+} // namespace
+
+const char* redOpName(RedOp op) {
+  switch (op) {
+    case RedOp::Sum: return "SUM";
+    case RedOp::Prod: return "PRODUCT";
+    case RedOp::Min: return "MIN";
+    case RedOp::Max: return "MAX";
+    case RedOp::Band: return "BAND";
+    case RedOp::Bor: return "BOR";
+    case RedOp::Bxor: return "BXOR";
+  }
+  return "?";
+}
+
+bool reduceSupported(c10::ScalarType dtype, RedOp op) {
+  using c10::ScalarType;
+  const bool bitwise = op == RedOp::Band || op == RedOp::Bor || op == RedOp::Bxor;
+  switch (dtype) {
+    case ScalarType::Float:
+    case ScalarType::Double:
+    case ScalarType::Half:
+    case ScalarType::BFloat16:
+      return !bitwise;
+    case ScalarType::Char:
+    case ScalarType::Byte:
+    case ScalarType::Short:
+    case ScalarType::Int:
+    case ScalarType::Long:
+    case ScalarType::UInt16:
+    case ScalarType::UInt32:
+    case ScalarType::UInt64:
+    case ScalarType::Bool:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void reduce(c10::ScalarType dtype, RedOp op, void* out, const void* a, const void* b, int64_t n) {
+  const bool done = dispatch().fn(dtype, op, out, a, b, n);
+  TORCH_INTERNAL_ASSERT(done, "ringpg: no kernel for ", dtype, " ", redOpName(op));
+}
+
+const char* reduceIsa() {
+  return dispatch().name;
+}
+
+} // namespace ringpg

@@ -1,0 +1,30 @@
+// Element-wise reduction kernels: out[i] = a[i] (op) b[i], for every dtype x op pair
+// ringpg reduces.  `out` may alias `a` (in-place accumulate); `b` never aliases `out`.
+//
+// Half precision (float16, bfloat16) is widened to fp32, combined, and rounded once
+// (round-to-nearest-even), as NCCL does per step.  Integer arithmetic wraps (two's
+// complement), as in torch.  Bool: SUM/MAX/BOR = or, PRODUCT/MIN/BAND = and, BXOR = xor.
+// Kernels are compiled three times (x86-64 baseline, AVX2+F16C+FMA, AVX-512) and the
+// best the CPU supports is chosen once at start-up.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+
+namespace ringpg {
+
+enum class RedOp : uint8_t { Sum, Prod, Min, Max, Band, Bor, Bxor };
+
+const char* redOpName(RedOp op);
+
+// True when reduce() implements (dtype, op).
+bool reduceSupported(c10::ScalarType dtype, RedOp op);
+
+// out[i] = a[i] op b[i] for i < n.  Precondition: reduceSupported(dtype, op).
+void reduce(c10::ScalarType dtype, RedOp op, void* out, const void* a, const void* b, int64_t n);
+
+// Name of the instruction set the kernels were dispatched to ("avx512", "avx2", "baseline").
+const char* reduceIsa();
+
+} // namespace ringpg

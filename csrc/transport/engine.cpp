@@ -1,0 +1,681 @@
+#include "transport/engine.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+#include <c10/util/irange.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace ringpg {
+namespace {
+
+// Bytes one socket may move per pass of the progress loop, so one busy peer cannot
+// starve the others (or keep the lock from posting threads for long).
+constexpr size_t kPassBytes = 4 << 20;
+// Largest payload the engine will stash for a frame nobody has asked for yet.  A peer
+// announcing more is treated as corrupt rather than trusted with an allocation.
+constexpr uint64_t kMaxStashBytes = 1ULL << 36;
+
+const char* kindName(uint8_t k) {
+  switch (static_cast<FrameKind>(k)) {
+    case FrameKind::Collective: return "collective";
+    case FrameKind::P2P: return "p2p";
+    case FrameKind::Bye: return "goodbye";
+  }
+  return "unknown";
+}
+
+std::string describeFrame(const FrameHeader& h) {
+  return c10::str(kindName(h.kind), " frame(key=", h.key, ", op=", int(h.opcode), ", dtype=",
+                  int(h.dtype), ", op_numel=", h.opNumel, ", nbytes=", h.nbytes, ")");
+}
+
+} // namespace
+
+Engine::Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int socketBuffer, int spinMicros)
+    : rank_(rank), size_(size), spinMicros_(spinMicros), peers_(size) {
+  for (const auto q : c10::irange(size)) {
+    if (q == rank) {
+      continue;
+    }
+    peers_[q].tx = std::move(tx[q]);
+    peers_[q].rx = std::move(rx[q]);
+    tuneDataSocket(peers_[q].tx.get(), socketBuffer);
+    tuneDataSocket(peers_[q].rx.get(), socketBuffer);
+    setNonBlocking(peers_[q].tx.get(), true);
+    setNonBlocking(peers_[q].rx.get(), true);
+  }
+  wake_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  TORCH_CHECK(wake_.valid(), "ringpg: eventfd failed: ", std::strerror(errno));
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  wake();
+  if (thread_.joinable()) {
+    thread_.join();
+  }
+  Completions done;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    failLocked("ringpg: the process group was destroyed", done);
+  }
+  runCallbacks(done);
+}
+
+void Engine::wake() {
+  uint64_t one = 1;
+  ssize_t rc = ::write(wake_.get(), &one, sizeof(one));
+  (void)rc; // a full eventfd counter still wakes poll()
+}
+
+std::string Engine::peerLostReason(int p, const char* how) {
+  return c10::str("ringpg: rank ", rank_, " lost its connection to rank ", p, ": ", how,
+                  " (the peer process probably exited, crashed or was killed)");
+}
+
+RequestPtr Engine::postSend(int peer, const FrameHeader& hdr, const void* data, size_t len,
+                            std::function<void(Request&)> onComplete) {
+  auto req = std::make_shared<Request>();
+  req->hdr = hdr;
+  req->hdr.magic = kFrameMagic;
+  req->hdr.nbytes = len;
+  req->buf = static_cast<char*>(const_cast<void*>(data));
+  req->len = len;
+  req->peer = peer;
+  req->onComplete = std::move(onComplete);
+  Completions done;
+  bool needWake = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    Peer& P = peers_[peer];
+    if (!broken_.empty()) {
+      failRequest(req, broken_, done);
+    } else if (P.gone) {
+      failRequest(req, c10::str("ringpg: rank ", peer, " has shut down this process group"), done);
+    } else {
+      const bool wasIdle = P.txq.empty();
+      P.txq.push_back(req);
+      // Write eagerly from the posting thread when the socket is idle: small messages
+      // then leave without a wake-up of the progress thread.
+      if (wasIdle && writePeer(peer, done)) {
+        needWake = !P.txq.empty();
+      } else {
+        needWake = true;
+      }
+    }
+  }
+  if (needWake) {
+    wake();
+  }
+  runCallbacks(done);
+  return req;
+}
+
+RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, size_t len,
+                            std::function<void(Request&)> onComplete) {
+  auto req = std::make_shared<Request>();
+  req->hdr = expect;
+  req->hdr.nbytes = len;
+  req->buf = static_cast<char*>(data);
+  req->len = len;
+  req->peer = peer;
+  req->onComplete = std::move(onComplete);
+  Completions done;
+  bool needWake = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!broken_.empty()) {
+      failRequest(req, broken_, done);
+    } else if (peer >= 0 && peers_[peer].gone) {
+      failRequest(req, c10::str("ringpg: rank ", peer, " has shut down this process group"), done);
+    } else if (static_cast<FrameKind>(expect.kind) == FrameKind::Collective) {
+      Peer& P = peers_[peer];
+      P.collPosted.push_back(req);
+      drainStash(peer, done);
+      // A paused header may be waiting for exactly this receive.
+      if (P.headerReady && !P.inPayload && !P.collPosted.empty()) {
+        if (routeHeader(peer, done)) {
+          needWake = true; // the progress thread must poll this socket again
+        }
+      }
+    } else if (!matchP2PStash(req, done)) {
+      if (peer >= 0) {
+        peers_[peer].p2pPosted.push_back(req);
+      } else {
+        anyPosted_.push_back(req);
+      }
+      needWake = true;
+    }
+  }
+  if (needWake) {
+    wake();
+  }
+  runCallbacks(done);
+  return req;
+}
+
+bool Engine::waitUntil(const RequestPtr& req, Deadline deadline) {
+  if (spinMicros_ > 0) {
+    const auto spinEnd = Clock::now() + std::chrono::microseconds(spinMicros_);
+    while (req->state.load(std::memory_order_acquire) == Request::State::Pending && Clock::now() < spinEnd) {
+    }
+  }
+  if (req->state.load(std::memory_order_acquire) != Request::State::Pending) {
+    return true;
+  }
+  std::unique_lock<std::mutex> lk(mu_);
+  return cv_.wait_until(lk, deadline, [&] {
+    return req->state.load(std::memory_order_acquire) != Request::State::Pending;
+  });
+}
+
+void Engine::setCurrentCollective(uint64_t seq) {
+  Completions done;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    haveCurrent_ = true;
+    currentSeq_ = seq;
+  }
+  runCallbacks(done);
+}
+
+void Engine::fail(const std::string& reason) {
+  Completions done;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    failLocked(reason, done);
+  }
+  wake();
+  runCallbacks(done);
+}
+
+std::string Engine::brokenReason() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return broken_;
+}
+
+void Engine::shutdown(Deadline deadline) {
+  std::vector<RequestPtr> byes;
+  for (const auto q : c10::irange(size_)) {
+    if (q == rank_) {
+      continue;
+    }
+    FrameHeader h;
+    h.kind = static_cast<uint8_t>(FrameKind::Bye);
+    byes.push_back(postSend(q, h, nullptr, 0));
+  }
+  for (auto& b : byes) {
+    waitUntil(b, deadline); // best effort: a dead peer must not delay shutdown past the deadline
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  wake();
+  if (thread_.joinable()) {
+    thread_.join();
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Progress loop
+
+void Engine::loop() {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<int, bool>> who; // (peer, isTx) per pollfd after the first
+  while (true) {
+    fds.clear();
+    who.clear();
+    fds.push_back(pollfd{wake_.get(), POLLIN, 0});
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (stop_) {
+        return;
+      }
+      if (broken_.empty()) {
+        for (const auto q : c10::irange(size_)) {
+          Peer& P = peers_[q];
+          if (q == rank_ || P.gone) {
+            continue;
+          }
+          // A paused header waits for its receive to be posted: stop reading (flow control).
+          if (!(P.headerReady && !P.inPayload) && P.rx.valid()) {
+            fds.push_back(pollfd{P.rx.get(), POLLIN, 0});
+            who.emplace_back(q, false);
+          }
+          if (!P.txq.empty()) {
+            fds.push_back(pollfd{P.tx.get(), POLLOUT, 0});
+            who.emplace_back(q, true);
+          }
+        }
+      }
+    }
+    int n = ::poll(fds.data(), fds.size(), -1);
+    if (n < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      fail(c10::str("ringpg: poll failed on rank ", rank_, ": ", std::strerror(errno)));
+      continue;
+    }
+    if (fds[0].revents & POLLIN) {
+      uint64_t v;
+      while (::read(wake_.get(), &v, sizeof(v)) > 0) {
+      }
+    }
+    Completions done;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (size_t i = 1; i < fds.size() && broken_.empty() && !stop_; ++i) {
+        if (fds[i].revents == 0) {
+          continue;
+        }
+        const auto [q, isTx] = who[i - 1];
+        if (isTx) {
+          writePeer(q, done);
+        } else {
+          readPeer(q, done);
+        }
+      }
+    }
+    runCallbacks(done);
+  }
+}
+
+void Engine::runCallbacks(Completions& done) {
+  if (done.empty()) {
+    return;
+  }
+  {
+    // Taking the lock orders the notify after waiters' predicate checks.
+    std::lock_guard<std::mutex> lk(mu_);
+  }
+  cv_.notify_all();
+  for (auto& r : done) {
+    if (r->onComplete) {
+      auto cb = std::move(r->onComplete);
+      r->onComplete = nullptr;
+      cb(*r);
+    }
+  }
+  done.clear();
+}
+
+void Engine::complete(const RequestPtr& req, Completions& done) {
+  req->state.store(Request::State::Done, std::memory_order_release);
+  done.push_back(req);
+}
+
+void Engine::failRequest(const RequestPtr& req, const std::string& why, Completions& done) {
+  req->error = why;
+  req->state.store(Request::State::Failed, std::memory_order_release);
+  done.push_back(req);
+}
+
+void Engine::failLocked(const std::string& reason, Completions& done) {
+  if (broken_.empty()) {
+    broken_ = reason;
+  }
+  auto failAll = [&](std::deque<RequestPtr>& q) {
+    for (auto& r : q) {
+      failRequest(r, broken_, done);
+    }
+    q.clear();
+  };
+  for (auto& P : peers_) {
+    failAll(P.txq);
+    failAll(P.collPosted);
+    failAll(P.p2pPosted);
+    if (P.cur) {
+      // A receive in flight whose payload will never come: fail it; nothing touches
+      // its buffer again because a broken engine reads no more.
+      failRequest(P.cur, broken_, done);
+      P.cur.reset();
+    }
+    P.collStash.clear();
+    P.p2pStash.clear();
+  }
+  failAll(anyPosted_);
+}
+
+// ---------------------------------------------------------------------------------
+// Sending
+
+bool Engine::writePeer(int p, Completions& done) {
+  Peer& P = peers_[p];
+  size_t budget = kPassBytes;
+  while (!P.txq.empty() && budget > 0) {
+    RequestPtr req = P.txq.front();
+    const size_t total = sizeof(FrameHeader) + req->len;
+    iovec iov[2];
+    int cnt = 0;
+    if (req->progress < sizeof(FrameHeader)) {
+      iov[cnt++] = iovec{reinterpret_cast<char*>(&req->hdr) + req->progress,
+                         sizeof(FrameHeader) - req->progress};
+      if (req->len > 0) {
+        iov[cnt++] = iovec{req->buf, std::min(req->len, budget)};
+      }
+    } else {
+      const size_t off = req->progress - sizeof(FrameHeader);
+      iov[cnt++] = iovec{req->buf + off, std::min(req->len - off, budget)};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = cnt;
+    ssize_t w = ::sendmsg(P.tx.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+        return true;
+      }
+      failLocked(peerLostReason(p, std::strerror(errno)), done);
+      return false;
+    }
+    req->progress += static_cast<size_t>(w);
+    budget -= std::min(budget, static_cast<size_t>(w));
+    if (req->progress == total) {
+      P.txq.pop_front();
+      complete(req, done);
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------
+// Receiving
+
+bool Engine::readPeer(int p, Completions& done) {
+  Peer& P = peers_[p];
+  size_t budget = kPassBytes;
+  while (budget > 0 && broken_.empty()) {
+    if (P.headerReady && !P.inPayload) {
+      return true; // paused: waits for a receive to be posted
+    }
+    char* dst;
+    size_t want;
+    if (!P.inPayload) {
+      dst = reinterpret_cast<char*>(&P.hdr) + P.hdrGot;
+      want = sizeof(FrameHeader) - P.hdrGot;
+    } else {
+      const size_t n = P.hdr.nbytes;
+      if (P.cur) {
+        dst = P.cur->buf + P.payloadGot;
+      } else {
+        dst = P.stashing.data.data() + P.payloadGot;
+      }
+      want = std::min(n - P.payloadGot, budget);
+    }
+    ssize_t r = ::recv(P.rx.get(), dst, want, MSG_DONTWAIT);
+    if (r == 0) {
+      if (!P.inPayload && P.hdrGot == 0 && P.gone) {
+        return true;
+      }
+      failLocked(peerLostReason(p, "connection closed by peer"), done);
+      return false;
+    }
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+        return true;
+      }
+      failLocked(peerLostReason(p, std::strerror(errno)), done);
+      return false;
+    }
+    budget -= std::min(budget, static_cast<size_t>(r));
+    if (!P.inPayload) {
+      P.hdrGot += static_cast<size_t>(r);
+      if (P.hdrGot < sizeof(FrameHeader)) {
+        continue;
+      }
+      P.headerReady = true;
+      if (!routeHeader(p, done)) {
+        return true; // paused, or broken
+      }
+    } else {
+      P.payloadGot += static_cast<size_t>(r);
+      if (P.payloadGot == P.hdr.nbytes) {
+        finishPayload(p, done);
+      }
+    }
+  }
+  return true;
+}
+
+// Decides where the payload of a complete header goes.  Returns true when the
+// payload phase started (or the frame was fully handled), false when paused/broken.
+bool Engine::routeHeader(int p, Completions& done) {
+  Peer& P = peers_[p];
+  const FrameHeader& h = P.hdr;
+  if (h.magic != kFrameMagic) {
+    failLocked(c10::str("ringpg: rank ", rank_, " received a corrupt frame from rank ", p,
+                        " (bad magic 0x", std::hex, h.magic, "); closing the group"),
+               done);
+    return false;
+  }
+  P.cur.reset();
+  P.stashTarget = false;
+  P.payloadGot = 0;
+  switch (static_cast<FrameKind>(h.kind)) {
+    case FrameKind::Bye: {
+      P.gone = true;
+      P.headerReady = false;
+      P.hdrGot = 0;
+      // Receives still waiting on this peer can never complete.
+      const std::string why = c10::str("ringpg: rank ", p, " has shut down this process group");
+      for (auto& r : P.collPosted) failRequest(r, why, done);
+      for (auto& r : P.p2pPosted) failRequest(r, why, done);
+      P.collPosted.clear();
+      P.p2pPosted.clear();
+      return true;
+    }
+    case FrameKind::Collective: {
+      if (!P.collPosted.empty()) {
+        const RequestPtr& want = P.collPosted.front();
+        const FrameHeader& e = want->hdr;
+        if (e.key != h.key || e.opcode != h.opcode || e.dtype != h.dtype || e.opNumel != h.opNumel ||
+            e.nbytes != h.nbytes) {
+          failLocked(c10::str("ringpg: collective mismatch between ranks: rank ", rank_, " expected ",
+                              describeFrame(e), " from rank ", p, " but received ", describeFrame(h),
+                              ". All ranks must call the same collectives, in the same order, "
+                              "with the same sizes and dtypes"),
+                     done);
+          return false;
+        }
+        P.cur = want;
+        P.collPosted.pop_front();
+      } else if (haveCurrent_ && h.key == currentSeq_) {
+        return false; // pause: the running op will post this receive next
+      } else if (!haveCurrent_ || h.key > currentSeq_) {
+        if (h.nbytes > kMaxStashBytes) {
+          failLocked(c10::str("ringpg: rank ", p, " announced an implausible ", describeFrame(h)), done);
+          return false;
+        }
+        P.stashTarget = true;
+      } else {
+        failLocked(c10::str("ringpg: rank ", rank_, " received ", describeFrame(h), " from rank ", p,
+                            " for an op that already finished here (seq ", currentSeq_,
+                            " is running): the ranks disagree on the collectives they called"),
+                   done);
+        return false;
+      }
+      break;
+    }
+    case FrameKind::P2P: {
+      auto take = [&](std::deque<RequestPtr>& q) -> bool {
+        for (auto it = q.begin(); it != q.end(); ++it) {
+          if ((*it)->hdr.key == h.key) {
+            P.cur = *it;
+            q.erase(it);
+            return true;
+          }
+        }
+        return false;
+      };
+      if (!take(P.p2pPosted) && !take(anyPosted_)) {
+        if (h.nbytes > kMaxStashBytes) {
+          failLocked(c10::str("ringpg: rank ", p, " announced an implausible ", describeFrame(h)), done);
+          return false;
+        }
+        P.stashTarget = true;
+      } else if (P.cur->len != h.nbytes) {
+        // The user posted a receive of another size: that receive fails, the payload
+        // is read aside so the stream stays in step.
+        failRequest(P.cur,
+                    c10::str("ringpg::recv: rank ", rank_, " expected ", P.cur->len, " bytes with tag ",
+                             h.key, " from rank ", p, " but the message has ", h.nbytes, " bytes"),
+                    done);
+        P.cur.reset();
+        P.stashTarget = true; // read into a throw-away buffer
+        P.hdr.kind = 0;       // marks the stash as discard
+      }
+      break;
+    }
+    default:
+      failLocked(c10::str("ringpg: rank ", rank_, " received a corrupt frame from rank ", p,
+                          " (unknown kind ", int(h.kind), ")"),
+                 done);
+      return false;
+  }
+  if (P.stashTarget) {
+    try {
+      P.stashing.hdr = P.hdr;
+      P.stashing.data.assign(P.hdr.nbytes, 0);
+    } catch (const std::bad_alloc&) {
+      failLocked(c10::str("ringpg: out of memory stashing ", describeFrame(P.hdr), " from rank ", p), done);
+      return false;
+    }
+  }
+  P.headerReady = false;
+  P.inPayload = true;
+  if (P.hdr.nbytes == 0) {
+    finishPayload(p, done);
+  }
+  return true;
+}
+
+void Engine::finishPayload(int p, Completions& done) {
+  Peer& P = peers_[p];
+  P.inPayload = false;
+  P.hdrGot = 0;
+  P.payloadGot = 0;
+  if (P.cur) {
+    P.cur->sourceRank = p;
+    complete(P.cur, done);
+    P.cur.reset();
+    return;
+  }
+  if (!P.stashTarget) {
+    return;
+  }
+  P.stashTarget = false;
+  Stashed s = std::move(P.stashing);
+  P.stashing = Stashed{};
+  switch (static_cast<FrameKind>(s.hdr.kind)) {
+    case FrameKind::Collective:
+      P.collStash.push_back(std::move(s));
+      drainStash(p, done);
+      break;
+    case FrameKind::P2P:
+      P.p2pStash.push_back(std::move(s));
+      drainStash(p, done);
+      break;
+    default:
+      break; // discarded payload
+  }
+}
+
+// Matches stashed frames of peer p with receives posted since they arrived.
+void Engine::drainStash(int p, Completions& done) {
+  Peer& P = peers_[p];
+  while (!P.collStash.empty() && !P.collPosted.empty()) {
+    Stashed& s = P.collStash.front();
+    RequestPtr req = P.collPosted.front();
+    const FrameHeader& e = req->hdr;
+    if (e.key != s.hdr.key || e.opcode != s.hdr.opcode || e.dtype != s.hdr.dtype ||
+        e.opNumel != s.hdr.opNumel || e.nbytes != s.hdr.nbytes) {
+      failLocked(c10::str("ringpg: collective mismatch between ranks: rank ", rank_, " expected ",
+                          describeFrame(e), " from rank ", p, " but received ", describeFrame(s.hdr)),
+                 done);
+      return;
+    }
+    if (!s.data.empty()) {
+      std::memcpy(req->buf, s.data.data(), s.data.size());
+    }
+    req->sourceRank = p;
+    P.collPosted.pop_front();
+    P.collStash.pop_front();
+    complete(req, done);
+  }
+  // A p2p frame that just got stashed may match a receive posted meanwhile.
+  for (auto it = P.p2pStash.begin(); it != P.p2pStash.end();) {
+    RequestPtr match;
+    auto pick = [&](std::deque<RequestPtr>& q) {
+      for (auto r = q.begin(); r != q.end(); ++r) {
+        if ((*r)->hdr.key == it->hdr.key) {
+          match = *r;
+          q.erase(r);
+          return true;
+        }
+      }
+      return false;
+    };
+    if (!pick(P.p2pPosted) && !pick(anyPosted_)) {
+      ++it;
+      continue;
+    }
+    if (match->len != it->data.size()) {
+      failRequest(match,
+                  c10::str("ringpg::recv: rank ", rank_, " expected ", match->len, " bytes with tag ",
+                           it->hdr.key, " from rank ", p, " but the message has ", it->data.size(), " bytes"),
+                  done);
+    } else {
+      if (!it->data.empty()) {
+        std::memcpy(match->buf, it->data.data(), it->data.size());
+      }
+      match->sourceRank = p;
+      complete(match, done);
+    }
+    it = P.p2pStash.erase(it);
+  }
+}
+
+bool Engine::matchP2PStash(const RequestPtr& req, Completions& done) {
+  for (const auto q : c10::irange(size_)) {
+    if (q == rank_ || (req->peer >= 0 && req->peer != q)) {
+      continue;
+    }
+    auto& stash = peers_[q].p2pStash;
+    for (auto it = stash.begin(); it != stash.end(); ++it) {
+      if (it->hdr.key != req->hdr.key) {
+        continue;
+      }
+      if (req->len != it->data.size()) {
+        failRequest(req,
+                    c10::str("ringpg::recv: rank ", rank_, " expected ", req->len, " bytes with tag ",
+                             it->hdr.key, " from rank ", q, " but the message has ", it->data.size(), " bytes"),
+                    done);
+      } else {
+        if (!it->data.empty()) {
+          std::memcpy(req->buf, it->data.data(), it->data.size());
+        }
+        req->sourceRank = q;
+        complete(req, done);
+      }
+      stash.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+} // namespace ringpg

@@ -1,0 +1,156 @@
+// The transport engine: a full mesh of TCP pairs (one socket per direction per peer,
+// so the two directions of a ring never share a socket) driven by one progress thread.
+//
+// Every message is a frame: a 32-byte FrameHeader, then `nbytes` of payload.  Two
+// streams share each socket and are matched separately on the receiving side:
+//   * collective frames, keyed by the op's sequence number, matched strictly in order
+//     against the receives the op posted (the plan is deterministic on both sides);
+//   * point-to-point frames, keyed by the user's tag, matched to the first posted
+//     receive with that tag (any order across tags).
+// A frame nobody has asked for yet is either stashed (p2p, or a collective of a later
+// op) or left in the kernel's socket buffer (a collective of the running op: the
+// receive is about to be posted, and not reading is the flow control).
+//
+// Lengths and keys that arrive from a peer are only compared with what this rank
+// expects; payload is written only into buffers this rank posted, up to their size.
+// Any peer failure (EOF without goodbye, corrupt frame, mismatch) marks the engine
+// broken: every pending and later request fails with the same reason, and no byte
+// is read into or written from a user buffer afterwards.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/socket.h"
+
+namespace ringpg {
+
+enum class FrameKind : uint8_t { Collective = 1, P2P = 2, Bye = 3 };
+
+constexpr uint32_t kFrameMagic = 0x31475052; // "RPG1"
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint8_t kind = 0;     // FrameKind
+  uint8_t opcode = 0;   // collective: c10d::OpType of the op (mismatch diagnostics)
+  uint8_t dtype = 0;    // collective: c10::ScalarType of the op
+  uint8_t reserved = 0;
+  uint64_t key = 0;     // collective: sequence number; p2p: tag
+  uint64_t opNumel = 0; // collective: the op's element count as the sender sees it
+  uint64_t nbytes = 0;  // payload bytes after the header
+};
+static_assert(sizeof(FrameHeader) == 32, "FrameHeader is a wire format");
+
+// One posted send or receive.  The engine owns it while Pending; the poster keeps
+// the buffer alive until it is not Pending any more.
+struct Request {
+  enum class State : uint8_t { Pending, Done, Failed };
+  std::atomic<State> state{State::Pending};
+  std::string error;        // set before state becomes Failed
+  FrameHeader hdr;          // send: header to write; receive: the frame expected
+  char* buf = nullptr;      // send: source; receive: destination
+  size_t len = 0;
+  size_t progress = 0;      // bytes moved so far (a send counts its header)
+  int peer = -1;            // send: destination; receive: source, -1 = any (p2p only)
+  int sourceRank = -1;      // receive: who actually sent it
+  std::function<void(Request&)> onComplete; // run by the engine, outside its lock
+};
+using RequestPtr = std::shared_ptr<Request>;
+
+class Engine {
+ public:
+  // tx[q] / rx[q]: connected sockets to / from peer q (invalid for q == rank).
+  Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int socketBuffer, int spinMicros);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  RequestPtr postSend(int peer, const FrameHeader& hdr, const void* data, size_t len,
+                      std::function<void(Request&)> onComplete = nullptr);
+  // `expect` gives kind and key (and for collectives the fields that must match).
+  RequestPtr postRecv(int peer, const FrameHeader& expect, void* data, size_t len,
+                      std::function<void(Request&)> onComplete = nullptr);
+
+  // Waits until `req` is no longer pending or `deadline` passes.  Returns false on
+  // timeout (the request is still pending); true when done or failed.
+  bool waitUntil(const RequestPtr& req, Deadline deadline);
+
+  // The collective the worker is running; frames of this op that arrive before
+  // their receive is posted wait in the socket instead of being copied aside.
+  void setCurrentCollective(uint64_t seq);
+
+  // Marks the engine broken with `reason` (first reason wins) and fails everything.
+  void fail(const std::string& reason);
+  // Empty while healthy.
+  std::string brokenReason();
+
+  // Says goodbye to every peer (so they know the close is orderly) and stops.
+  void shutdown(Deadline deadline);
+
+ private:
+  struct Stashed {
+    FrameHeader hdr;
+    std::vector<char> data;
+  };
+  struct Peer {
+    Fd tx, rx;
+    std::deque<RequestPtr> txq;
+    std::deque<RequestPtr> collPosted;
+    std::deque<RequestPtr> p2pPosted;
+    std::deque<Stashed> collStash;
+    std::deque<Stashed> p2pStash;
+    // Receive state machine.
+    FrameHeader hdr;
+    size_t hdrGot = 0;
+    bool headerReady = false; // header complete, payload not routed yet (paused)
+    bool inPayload = false;
+    RequestPtr cur;           // destination request, or null when stashing/discarding
+    Stashed stashing;         // payload being stashed
+    bool stashTarget = false;
+    size_t payloadGot = 0;
+    bool gone = false;        // said goodbye and closed
+  };
+  using Completions = std::vector<RequestPtr>;
+
+  void loop();
+  void wake();
+  // All helpers below run with mu_ held.
+  bool readPeer(int p, Completions& done);
+  bool routeHeader(int p, Completions& done);
+  void finishPayload(int p, Completions& done);
+  bool writePeer(int p, Completions& done);
+  void drainStash(int p, Completions& done);
+  bool matchP2PStash(const RequestPtr& req, Completions& done);
+  void complete(const RequestPtr& req, Completions& done);
+  void failLocked(const std::string& reason, Completions& done);
+  void failRequest(const RequestPtr& req, const std::string& why, Completions& done);
+  void runCallbacks(Completions& done);
+  std::string peerLostReason(int p, const char* how);
+
+  const int rank_;
+  const int size_;
+  const int spinMicros_;
+  std::vector<Peer> peers_;
+  std::deque<RequestPtr> anyPosted_; // p2p receives from any source
+  Fd wake_;                           // eventfd that interrupts poll()
+
+  // mu_ guards every field above that changes after construction (queues, receive
+  // state, stashes) and broken_/currentSeq_; the poll() call itself runs unlocked.
+  std::mutex mu_;
+  std::condition_variable cv_; // signalled when any request completes or fails
+  std::string broken_;
+  bool haveCurrent_ = false;
+  uint64_t currentSeq_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+} // namespace ringpg

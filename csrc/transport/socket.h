@@ -1,0 +1,72 @@
+// Thin RAII and blocking-with-deadline helpers over POSIX TCP sockets, used by the
+// rendezvous (handshakes) and by the engine (which then switches fds to non-blocking).
+#pragma once
+
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+namespace ringpg {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+// Milliseconds left until `d` (0 when passed), for poll().
+int msUntil(Deadline d);
+
+// Owns one file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept;
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd();
+  int get() const {
+    return fd_;
+  }
+  bool valid() const {
+    return fd_ >= 0;
+  }
+  int release();
+  void reset();
+
+ private:
+  int fd_ = -1;
+};
+
+// An IPv4/IPv6 socket address, printable as "host:port" / "[host]:port".
+struct SockAddr {
+  sockaddr_storage storage{};
+  socklen_t len = 0;
+  std::string str() const;
+  static SockAddr parse(const std::string& s); // inverse of str()
+};
+
+// The address this process binds to: the IPv4/IPv6 address of interface `ifname`
+// when given, else the first address of this host's name that can be bound, else
+// loopback (Gloo's choice order).
+SockAddr chooseBindAddress(const std::string& ifname);
+
+// Listening socket on `addr` with an ephemeral port; `addr` gets the real port.
+Fd listenOn(SockAddr& addr, int backlog);
+
+// Connects to `addr`, retrying refused/unreachable connects until `deadline`.
+Fd connectTo(const SockAddr& addr, Deadline deadline);
+
+// Accepts one connection, or returns an invalid Fd when `deadline` passes.
+Fd acceptUntil(int listenFd, Deadline deadline);
+
+// Blocking exact-size transfers for handshakes; false on EOF, error or deadline.
+bool sendAll(int fd, const void* buf, size_t n, Deadline deadline);
+bool recvAll(int fd, void* buf, size_t n, Deadline deadline);
+
+// Data-socket options: TCP_NODELAY, optional buffer sizes, non-blocking.
+void tuneDataSocket(int fd, int bufferBytes);
+void setNonBlocking(int fd, bool on);
+
+} // namespace ringpg

@@ -1,0 +1,20 @@
+"""ringpg: a PyTorch process-group backend with hand-written, pipelined ring collectives.
+
+``import ringpg`` registers the backend name ``"ringpg"`` with torch.distributed
+for the cpu and cuda devices; after that (or with no import at all, through the
+``torch.backends`` entry point) a script only needs::
+
+    torch.distributed.init_process_group(backend="ringpg")
+
+The compiled core lives in ``ringpg._C`` and is loaded lazily by the creator,
+after :func:`ringpg._loader.load_extension` has checked that it was built for the
+torch that is running.
+"""
+from __future__ import annotations
+
+from ._registration import BACKEND_NAME, register
+
+__all__ = ["BACKEND_NAME", "register"]
+__version__ = "0.1.0"
+
+register()
