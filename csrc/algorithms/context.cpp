@@ -35,7 +35,7 @@ void OpContext::wait(const RequestPtr& req) {
     throwBackend(msg);
   }
   if (req->state.load(std::memory_order_acquire) == Request::State::Failed) {
-    throwNetwork(c10::str(describe(tag_), ": ", req->error));
+    throwRequestError(tag_, *req);
   }
 }
 

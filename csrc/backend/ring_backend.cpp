@@ -315,10 +315,12 @@ void RingBackend::workerLoop() {
     }
     std::exception_ptr error;
     try {
-      const std::string broken = engine_->brokenReason();
+      bool network = false;
+      const std::string broken = engine_->brokenReason(&network);
       if (!broken.empty()) {
         // After a failure every later op fails at once, with the original cause.
-        throwNetwork(c10::str(describe(q.tag), ": not run, the group failed earlier: ", broken));
+        const std::string msg = c10::str(describe(q.tag), ": not run, the group failed earlier: ", broken);
+        network ? throwNetwork(msg) : throwBackend(msg);
       }
       engine_->setCurrentCollective(q.tag.seq);
       OpContext ctx(*engine_, cfg_, q.tag, getSize(), q.opcode, q.dtype, q.numel, Clock::now() + q.timeout,
@@ -812,7 +814,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::p2p(OpType type, const char* name, a
   {
     std::lock_guard<std::mutex> lk(queueMu_);
     TORCH_CHECK(!stopping_, "ringpg::", name, ": the process group has been shut down");
-    seq = ++seq_;
+    // Ranks issue different numbers of p2p ops, so they count apart from collectives.
+    seq = ++p2pSeq_;
   }
   const char* title = isSend ? "ringpg:send" : (peer < 0 ? "ringpg:recvAnySource" : "ringpg:recv");
   auto work = c10::make_intrusive<RingWork>(getRank(), type, seq, title, std::vector<at::Tensor>{tensor},
@@ -825,7 +828,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::p2p(OpType type, const char* name, a
     std::exception_ptr err;
     if (r.state.load() == Request::State::Failed) {
       try {
-        throwNetwork(c10::str(describe(opTag), ": ", r.error));
+        throwRequestError(opTag, r);
       } catch (...) {
         err = std::current_exception();
       }

@@ -130,7 +130,8 @@ class RingBackend final : public c10d::Backend {
   std::mutex queueMu_;
   std::condition_variable queueCv_;
   std::deque<Queued> queue_;
-  uint64_t seq_ = 0;
+  uint64_t seq_ = 0;    // collectives
+  uint64_t p2pSeq_ = 0; // point-to-point ops (not in step across ranks)
   bool stopping_ = false;
   std::thread worker_;
   std::vector<char> scratch_; // used by the worker thread only

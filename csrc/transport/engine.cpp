@@ -13,6 +13,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/errors.h"
+
 namespace ringpg {
 namespace {
 
@@ -101,7 +103,7 @@ RequestPtr Engine::postSend(int peer, const FrameHeader& hdr, const void* data, 
     std::lock_guard<std::mutex> lk(mu_);
     Peer& P = peers_[peer];
     if (!broken_.empty()) {
-      failRequest(req, broken_, done);
+      failRequest(req, broken_, done, brokenNetwork_);
     } else if (P.gone) {
       failRequest(req, c10::str("ringpg: rank ", peer, " has shut down this process group"), done);
     } else {
@@ -137,7 +139,7 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!broken_.empty()) {
-      failRequest(req, broken_, done);
+      failRequest(req, broken_, done, brokenNetwork_);
     } else if (peer >= 0 && peers_[peer].gone) {
       failRequest(req, c10::str("ringpg: rank ", peer, " has shut down this process group"), done);
     } else if (static_cast<FrameKind>(expect.kind) == FrameKind::Collective) {
@@ -191,18 +193,21 @@ void Engine::setCurrentCollective(uint64_t seq) {
   runCallbacks(done);
 }
 
-void Engine::fail(const std::string& reason) {
+void Engine::fail(const std::string& reason, bool network) {
   Completions done;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    failLocked(reason, done);
+    failLocked(reason, done, network);
   }
   wake();
   runCallbacks(done);
 }
 
-std::string Engine::brokenReason() {
+std::string Engine::brokenReason(bool* network) {
   std::lock_guard<std::mutex> lk(mu_);
+  if (network) {
+    *network = brokenNetwork_;
+  }
   return broken_;
 }
 
@@ -318,19 +323,21 @@ void Engine::complete(const RequestPtr& req, Completions& done) {
   done.push_back(req);
 }
 
-void Engine::failRequest(const RequestPtr& req, const std::string& why, Completions& done) {
+void Engine::failRequest(const RequestPtr& req, const std::string& why, Completions& done, bool network) {
   req->error = why;
+  req->networkError = network;
   req->state.store(Request::State::Failed, std::memory_order_release);
   done.push_back(req);
 }
 
-void Engine::failLocked(const std::string& reason, Completions& done) {
+void Engine::failLocked(const std::string& reason, Completions& done, bool network) {
   if (broken_.empty()) {
     broken_ = reason;
+    brokenNetwork_ = network;
   }
   auto failAll = [&](std::deque<RequestPtr>& q) {
     for (auto& r : q) {
-      failRequest(r, broken_, done);
+      failRequest(r, broken_, done, brokenNetwork_);
     }
     q.clear();
   };
@@ -341,7 +348,7 @@ void Engine::failLocked(const std::string& reason, Completions& done) {
     if (P.cur) {
       // A receive in flight whose payload will never come: fail it; nothing touches
       // its buffer again because a broken engine reads no more.
-      failRequest(P.cur, broken_, done);
+      failRequest(P.cur, broken_, done, brokenNetwork_);
       P.cur.reset();
     }
     P.collStash.clear();
@@ -488,7 +495,7 @@ bool Engine::routeHeader(int p, Completions& done) {
                               describeFrame(e), " from rank ", p, " but received ", describeFrame(h),
                               ". All ranks must call the same collectives, in the same order, "
                               "with the same sizes and dtypes"),
-                     done);
+                     done, /*network=*/false);
           return false;
         }
         P.cur = want;
@@ -505,7 +512,7 @@ bool Engine::routeHeader(int p, Completions& done) {
         failLocked(c10::str("ringpg: rank ", rank_, " received ", describeFrame(h), " from rank ", p,
                             " for an op that already finished here (seq ", currentSeq_,
                             " is running): the ranks disagree on the collectives they called"),
-                   done);
+                   done, /*network=*/false);
         return false;
       }
       break;
@@ -533,7 +540,7 @@ bool Engine::routeHeader(int p, Completions& done) {
         failRequest(P.cur,
                     c10::str("ringpg::recv: rank ", rank_, " expected ", P.cur->len, " bytes with tag ",
                              h.key, " from rank ", p, " but the message has ", h.nbytes, " bytes"),
-                    done);
+                    done, /*network=*/false);
         P.cur.reset();
         P.stashTarget = true; // read into a throw-away buffer
         P.hdr.kind = 0;       // marks the stash as discard
@@ -605,7 +612,7 @@ void Engine::drainStash(int p, Completions& done) {
         e.opNumel != s.hdr.opNumel || e.nbytes != s.hdr.nbytes) {
       failLocked(c10::str("ringpg: collective mismatch between ranks: rank ", rank_, " expected ",
                           describeFrame(e), " from rank ", p, " but received ", describeFrame(s.hdr)),
-                 done);
+                 done, /*network=*/false);
       return;
     }
     if (!s.data.empty()) {
@@ -637,7 +644,7 @@ void Engine::drainStash(int p, Completions& done) {
       failRequest(match,
                   c10::str("ringpg::recv: rank ", rank_, " expected ", match->len, " bytes with tag ",
                            it->hdr.key, " from rank ", p, " but the message has ", it->data.size(), " bytes"),
-                  done);
+                  done, /*network=*/false);
     } else {
       if (!it->data.empty()) {
         std::memcpy(match->buf, it->data.data(), it->data.size());
@@ -663,7 +670,7 @@ bool Engine::matchP2PStash(const RequestPtr& req, Completions& done) {
         failRequest(req,
                     c10::str("ringpg::recv: rank ", rank_, " expected ", req->len, " bytes with tag ",
                              it->hdr.key, " from rank ", q, " but the message has ", it->data.size(), " bytes"),
-                    done);
+                    done, /*network=*/false);
       } else {
         if (!it->data.empty()) {
           std::memcpy(req->buf, it->data.data(), it->data.size());
@@ -676,6 +683,14 @@ bool Engine::matchP2PStash(const RequestPtr& req, Completions& done) {
     }
   }
   return false;
+}
+
+void throwRequestError(const OpTag& tag, const Request& req) {
+  const std::string msg = c10::str(describe(tag), ": ", req.error);
+  if (req.networkError) {
+    throwNetwork(msg);
+  }
+  throwBackend(msg);
 }
 
 } // namespace ringpg

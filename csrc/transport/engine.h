@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/errors.h"
 #include "transport/socket.h"
 
 namespace ringpg {
@@ -55,6 +56,7 @@ struct Request {
   enum class State : uint8_t { Pending, Done, Failed };
   std::atomic<State> state{State::Pending};
   std::string error;        // set before state becomes Failed
+  bool networkError = true; // peer/connection failure (else: mismatch, misuse, timeout)
   FrameHeader hdr;          // send: header to write; receive: the frame expected
   char* buf = nullptr;      // send: source; receive: destination
   size_t len = 0;
@@ -64,6 +66,10 @@ struct Request {
   std::function<void(Request&)> onComplete; // run by the engine, outside its lock
 };
 using RequestPtr = std::shared_ptr<Request>;
+
+// Throws the c10d error a failed request stands for (DistNetworkError for a lost
+// peer, DistBackendError otherwise), prefixed with the op's description.
+[[noreturn]] void throwRequestError(const OpTag& tag, const Request& req);
 
 class Engine {
  public:
@@ -88,9 +94,10 @@ class Engine {
   void setCurrentCollective(uint64_t seq);
 
   // Marks the engine broken with `reason` (first reason wins) and fails everything.
-  void fail(const std::string& reason);
-  // Empty while healthy.
-  std::string brokenReason();
+  // `network`: a peer or connection failure, as opposed to a mismatch or a timeout.
+  void fail(const std::string& reason, bool network = false);
+  // Empty while healthy; `network` tells whether the cause was a peer/connection failure.
+  std::string brokenReason(bool* network = nullptr);
 
   // Says goodbye to every peer (so they know the close is orderly) and stops.
   void shutdown(Deadline deadline);
@@ -130,8 +137,8 @@ class Engine {
   void drainStash(int p, Completions& done);
   bool matchP2PStash(const RequestPtr& req, Completions& done);
   void complete(const RequestPtr& req, Completions& done);
-  void failLocked(const std::string& reason, Completions& done);
-  void failRequest(const RequestPtr& req, const std::string& why, Completions& done);
+  void failLocked(const std::string& reason, Completions& done, bool network = true);
+  void failRequest(const RequestPtr& req, const std::string& why, Completions& done, bool network = true);
   void runCallbacks(Completions& done);
   std::string peerLostReason(int p, const char* how);
 
@@ -147,6 +154,7 @@ class Engine {
   std::mutex mu_;
   std::condition_variable cv_; // signalled when any request completes or fails
   std::string broken_;
+  bool brokenNetwork_ = true;
   bool haveCurrent_ = false;
   uint64_t currentSeq_ = 0;
   bool stop_ = false;

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what ringpg needs on a fresh machine and builds the extension in place.
+# Idempotent: packages already present are not reinstalled; the build is incremental.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+need=()
+$PY -c "import torch" 2>/dev/null || need+=(torch)
+$PY -c "import numpy" 2>/dev/null || need+=(numpy)
+$PY -c "import pytest" 2>/dev/null || need+=(pytest)
+$PY -c "import pytest_timeout" 2>/dev/null || need+=(pytest-timeout)
+$PY -c "import ninja" 2>/dev/null || need+=(ninja)
+$PY -c "import setuptools, wheel" 2>/dev/null || need+=(setuptools wheel)
+if [ "${RINGPG_WITH_PLOTS:-0}" = 1 ]; then
+  $PY -c "import matplotlib" 2>/dev/null || need+=(matplotlib)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}"
+  $PY -m pip install -q "${need[@]}"
+fi
+
+# Build against the torch installed above (no build isolation), in place, so that
+# `import ringpg` and the torch.backends entry point both work.
+if ! $PY -c "import ringpg._C" 2>/dev/null || [ "${RINGPG_REBUILD:-0}" = 1 ]; then
+  echo "setup: building ringpg (a few minutes on 2 cores)"
+  MAX_JOBS=${MAX_JOBS:-2} $PY -m pip install -q --no-build-isolation --no-deps -e .
+fi
+$PY -c "import ringpg._C as c; print('setup: ringpg ready, kernels:', c.reduce_isa())"
