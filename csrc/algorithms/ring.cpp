@@ -4,6 +4,7 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "algorithms/ring_plan.h"
 
@@ -14,13 +15,15 @@ void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
   const int r = c.rank();
   TORCH_INTERNAL_ASSERT(job.reduceScatter || job.allGather);
   if (p == 1 || job.count == 0) {
-    if (job.reduceScatter && job.finalize && job.count > 0) {
-      // World size 1: the own chunk is the input, possibly finalized (AVG over one rank).
+    if (job.reduceScatter && job.count > 0) {
+      // World size 1: the reduction over one rank is its input (then finalized: AVG).
       char* dst = b.own ? b.own : b.work;
       if (dst != b.input) {
         std::memcpy(dst, b.input, job.count * job.elemSize);
       }
-      job.finalize(dst, job.count);
+      if (job.finalize) {
+        job.finalize(dst, job.count);
+      }
     }
     return;
   }
