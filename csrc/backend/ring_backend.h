@@ -91,6 +91,11 @@ class RingBackend final : public c10d::Backend {
   void shutdown() override;
   void abort() override;
 
+  // Test hook (see Engine::debugSendRaw).
+  void debugSendRaw(int peer, std::string bytes) {
+    engine_->debugSendRaw(peer, std::move(bytes));
+  }
+
   // The address this rank's listener used (diagnostics and tests).
   const std::string& localAddress() const {
     return localAddress_;

@@ -30,6 +30,7 @@ const char* kindName(uint8_t k) {
     case FrameKind::Collective: return "collective";
     case FrameKind::P2P: return "p2p";
     case FrameKind::Bye: return "goodbye";
+    case FrameKind::Abort: return "abort";
   }
   return "unknown";
 }
@@ -211,6 +212,20 @@ std::string Engine::brokenReason(bool* network) {
   return broken_;
 }
 
+void Engine::debugSendRaw(int peer, std::string bytes) {
+  auto req = std::make_shared<Request>();
+  std::lock_guard<std::mutex> lk(mu_);
+  rawKeepAlive_.push_back(std::move(bytes));
+  const std::string& raw = rawKeepAlive_.back();
+  // A header-less request: progress starts past the header, so only `raw` is written.
+  req->buf = const_cast<char*>(raw.data());
+  req->len = raw.size();
+  req->progress = sizeof(FrameHeader);
+  req->peer = peer;
+  peers_[peer].txq.push_back(req);
+  wake();
+}
+
 void Engine::shutdown(Deadline deadline) {
   std::vector<RequestPtr> byes;
   for (const auto q : c10::irange(size_)) {
@@ -334,6 +349,9 @@ void Engine::failLocked(const std::string& reason, Completions& done, bool netwo
   if (broken_.empty()) {
     broken_ = reason;
     brokenNetwork_ = network;
+    if (!stop_) {
+      broadcastAbortLocked(); // not while being destroyed: peers got a goodbye already
+    }
   }
   auto failAll = [&](std::deque<RequestPtr>& q) {
     for (auto& r : q) {
@@ -355,6 +373,34 @@ void Engine::failLocked(const std::string& reason, Completions& done, bool netwo
     P.p2pStash.clear();
   }
   failAll(anyPosted_);
+}
+
+// Best effort, never blocking: tell each peer why this group failed, then close.  A
+// socket in the middle of a frame cannot carry a new one; closing it still tells the
+// peer (a truncated frame, then end of stream).
+void Engine::broadcastAbortLocked() {
+  FrameHeader h;
+  h.kind = static_cast<uint8_t>(FrameKind::Abort);
+  const std::string why = broken_.substr(0, kMaxAbortBytes);
+  h.nbytes = why.size();
+  for (const auto q : c10::irange(size_)) {
+    Peer& P = peers_[q];
+    if (q == rank_ || !P.tx.valid()) {
+      continue;
+    }
+    const bool midFrame = !P.txq.empty() && P.txq.front()->progress > 0;
+    if (!midFrame && !P.gone) {
+      iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(why.data()), why.size()}};
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = 2;
+      (void)::sendmsg(P.tx.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    ::shutdown(P.tx.get(), SHUT_RDWR);
+    if (P.rx.valid()) {
+      ::shutdown(P.rx.get(), SHUT_RDWR);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------
@@ -485,6 +531,13 @@ bool Engine::routeHeader(int p, Completions& done) {
       P.p2pPosted.clear();
       return true;
     }
+    case FrameKind::Abort:
+      if (h.nbytes > kMaxAbortBytes) {
+        failLocked(c10::str("ringpg: rank ", p, " sent an oversized ", describeFrame(h)), done);
+        return false;
+      }
+      P.stashTarget = true; // read the reason, then fail (finishPayload)
+      break;
     case FrameKind::Collective: {
       if (!P.collPosted.empty()) {
         const RequestPtr& want = P.collPosted.front();
@@ -595,6 +648,10 @@ void Engine::finishPayload(int p, Completions& done) {
     case FrameKind::P2P:
       P.p2pStash.push_back(std::move(s));
       drainStash(p, done);
+      break;
+    case FrameKind::Abort:
+      failLocked(c10::str("ringpg: rank ", p, " aborted the group: ", std::string(s.data.begin(), s.data.end())),
+                 done, /*network=*/true);
       break;
     default:
       break; // discarded payload

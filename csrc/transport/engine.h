@@ -13,9 +13,11 @@
 //
 // Lengths and keys that arrive from a peer are only compared with what this rank
 // expects; payload is written only into buffers this rank posted, up to their size.
-// Any peer failure (EOF without goodbye, corrupt frame, mismatch) marks the engine
-// broken: every pending and later request fails with the same reason, and no byte
-// is read into or written from a user buffer afterwards.
+// Any failure (EOF without goodbye, corrupt frame, mismatch, a deadline) marks the
+// engine broken: every pending and later request fails with the same reason, no
+// byte is read into or written from a user buffer afterwards, and every peer is sent
+// the reason (an Abort frame) before the sockets close, so a failure anywhere
+// reaches every rank at once, not only the failed rank's neighbours.
 #pragma once
 
 #include <atomic>
@@ -34,7 +36,14 @@
 
 namespace ringpg {
 
-enum class FrameKind : uint8_t { Collective = 1, P2P = 2, Bye = 3 };
+enum class FrameKind : uint8_t {
+  Collective = 1, // payload of a collective, keyed by sequence number
+  P2P = 2,        // payload of a send, keyed by tag
+  Bye = 3,        // orderly shutdown: the connection closes next, and that is fine
+  Abort = 4,      // the sender's group failed; payload: the reason (at most kMaxAbortBytes)
+};
+
+constexpr uint64_t kMaxAbortBytes = 4096;
 
 constexpr uint32_t kFrameMagic = 0x31475052; // "RPG1"
 
@@ -99,6 +108,10 @@ class Engine {
   // Empty while healthy; `network` tells whether the cause was a peer/connection failure.
   std::string brokenReason(bool* network = nullptr);
 
+  // Test hook: queues raw bytes (not a frame) on the socket to `peer`, to play a
+  // corrupt or hostile peer in tests.  Never used by ringpg itself.
+  void debugSendRaw(int peer, std::string bytes);
+
   // Says goodbye to every peer (so they know the close is orderly) and stops.
   void shutdown(Deadline deadline);
 
@@ -141,12 +154,14 @@ class Engine {
   void failRequest(const RequestPtr& req, const std::string& why, Completions& done, bool network = true);
   void runCallbacks(Completions& done);
   std::string peerLostReason(int p, const char* how);
+  void broadcastAbortLocked();
 
   const int rank_;
   const int size_;
   const int spinMicros_;
   std::vector<Peer> peers_;
   std::deque<RequestPtr> anyPosted_; // p2p receives from any source
+  std::vector<std::string> rawKeepAlive_; // buffers of debugSendRaw
   Fd wake_;                           // eventfd that interrupts poll()
 
   // mu_ guards every field above that changes after construction (queues, receive

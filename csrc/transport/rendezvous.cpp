@@ -4,7 +4,13 @@
 #include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <random>
 #include <sstream>
@@ -33,6 +39,78 @@ std::vector<uint8_t> toBytes(const std::string& s) {
 uint64_t randomNonce() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+// Accepts one receive socket from every peer.  Connections are served concurrently
+// (a stray client that connects and stays silent cannot hold up the real peers) and
+// each must present a valid hello within kHelloWindow, or it is dropped.
+void acceptPeers(int listenFd, int rank, int size, uint64_t nonce, Deadline deadline,
+                 std::chrono::milliseconds timeout, const std::atomic<bool>& abandon, std::vector<Fd>& rx) {
+  constexpr auto kHelloWindow = std::chrono::seconds(5);
+  struct Pending {
+    Fd fd;
+    Hello hello{};
+    size_t got = 0;
+    Deadline until;
+  };
+  std::vector<Pending> pending;
+  int missing = size - 1;
+  while (missing > 0) {
+    if (abandon.load()) {
+      return;
+    }
+    if (Clock::now() >= deadline) {
+      throwNetwork(c10::str("ringpg: rank ", rank, " timed out after ", timeout.count(), " ms waiting for ", missing,
+                            " peer(s) to connect during rendezvous"));
+    }
+    std::vector<pollfd> fds{{listenFd, POLLIN, 0}};
+    for (auto& c : pending) {
+      fds.push_back(pollfd{c.fd.get(), POLLIN, 0});
+    }
+    // Short slices so `abandon` and the hello windows are checked promptly.
+    const int n = ::poll(fds.data(), fds.size(), std::min(100, msUntil(deadline)));
+    if (n < 0 && errno != EINTR) {
+      throwNetwork(c10::str("ringpg: rank ", rank, ": poll failed during rendezvous: ", std::strerror(errno)));
+    }
+    const Deadline now = Clock::now();
+    for (size_t i = 1; i < fds.size(); ++i) {
+      Pending& c = pending[i - 1];
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+        continue;
+      }
+      ssize_t r = ::recv(c.fd.get(), reinterpret_cast<char*>(&c.hello) + c.got, sizeof(Hello) - c.got, MSG_DONTWAIT);
+      if (r <= 0) {
+        if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
+          continue;
+        }
+        c.fd.reset(); // closed or failed before a full hello: not one of ours
+        continue;
+      }
+      c.got += static_cast<size_t>(r);
+      if (c.got < sizeof(Hello)) {
+        continue;
+      }
+      const Hello& h = c.hello;
+      const bool ours = h.magic == kHelloMagic && h.version == kProtocolVersion && h.dst == rank &&
+          h.nonce == nonce && h.src >= 0 && h.src < size && h.src != rank && !rx[h.src].valid();
+      uint8_t ack = 1;
+      if (ours && sendAll(c.fd.get(), &ack, 1, now + kHelloWindow)) {
+        rx[h.src] = std::move(c.fd);
+        --missing;
+      }
+      c.fd.reset();
+    }
+    // Forget closed connections and those whose hello window has passed.
+    pending.erase(std::remove_if(pending.begin(), pending.end(),
+                                 [&](const Pending& c) { return !c.fd.valid() || now >= c.until; }),
+                  pending.end());
+    if (fds[0].revents & POLLIN) {
+      int fd = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0) {
+        pending.push_back(Pending{Fd(fd), Hello{}, 0, now + kHelloWindow});
+      }
+    }
+  }
 }
 
 } // namespace
@@ -65,35 +143,7 @@ Mesh connectMesh(c10d::Store& store, int rank, int size, const std::string& ifna
   std::atomic<bool> abandon{false}; // set when connecting failed: the acceptor gives up
   std::thread acceptor([&] {
     try {
-      int missing = size - 1;
-      while (missing > 0) {
-        // Short slices so a failed connect phase can stop the acceptor promptly.
-        Fd conn = acceptUntil(listener.get(), std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
-        if (abandon.load()) {
-          return;
-        }
-        if (!conn.valid() && Clock::now() < deadline) {
-          continue;
-        }
-        if (!conn.valid()) {
-          throwNetwork(c10::str("ringpg: rank ", rank, " timed out after ", timeout.count(),
-                                " ms waiting for ", missing, " peer(s) to connect during rendezvous"));
-        }
-        Hello h{};
-        // A short, bounded read: a silent or slow stray connection cannot stall rendezvous.
-        const Deadline helloDeadline = std::min(deadline, Clock::now() + std::chrono::seconds(10));
-        if (!recvAll(conn.get(), &h, sizeof(h), helloDeadline) || h.magic != kHelloMagic ||
-            h.version != kProtocolVersion || h.dst != rank || h.nonce != nonce || h.src < 0 ||
-            h.src >= size || h.src == rank || mesh.rx[h.src].valid()) {
-          continue; // not one of ours: drop it
-        }
-        uint8_t ack = 1;
-        if (!sendAll(conn.get(), &ack, 1, helloDeadline)) {
-          continue;
-        }
-        mesh.rx[h.src] = std::move(conn);
-        --missing;
-      }
+      acceptPeers(listener.get(), rank, size, nonce, deadline, timeout, abandon, mesh.rx);
     } catch (...) {
       acceptError = std::current_exception();
     }

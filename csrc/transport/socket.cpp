@@ -220,26 +220,6 @@ Fd connectTo(const SockAddr& addr, Deadline deadline) {
   }
 }
 
-Fd acceptUntil(int listenFd, Deadline deadline) {
-  while (true) {
-    pollfd p{listenFd, POLLIN, 0};
-    int n = ::poll(&p, 1, msUntil(deadline));
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) {
-        continue;
-      }
-      return Fd();
-    }
-    int fd = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd >= 0) {
-      return Fd(fd);
-    }
-    if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN) {
-      return Fd();
-    }
-  }
-}
-
 bool sendAll(int fd, const void* buf, size_t n, Deadline deadline) {
   auto p = static_cast<const char*>(buf);
   while (n > 0) {

@@ -58,9 +58,6 @@ Fd listenOn(SockAddr& addr, int backlog);
 // Connects to `addr`, retrying refused/unreachable connects until `deadline`.
 Fd connectTo(const SockAddr& addr, Deadline deadline);
 
-// Accepts one connection, or returns an invalid Fd when `deadline` passes.
-Fd acceptUntil(int listenFd, Deadline deadline);
-
 // Blocking exact-size transfers for handshakes; false on EOF, error or deadline.
 bool sendAll(int fd, const void* buf, size_t n, Deadline deadline);
 bool recvAll(int fd, void* buf, size_t n, Deadline deadline);

@@ -12,6 +12,10 @@ torch that is running.
 """
 from __future__ import annotations
 
+# torch first: its import ends by running the torch.backends entry points, ringpg's
+# among them, which must find this package's modules whole, not half-imported.
+import torch  # noqa: F401
+
 from ._registration import BACKEND_NAME, register
 
 __all__ = ["BACKEND_NAME", "register"]
