@@ -1,0 +1,39 @@
+"""pytest configuration for ringpg's tests.
+
+* The backend under test is ``$RINGPG_TEST_BACKEND`` (default ``"ringpg"``); set
+  it to ``gloo`` to validate the tests themselves against gloo.
+* If ringpg is not installed, its source tree (``python/``) is put on ``sys.path``
+  so the pure-Python tests can still run; spawned workers inherit ``sys.path``.
+* ``pool``: a module-scoped :class:`harness.WorkerPool` for the module's
+  ``world_size`` parameter.  Declare the parameter with
+  ``pytest.mark.parametrize("world_size", [...], scope="module")`` so pytest groups
+  a module's tests by world size and each pool is started once.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from typing import Iterator
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+if importlib.util.find_spec("ringpg") is None:
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+
+import harness  # noqa: E402
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"ringpg tests: backend under test = {harness.backend_under_test()!r} (set {harness.BACKEND_ENV} to change)"
+
+
+@pytest.fixture(scope="module")
+def pool(world_size: int) -> Iterator[harness.WorkerPool]:
+    """Workers for ``world_size`` ranks, default group = backend under test, plus a gloo group."""
+    p = harness.WorkerPool(world_size)
+    yield p
+    p.close()  # fails the last test of the group if a rank does not shut down cleanly

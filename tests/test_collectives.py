@@ -1,0 +1,259 @@
+"""Collectives of the backend under test compared against gloo, in the same processes.
+
+For every world size 1..5 one pool of workers runs, per test, a whole battery of
+cases: every dtype x op x numel in {0, 1, ws-1, ws, 1000} (plus 2**20+3 for
+float32 and int32 only, to keep the runtime reasonable; see harness.numels_for),
+and the same batteries on 2-D tensors of shape (3, 7).
+
+Data are small integers (harness.make_data), so every result is exact in every
+dtype and the comparison is ``torch.equal``; a separate test uses random floats
+with stated tolerances.  AVG is compared with gloo's SUM divided by the world size
+in the same dtype (truncating for integer dtypes).  Reduce-scatter references come
+from a gloo all_reduce, so they do not depend on gloo's reduce_scatter.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import (
+    DTYPES,
+    OPS,
+    CheckReport,
+    Checker,
+    Groups,
+    WorkerPool,
+    assert_reports_ok,
+    data_kind,
+    dtype_name,
+    make_data,
+    make_random_float,
+    numels_for,
+    reduce_op,
+    ref_all_gather,
+    ref_all_reduce,
+    ref_broadcast,
+    ref_reduce_scatter,
+    sentinel_like,
+    skip_case,
+)
+
+pytestmark = pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5], ids=lambda ws: f"ws{ws}", scope="module")
+
+MULTI_DIM_SHAPE = (3, 7)
+
+
+def _shapes(layout: str, ws: int, dtype: torch.dtype) -> list[tuple[int, ...]]:
+    """Per-rank block shapes: 1-D over harness.numels_for, or the single 2-D shape."""
+    if layout == "flat":
+        return [(n,) for n in numels_for(ws, dtype)]
+    return [MULTI_DIM_SHAPE]
+
+
+def _case(op_name: str, reduce: str, dtype: torch.dtype, ws: int, shape: Sequence[int], extra: str = "") -> str:
+    r = f" op={reduce}" if reduce else ""
+    return f"{op_name}{r} dtype={dtype_name(dtype)} ws={ws} shape={tuple(shape)}{extra}"
+
+
+def _stacked(shape: Sequence[int], ws: int) -> tuple[int, ...]:
+    return (shape[0] * ws, *shape[1:])
+
+
+# ---------------------------------------------------------------- worker bodies
+
+
+def all_reduce_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
+    chk = Checker(rank)
+    for dtype in DTYPES:
+        for op in OPS:
+            if skip_case(groups.backend, op, dtype):
+                continue
+            for shape in _shapes(layout, ws, dtype):
+                case = _case("all_reduce", op, dtype, ws, shape)
+                x = make_data(rank, case, shape, dtype, data_kind(op))
+                got = x.clone()
+                dist.all_reduce(got, op=reduce_op(op), group=groups.test)
+                chk.equal(case, got, ref_all_reduce(x, op, groups.ref))
+    return chk.report()
+
+
+def reduce_scatter_tensor_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
+    chk = Checker(rank)
+    for dtype in DTYPES:
+        for op in OPS:
+            if skip_case(groups.backend, op, dtype):
+                continue
+            for shape in _shapes(layout, ws, dtype):
+                case = _case("reduce_scatter_tensor", op, dtype, ws, shape)
+                x = make_data(rank, case, _stacked(shape, ws), dtype, data_kind(op))
+                x_before = x.clone()
+                out = sentinel_like(shape, dtype)
+                dist.reduce_scatter_tensor(out, x, op=reduce_op(op), group=groups.test)
+                chk.equal(case, out, ref_reduce_scatter(x_before, op, groups.ref))
+                chk.equal(case + " [input must be left unchanged]", x, x_before)
+    return chk.report()
+
+
+def reduce_scatter_list_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
+    chk = Checker(rank)
+    for dtype in DTYPES:
+        for op in OPS:
+            if skip_case(groups.backend, op, dtype):
+                continue
+            for shape in _shapes(layout, ws, dtype):
+                case = _case("reduce_scatter(list)", op, dtype, ws, shape)
+                x = make_data(rank, case, _stacked(shape, ws), dtype, data_kind(op))
+                inputs = [x.narrow(0, i * shape[0], shape[0]).clone() for i in range(ws)]
+                out = sentinel_like(shape, dtype)
+                dist.reduce_scatter(out, inputs, op=reduce_op(op), group=groups.test)
+                chk.equal(case, out, ref_reduce_scatter(x, op, groups.ref))
+    return chk.report()
+
+
+def all_gather_into_tensor_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
+    chk = Checker(rank)
+    for dtype in DTYPES:
+        for shape in _shapes(layout, ws, dtype):
+            case = _case("all_gather_into_tensor", "", dtype, ws, shape)
+            x = make_data(rank, case, shape, dtype)
+            x_before = x.clone()
+            out = sentinel_like(_stacked(shape, ws), dtype)
+            dist.all_gather_into_tensor(out, x, group=groups.test)
+            chk.equal(case, out, ref_all_gather(x_before, groups.ref))
+            chk.equal(case + " [input must be left unchanged]", x, x_before)
+    return chk.report()
+
+
+def all_gather_list_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
+    chk = Checker(rank)
+    for dtype in DTYPES:
+        for shape in _shapes(layout, ws, dtype):
+            case = _case("all_gather(list)", "", dtype, ws, shape)
+            x = make_data(rank, case, shape, dtype)
+            outs = [sentinel_like(shape, dtype) for _ in range(ws)]
+            dist.all_gather(outs, x, group=groups.test)
+            expected = ref_all_gather(x, groups.ref)
+            for i, o in enumerate(outs):
+                chk.equal(f"{case} [output {i}]", o, expected.narrow(0, i * shape[0], shape[0]))
+    return chk.report()
+
+
+def broadcast_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
+    chk = Checker(rank)
+    for dtype in DTYPES:
+        for shape in _shapes(layout, ws, dtype):
+            for src in range(ws):
+                case = _case("broadcast", "", dtype, ws, shape, f" src={src}")
+                x = make_data(rank, case, shape, dtype)  # differs on every rank
+                got = x.clone()
+                dist.broadcast(got, src=src, group=groups.test)
+                chk.equal(case, got, ref_broadcast(x, src, groups.ref))
+    return chk.report()
+
+
+BARRIER_ROUNDS = 3
+BARRIER_DELAY_S = 0.3
+
+
+def barrier_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    """Each round one rank arrives late; returns (enter, leave) wall times per round."""
+    times: list[tuple[float, float]] = []
+    for i in range(BARRIER_ROUNDS):
+        dist.barrier(group=groups.ref)  # align the ranks before the round
+        if rank == i % ws:
+            time.sleep(BARRIER_DELAY_S)
+        enter = time.time()
+        dist.barrier(group=groups.test)
+        times.append((enter, time.time()))
+    return Checker(rank, n_checks=1).report(extra=times)
+
+
+# Random-float tolerances (relative to sum(|x|) over ranks, elementwise).  Both sides
+# obey the summation bound |fl(sum) - sum| <= (ws-1) * u * sum|x| (u = unit roundoff),
+# so they differ by at most 2 * 4 * u * sum|x| at ws <= 5: float32 4.8e-7, float64
+# 8.9e-16, float16 3.9e-3 -> 1e-5 / 1e-12 / 1e-2 hold with margin.  bfloat16 (u = 2**-8)
+# needs 3.1e-2, so its tolerance is 4e-2, not 1e-2.  PRODUCT uses the same factors
+# relative to |result|.  MIN and MAX are exact even on random data.
+FLOAT_RTOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 1e-2, torch.bfloat16: 4e-2}
+FLOAT_NUMELS = (1000, 2**16 + 1)
+
+
+def random_float_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    """all_reduce and reduce_scatter_tensor on random floats, all ops."""
+    chk = Checker(rank)
+    for dtype, rtol in FLOAT_RTOL.items():
+        for op in OPS:
+            kind = "product" if op == "PRODUCT" else "normal"
+            for n in FLOAT_NUMELS:
+                for coll in ("all_reduce", "reduce_scatter_tensor"):
+                    case = _case(coll, op, dtype, ws, (n,), " random")
+                    in_shape = (n,) if coll == "all_reduce" else (n * ws,)
+                    x = make_random_float(rank, case, in_shape, dtype, kind)
+                    if coll == "all_reduce":
+                        got = x.clone()
+                        dist.all_reduce(got, op=reduce_op(op), group=groups.test)
+                        ref = ref_all_reduce(x, op, groups.ref)
+                        abs_sum = ref_all_reduce(x.double().abs(), "SUM", groups.ref)
+                    else:
+                        got = sentinel_like((n,), dtype)
+                        dist.reduce_scatter_tensor(got, x.clone(), op=reduce_op(op), group=groups.test)
+                        ref = ref_reduce_scatter(x, op, groups.ref)
+                        abs_sum = ref_reduce_scatter(x.double().abs(), "SUM", groups.ref)
+                    if op in ("MIN", "MAX"):
+                        chk.equal(case, got, ref)
+                    elif op == "PRODUCT":
+                        chk.within(f"{case} rtol={rtol}", got, ref, rtol * ref.double().abs())
+                    else:
+                        chk.within(f"{case} rtol={rtol} (x sum|x|)", got, ref, rtol * abs_sum)
+    return chk.report()
+
+
+# ------------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize("layout", ["flat", "2d"])
+def test_all_reduce(pool: WorkerPool, layout: str) -> None:
+    assert_reports_ok(pool.run(all_reduce_worker, layout))
+
+
+@pytest.mark.parametrize("layout", ["flat", "2d"])
+def test_reduce_scatter_tensor(pool: WorkerPool, layout: str) -> None:
+    assert_reports_ok(pool.run(reduce_scatter_tensor_worker, layout))
+
+
+@pytest.mark.parametrize("layout", ["flat", "2d"])
+def test_reduce_scatter_list(pool: WorkerPool, layout: str) -> None:
+    assert_reports_ok(pool.run(reduce_scatter_list_worker, layout))
+
+
+@pytest.mark.parametrize("layout", ["flat", "2d"])
+def test_all_gather_into_tensor(pool: WorkerPool, layout: str) -> None:
+    assert_reports_ok(pool.run(all_gather_into_tensor_worker, layout))
+
+
+@pytest.mark.parametrize("layout", ["flat", "2d"])
+def test_all_gather_list(pool: WorkerPool, layout: str) -> None:
+    assert_reports_ok(pool.run(all_gather_list_worker, layout))
+
+
+@pytest.mark.parametrize("layout", ["flat", "2d"])
+def test_broadcast_every_src(pool: WorkerPool, layout: str) -> None:
+    assert_reports_ok(pool.run(broadcast_worker, layout))
+
+
+def test_barrier(pool: WorkerPool) -> None:
+    reports = pool.run(barrier_worker)
+    ws = len(reports)
+    for i in range(BARRIER_ROUNDS):
+        late = i % ws
+        last_enter = reports[late].extra[i][0]
+        early_leavers = [r.rank for r in reports if r.extra[i][1] < last_enter]
+        assert not early_leavers, f"barrier round {i}: ranks {early_leavers} left before rank {late} entered"
+
+
+def test_random_floats_with_tolerance(pool: WorkerPool) -> None:
+    assert_reports_ok(pool.run(random_float_worker))

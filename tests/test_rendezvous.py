@@ -1,0 +1,95 @@
+"""Rendezvous, coexistence with gloo, and subgroups of the backend under test.
+
+* init via env://, file://, explicit ``store=`` (TCPStore) and tcp:// (tcp:// is
+  also what every other test uses; here with gloo as the default group and the
+  backend under test as a ``new_group``);
+* two full-world groups of the backend under test used interleaved (one op of
+  each in flight), next to gloo;
+* subgroups via ``dist.new_group(ranks=..., backend=...)`` at world size 4 with
+  non-member ranks: two disjoint pairs working concurrently, a 3-rank group and a
+  non-contiguous pair, each compared with the gloo subgroup of the same ranks.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import (
+    CheckReport,
+    Checker,
+    Groups,
+    InitSpec,
+    WorkerPool,
+    assert_reports_ok,
+    make_data,
+    ref_all_reduce,
+    run_workers,
+    smoke_checks,
+)
+
+
+def smoke_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    chk = Checker(rank)
+    smoke_checks(chk, "default groups", groups.test, groups.ref)
+    return chk.report()
+
+
+@pytest.mark.parametrize(
+    "method, default_backend",
+    [("env", None), ("file", None), ("store", None), ("tcp", "gloo")],
+    ids=["env", "file", "store", "tcp-gloo-default-group"],
+)
+def test_init_methods(method: str, default_backend: Optional[str]) -> None:
+    assert_reports_ok(run_workers(smoke_worker, 2, spec=InitSpec(method, default_backend)))
+
+
+def two_groups_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    """A second full-world group of the backend under test, interleaved with the first."""
+    chk = Checker(rank)
+    other = dist.new_group(backend=groups.backend)
+    for i in range(3):
+        a = make_data(rank, f"two groups a{i}", (4099,), torch.float32)
+        b = make_data(rank, f"two groups b{i}", (513,), torch.int32)
+        ya, yb = a.clone(), b.clone()
+        wa = dist.all_reduce(ya, group=groups.test, async_op=True)
+        wb = dist.all_reduce(yb, op=dist.ReduceOp.MAX, group=other, async_op=True)
+        wb.wait()
+        wa.wait()
+        chk.equal(f"round {i}: all_reduce SUM on the default group while the second group runs", ya, ref_all_reduce(a, "SUM", groups.ref))
+        chk.equal(f"round {i}: all_reduce MAX on the second group while the default group runs", yb, ref_all_reduce(b, "MAX", groups.ref))
+    smoke_checks(chk, "second full-world group", other, groups.ref)
+    dist.destroy_process_group(other)
+    smoke_checks(chk, "default group after destroying the second", groups.test, groups.ref)
+    return chk.report()
+
+
+# Every rank creates every group, in the same order (new_group's requirement).
+SUBGROUPS = ([0, 1], [2, 3], [1, 2, 3], [1, 3])
+
+
+def subgroups_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    chk = Checker(rank)
+    pairs = [(ranks, dist.new_group(ranks=ranks, backend=groups.backend), dist.new_group(ranks=ranks, backend="gloo")) for ranks in SUBGROUPS]
+    for ranks, test_g, ref_g in pairs:
+        tag = f"subgroup {ranks}"
+        if rank in ranks:
+            chk.true(f"{tag}: group rank", dist.get_rank(test_g) == ranks.index(rank), f"{dist.get_rank(test_g)}")
+            chk.true(f"{tag}: backend name", str(dist.get_backend(test_g)) == groups.backend, str(dist.get_backend(test_g)))
+            smoke_checks(chk, tag, test_g, ref_g, numel=1001)
+        else:
+            chk.true(f"{tag}: non-member gets NON_GROUP_MEMBER", test_g == dist.GroupMember.NON_GROUP_MEMBER, repr(test_g))
+    smoke_checks(chk, "world after subgroups", groups.test, groups.ref)
+    return chk.report()
+
+
+@pytest.mark.parametrize("world_size", [4], ids=lambda ws: f"ws{ws}", scope="module")
+def test_two_groups_of_backend_coexist(pool: WorkerPool) -> None:
+    assert_reports_ok(pool.run(two_groups_worker))
+
+
+@pytest.mark.parametrize("world_size", [4], ids=lambda ws: f"ws{ws}", scope="module")
+def test_subgroups_with_non_members(pool: WorkerPool) -> None:
+    assert_reports_ok(pool.run(subgroups_worker))
