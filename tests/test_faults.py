@@ -1,0 +1,405 @@
+"""Faults: dead, frozen and hostile peers, bad input, mismatched ranks, load.
+
+Each scenario spawns its own ranks (some of them die on purpose, so the shared
+WorkerPool does not fit): every rank runs a module-level scenario function and puts
+a result dict on a queue; the parent collects the survivors' results with a
+deadline and kills whatever is left.  Assertions are on what users see: a typed
+torch.distributed error, naming op, rank and cause, raised within a bound time.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import socket
+import time
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import harness
+
+pytestmark = pytest.mark.skipif(harness.backend_under_test() != "ringpg", reason="ringpg-specific fault handling")
+
+KILL_DETECT_S = 10.0  # "within a few seconds" of a peer's death
+
+
+def _init(rank: int, ws: int, port: int, timeout_s: float = 60.0) -> None:
+    import ringpg  # noqa: F401
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "ringpg", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws, timeout=timedelta(seconds=timeout_s)
+    )
+
+
+def _child(fn: Callable[..., dict], rank: int, ws: int, port: int, args: Any, out: Any) -> None:
+    try:
+        res = fn(rank, ws, port, args)
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        import traceback
+
+        res = {"crash": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
+    out.put((rank, res))
+    out.close()
+    out.join_thread()
+    os._exit(0)  # skip destructors of a deliberately broken group
+
+
+def run_scenario(fn: Callable[..., dict], ws: int, args: Any = None, expect: Optional[set[int]] = None,
+                 timeout: float = 90.0) -> dict[int, dict]:
+    """Runs fn(rank, ws, port, args) on ws ranks; returns results of the ranks in `expect`."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = harness.free_port()
+    procs = [ctx.Process(target=_child, args=(fn, r, ws, port, args, out), daemon=True) for r in range(ws)]
+    for p in procs:
+        p.start()
+    expect = set(range(ws)) if expect is None else expect
+    results: dict[int, dict] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while not expect <= results.keys():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"ranks {sorted(expect - results.keys())} hung (no result in {timeout}s)")
+            try:
+                rank, res = out.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            results[rank] = res
+    finally:
+        for p in procs:
+            if p.is_alive():
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            p.join(timeout=10)
+    crashes = {r: v["crash"] for r, v in results.items() if "crash" in v}
+    assert not crashes, crashes
+    return results
+
+
+def _expect_error(fn: Callable[[], Any]) -> tuple[str, str, float]:
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return type(e).__name__, str(e), time.monotonic() - t0
+    return "", "", time.monotonic() - t0
+
+
+# ------------------------------------------------------------------ dead peers
+
+
+def _die_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
+    victim, how, stamp_file = args
+    _init(rank, ws, port)
+    x = torch.ones(1 << 20)
+    for i in range(1000):
+        if rank == victim and i == 3:
+            with open(stamp_file, "w") as f:
+                f.write(repr(time.time()))
+            if how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(1)
+        try:
+            dist.all_reduce(x)
+        except Exception as e:  # noqa: BLE001
+            t_err = time.time()
+            kind, again, _ = _expect_error(lambda: dist.all_reduce(torch.ones(8)))
+            return {"type": type(e).__name__, "msg": str(e), "t": t_err, "again_type": kind, "again": again}
+    return {"type": "", "msg": "no error after 1000 all_reduce calls"}
+
+
+@pytest.mark.parametrize("victim,how", [(1, "exit"), (2, "sigkill")])
+def test_killed_rank_every_survivor_raises_fast(tmp_path: Any, victim: int, how: str) -> None:
+    ws = 4  # with victim 2, rank 0 is not a ring neighbour of the dead rank
+    stamp = str(tmp_path / "died")
+    res = run_scenario(_die_mid_collective, ws, (victim, how, stamp), expect={r for r in range(ws) if r != victim})
+    died = float(open(stamp).read())
+    for r, v in res.items():
+        assert v["type"] in ("DistNetworkError", "DistBackendError"), (r, v)
+        assert "ringpg::all_reduce" in v["msg"] and f"rank {r}" in v["msg"], v["msg"]
+        assert v["t"] - died < KILL_DETECT_S, (r, v["t"] - died, v["msg"])
+        # Later ops fail at once, with the original cause.
+        assert v["again_type"] in ("DistNetworkError", "DistBackendError"), v
+        assert "failed earlier" in v["again"], v["again"]
+
+
+def _freeze_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
+    (victim,) = args
+    _init(rank, ws, port, timeout_s=3.0)
+    x = torch.ones(1 << 16)
+    dist.all_reduce(x)
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    kind, msg, took = _expect_error(lambda: dist.all_reduce(x))
+    return {"type": kind, "msg": msg, "took": took}
+
+
+def test_frozen_rank_gives_timeout_at_the_deadline() -> None:
+    ws = 3
+    res = run_scenario(_freeze_mid_collective, ws, (2,), expect={0, 1})
+    for r, v in res.items():
+        assert v["type"] in ("DistBackendError", "DistNetworkError"), v
+        assert "ringpg::all_reduce" in v["msg"], v["msg"]
+        # The rank waiting on the frozen one times out; the other may learn it from its abort.
+        assert "timed out" in v["msg"] or "aborted" in v["msg"], v["msg"]
+        assert 2.0 < v["took"] < 3.0 + KILL_DETECT_S, v
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def _bad_inputs(rank: int, ws: int, port: int, args: Any) -> dict:
+    _init(rank, ws, port)
+    gloo = dist.new_group(backend="gloo")
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    t = torch.arange(6, dtype=torch.float32) + rank
+    errors: dict[str, str] = {}
+
+    def attempt(name: str, fn: Callable[[], Any]) -> None:
+        kind, msg, _ = _expect_error(fn)
+        errors[name] = f"{kind}: {msg}"
+        # The refused call took no sequence number: a real collective still agrees with gloo.
+        a, b = t.clone(), t.clone()
+        dist.all_reduce(a)
+        dist.all_reduce(b, group=gloo)
+        assert torch.equal(a, b), (name, a, b)
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 7
+    attempt("invalid root", lambda: backend.broadcast([t], opts).wait())
+    attempt("output list length", lambda: dist.all_gather([torch.empty(6) for _ in range(ws + 1)], t))
+    attempt("mismatched sizes", lambda: dist.all_gather_into_tensor(torch.empty(5), t))
+    attempt("sparse", lambda: dist.all_reduce(t.to_sparse()))
+    # torch answers meta tensors itself, so this one goes to the backend directly.
+    attempt("meta device", lambda: backend.allreduce([torch.empty(6, device="meta")], dist.AllreduceOptions()))
+    attempt("negative tag", lambda: dist.send(t, (rank + 1) % ws, tag=-1))
+    attempt("unsupported op/dtype", lambda: dist.all_reduce(t, op=dist.ReduceOp.BAND))
+    return {"errors": errors, "seq": backend._get_sequence_number_for_group()}
+
+
+def test_bad_input_is_refused_before_taking_a_sequence_number() -> None:
+    res = run_scenario(_bad_inputs, 2)
+    for r, v in res.items():
+        for name, err in v["errors"].items():
+            assert err and not err.startswith(": "), (name, "no error raised")
+            if name not in ("sparse", "output list length"):  # torch's own layer may answer first
+                assert "ringpg::" in err, (name, err)
+    assert res[0]["seq"] == res[1]["seq"]
+
+
+def _mismatch(rank: int, ws: int, port: int, args: Any) -> dict:
+    (what,) = args
+    _init(rank, ws, port, timeout_s=20.0)
+    if what == "numel":
+        x = torch.ones(1000 if rank == 0 else 3000)
+    else:
+        x = torch.ones(1000, dtype=torch.float32 if rank == 0 else torch.float64)
+    kind, msg, took = _expect_error(lambda: dist.all_reduce(x))
+    return {"type": kind, "msg": msg, "took": took}
+
+
+@pytest.mark.parametrize("what", ["numel", "dtype"])
+def test_ranks_calling_different_sizes_raise_instead_of_overrunning(what: str) -> None:
+    res = run_scenario(_mismatch, 2, (what,))
+    for r, v in res.items():
+        assert v["type"] in ("DistBackendError", "DistNetworkError"), v
+        assert "mismatch" in v["msg"] or "aborted" in v["msg"], v["msg"]
+        assert v["took"] < KILL_DETECT_S, v
+
+
+# ------------------------------------------------------------------ hostile peers
+
+
+def _listening_ports() -> set[int]:
+    """Ports this process listens on (from /proc/net/tcp*, matched by socket inode)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                parts = line.split()
+                if parts[3] == "0A" and parts[9] in inodes:  # 0A: LISTEN
+                    ports.add(int(parts[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _hostile_during_rendezvous(rank: int, ws: int, port: int, args: Any) -> dict:
+    import threading
+
+    import ringpg  # noqa: F401
+
+    torch.set_num_threads(1)
+    store_ports = {port}
+    attacks: list[str] = []
+
+    def attacker() -> None:
+        # Rank 0 attacks its own listener while rank 1 is held back (below).
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            targets = _listening_ports() - store_ports
+            if targets:
+                break
+            time.sleep(0.05)
+        for p in targets:
+            for payload in (b"", b"GARBAGE" * 1000, b"\x00" * 7, b"RPGH" + b"\xff" * 60, os.urandom(1 << 16)):
+                try:
+                    with socket.create_connection(("127.0.0.1", p), timeout=2) as s:
+                        s.sendall(payload)
+                        attacks.append(f"{p}:{len(payload)}")
+                except OSError:
+                    pass
+            # And one that connects and says nothing at all.
+            idle = socket.create_connection(("127.0.0.1", p), timeout=2)
+            attacks.append(f"{p}:silent")
+            time.sleep(0.5)
+            idle.close()
+
+    # A gloo default group first: its store-based init waits for every rank, which
+    # would close the window.  Then rank 0 enters ringpg's rendezvous alone and waits
+    # there for rank 1 (held back 3 s) while the attacker hits its listener.
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws,
+                            timeout=timedelta(seconds=60))
+    store_ports |= _listening_ports()  # the store's and gloo's own: not ours to attack
+    if rank == 0:
+        th = threading.Thread(target=attacker, daemon=True)
+        th.start()
+    else:
+        time.sleep(3)
+    group = dist.new_group(backend="ringpg")
+    if rank == 0:
+        th.join(timeout=30)
+    x = torch.arange(1000, dtype=torch.float32) + rank
+    dist.all_reduce(x, group=group)
+    ok = torch.equal(x, 2 * torch.arange(1000, dtype=torch.float32) + 1)
+    # After rendezvous ringpg listens on nothing: only the store's and gloo's ports remain.
+    leftover = _listening_ports() - store_ports
+    backend = group._get_backend(torch.device("cpu"))
+    return {"ok": ok, "attacks": attacks, "leftover": sorted(leftover), "address": backend.local_address}
+
+
+def test_hostile_connections_during_rendezvous_are_dropped() -> None:
+    res = run_scenario(_hostile_during_rendezvous, 2, timeout=120)
+    assert res[0]["attacks"], "the attacker found no ringpg listener"
+    for r, v in res.items():
+        assert v["ok"], v
+        assert v["leftover"] == [], f"rank {r} still listens on {v['leftover']}"
+
+
+def _hostile_frames(rank: int, ws: int, port: int, args: Any) -> dict:
+    (payload,) = args
+    _init(rank, ws, port, timeout_s=20.0)
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    x = torch.ones(4096)
+    dist.all_reduce(x)
+    if rank == 1:
+        backend._debug_send_raw(0, payload)  # rank 1 turns hostile towards rank 0
+        if len(payload) < 32:
+            time.sleep(0.5)
+            os._exit(0)  # a truncated frame, then the connection closes
+    kind, msg, took = _expect_error(lambda: dist.all_reduce(x))
+    return {"type": kind, "msg": msg, "took": took, "x0": float(x[0])}
+
+
+@pytest.mark.parametrize(
+    "name,payload",
+    [
+        ("bad magic", b"\xde\xad\xbe\xef" * 8),
+        # A valid-looking collective header for the next op announcing 1 TiB: never trusted.
+        ("oversized", (0x31475052).to_bytes(4, "little") + bytes([1, 1, 6, 0]) + (3).to_bytes(8, "little")
+         + (4096).to_bytes(8, "little") + (1 << 40).to_bytes(8, "little")),
+        ("truncated", b"RPG1\x01"),
+    ],
+)
+def test_corrupt_frames_raise_instead_of_crashing(name: str, payload: bytes) -> None:
+    res = run_scenario(_hostile_frames, 2, (payload,), expect={0})
+    v = res[0]
+    assert v["type"] in ("DistNetworkError", "DistBackendError"), v
+    assert "ringpg::all_reduce" in v["msg"], v["msg"]
+    assert v["took"] < KILL_DETECT_S, v
+
+
+# ------------------------------------------------------------------ load and lifecycle
+
+
+def _thousand_async(rank: int, ws: int, port: int, args: Any) -> dict:
+    _init(rank, ws, port)
+    tensors = [torch.full((17,), float(i + rank)) for i in range(1000)]
+    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    for w in works:
+        w.wait()
+    bad = [i for i, t in enumerate(tensors) if not torch.equal(t, torch.full((17,), float(2 * i + 1)))]
+    return {"bad": bad[:5], "n": len(works)}
+
+
+def test_thousand_async_ops_in_flight() -> None:
+    res = run_scenario(_thousand_async, 2)
+    for v in res.values():
+        assert v["n"] == 1000 and v["bad"] == [], v
+
+
+def _counts() -> tuple[int, int]:
+    return len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _lifecycle(rank: int, ws: int, port: int, args: Any) -> dict:
+    _init(rank, ws, port)
+    # Many groups alive at once.
+    groups = [dist.new_group(backend="ringpg") for _ in range(12)]
+    sums = []
+    for i, g in enumerate(groups):
+        t = torch.full((5,), float(i))
+        dist.all_reduce(t, group=g)
+        sums.append(float(t[0]))
+    for g in groups:
+        dist.destroy_process_group(g)
+
+    def cycle() -> None:
+        g = dist.new_group(backend="ringpg")
+        t = torch.ones(1 << 16)
+        dist.all_reduce(t, group=g)
+        dist.destroy_process_group(g)
+
+    cycle()  # warm-up: lazy allocations, thread pools
+    before, rss0 = _counts(), _rss_mb()
+    for _ in range(15):
+        cycle()
+    after, rss1 = _counts(), _rss_mb()
+    dist.destroy_process_group()
+    # A whole new default group in the same process, on a fresh store.
+    _init(rank, ws, args)
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    return {"sums": sums, "before": before, "after": after, "rss": rss1 - rss0, "reinit": float(t[0])}
+
+
+def test_many_groups_and_create_destroy_cycles_leak_nothing() -> None:
+    res = run_scenario(_lifecycle, 2, harness.free_port(), timeout=150)
+    for v in res.values():
+        assert v["sums"] == [2.0 * i for i in range(12)], v
+        assert v["after"] == v["before"], f"threads/fds before {v['before']} after {v['after']}"
+        assert v["rss"] < 64, f"RSS grew {v['rss']:.1f} MiB over 15 create/destroy cycles"
+        assert v["reinit"] == 2.0
