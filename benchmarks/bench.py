@@ -1,0 +1,749 @@
+"""ringpg benchmark: nccl-tests-style sweep of ringpg against gloo (and nccl on CUDA).
+
+Run from the repository root::
+
+    python -m benchmarks.bench                        # full sweep: 1 KiB..256 MiB, ws 2,3,4,8
+    python -m benchmarks.bench --check                # CI: correctness only, small sizes, ws 2,3
+    python -m benchmarks.bench --world-sizes 4 --ops all_reduce --max-bytes 64MiB --emulate 1gbit
+    python -m benchmarks.bench --backends gloo,gloo   # validate the tool itself (no ringpg needed)
+    torchrun --nproc-per-node 4 benchmarks/bench.py   # ranks from torchrun (one world size)
+
+How a number is made (details in ``benchmarks/common.py``):
+
+* The launcher starts ``ws`` ranks (multiprocessing spawn, tcp:// rendezvous on
+  127.0.0.1 with a free port; under ``--emulate`` one network namespace per rank, see
+  ``benchmarks/netns.py``).  The default group is gloo; every backend gets its own group
+  over the same ranks (``dist.new_group(backend=...)``).
+* Per case, backends alternate every iteration on the same buffers; each op is bracketed
+  by a barrier on the gloo group, local times are reduced with MAX over ranks, and the
+  time is the median over iterations (adaptive count, bounded per case).
+* Inputs are integer-valued and deterministic, so the exact expected output is known on
+  every rank: ``#wrong`` counts elements that differ (summed over ranks).
+* busbw uses the nccl-tests factors; the ratio column is baseline time / backend time
+  (identical to backend busbw / baseline busbw).
+
+Rank 0 (the launcher when it starts the ranks itself) prints the machine facts first,
+then the TCP ceiling probe, then one table per world size while it runs, with a
+progress line on stderr.  Results go to ``benchmarks/results/`` (CSV, JSON, PNG).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+if __package__ in (None, ""):  # `python benchmarks/bench.py` or torchrun: make the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from benchmarks import common as C  # noqa: E402
+from benchmarks import netns  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT_DIR = REPO_ROOT / "benchmarks" / "results"
+
+#: Bytes of memory a rank needs per byte of case size (buffers, expected result, backend scratch).
+MEMORY_FACTOR = 5
+
+
+# --------------------------------------------------------------------------------------
+# Configuration handed to every rank
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerConfig:
+    """Everything a rank needs; JSON-serializable (netns ranks read it from a file)."""
+
+    world_size: int
+    init_method: str                      # tcp://addr:port, or env:// under torchrun
+    master_addr: str
+    backends: List[str]
+    labels: List[str]
+    baseline: str
+    device: str
+    cases: List[Tuple[str, str, int]]     # (op, dtype, numel)
+    policy: Dict[str, Any]
+    op_timeout_s: float
+    probe: bool
+    probe_seconds: float
+    probe_path: str
+    link_GBps: Optional[float]
+    result_path: str
+    threads: int
+    progress: bool
+    progress_offset: int = 0
+    progress_total: int = 0
+    launcher_pid: Optional[int] = None  # ranks die with it (None under torchrun)
+    extra_env: Dict[str, str] = field(default_factory=dict)
+
+
+def run_worker(cfg: WorkerConfig, rank: int) -> int:
+    """Body of one rank: create the groups, probe, sweep the cases, stream the results.
+
+    Rank 0 prints the table rows as cases finish and appends one JSON line per event to
+    ``cfg.result_path`` (probe, case, done), so that a run cut short keeps what it did.
+    Returns the process exit status (0, or 1 if any element was wrong or an op failed).
+    """
+    if cfg.launcher_pid is not None:
+        C.die_with_parent(cfg.launcher_pid)
+    for k, v in cfg.extra_env.items():
+        os.environ.setdefault(k, v)
+    torch.set_num_threads(cfg.threads)
+    ws = cfg.world_size
+    for name in sorted(set(cfg.backends)):
+        if name not in ("gloo", "nccl"):
+            C.ensure_registered(name)
+    device = torch.device(cfg.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    timeout = datetime.timedelta(seconds=cfg.op_timeout_s)
+
+    dist.init_process_group("gloo", init_method=cfg.init_method, rank=rank, world_size=ws, timeout=timeout)
+    ref = dist.group.WORLD
+    groups: Dict[str, Any] = {}
+    for label, name in zip(cfg.labels, cfg.backends):
+        groups[label] = dist.new_group(backend=name, timeout=timeout)
+
+    out = open(cfg.result_path, "a") if rank == 0 else None
+
+    def record(obj: Dict[str, Any]) -> None:
+        if out is not None:
+            out.write(json.dumps(obj) + "\n")
+            out.flush()
+
+    progress = C.Progress(enabled=rank == 0 and cfg.progress)
+    table = C.TableFormatter(cfg.labels, cfg.baseline, cfg.link_GBps)
+    policy = C.IterationPolicy(**cfg.policy)
+    status = 0
+    try:
+        if cfg.probe:
+            if rank == 0:
+                progress.update(f"[probe] raw TCP rank 0 <-> rank 1 ({cfg.probe_path})")
+            probe = C.tcp_probe(rank, cfg.master_addr, ref, cfg.probe_seconds)
+            if rank == 0:
+                C.emit(C.format_probe(probe, cfg.probe_path, cfg.link_GBps), progress)
+                record({"kind": "probe", "probe": probe, "path": cfg.probe_path})
+        if rank == 0:
+            C.emit(f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)} "
+                   f"baseline={cfg.baseline} threads/rank={cfg.threads}", progress)
+            C.emit(table.header(), progress)
+        previous_op = None
+        for i, (op, dtype, numel) in enumerate(cfg.cases):
+            case = C.Case(op, dtype, numel, ws)
+            if rank == 0:
+                if previous_op is not None and op != previous_op:
+                    C.emit("#", progress)
+                progress.update(f"[{cfg.progress_offset + i + 1}/{cfg.progress_total or len(cfg.cases)}] "
+                                f"{case.describe()}")
+            previous_op = op
+            bufs = C.CaseBuffers(case, rank, device)
+            res = C.measure_case(bufs, groups, ref, policy, sync=sync)
+            del bufs
+            if any(r.wrong or r.error for r in res.backends.values()):
+                status = 1
+            if rank == 0:
+                C.emit(table.row(res), progress)
+                for line in table.errors(res):
+                    C.emit(line, progress)
+                record({"kind": "case", "rows": res.to_records(cfg.link_GBps)})
+        record({"kind": "done", "world_size": ws})
+    finally:
+        progress.clear()
+        if out is not None:
+            out.close()
+    dist.barrier(group=ref)
+    for g in groups.values():
+        dist.destroy_process_group(g)
+    dist.destroy_process_group()
+    return status
+
+
+def _spawn_target(cfg: Dict[str, Any], rank: int) -> None:
+    """multiprocessing entry point of one rank."""
+    try:
+        code = run_worker(WorkerConfig(**cfg), rank)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(3)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+# --------------------------------------------------------------------------------------
+# Launching and supervising ranks
+# --------------------------------------------------------------------------------------
+
+
+class _Rank:
+    """A rank process, either a multiprocessing.Process or a subprocess.Popen."""
+
+    def __init__(self, handle: Any) -> None:
+        self.h = handle
+
+    def poll(self) -> Optional[int]:
+        if isinstance(self.h, mp.process.BaseProcess):
+            return self.h.exitcode
+        return self.h.poll()
+
+    def terminate(self) -> None:
+        try:
+            self.h.terminate()
+        except (ProcessLookupError, OSError):
+            pass
+
+    def kill(self) -> None:
+        try:
+            self.h.kill()
+        except (ProcessLookupError, OSError):
+            pass
+
+    def reap(self) -> None:
+        try:
+            if isinstance(self.h, mp.process.BaseProcess):
+                self.h.join(timeout=1)
+            else:
+                self.h.wait(timeout=1)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def supervise(ranks: List[_Rank], timeout_s: float, stall_s: float, events_path: str,
+              grace_s: float = 15.0) -> Tuple[List[Optional[int]], str]:
+    """Wait for all ranks; bounded.  When one fails, the others get ``grace_s`` to finish
+    (they would otherwise sit in a collective until the group timeout) and are then
+    ended; everyone is ended after ``timeout_s``, or when rank 0 has reported nothing
+    new in ``events_path`` for ``stall_s`` (a hung op).  Returns (exit codes, problem or "")."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    problem = ""
+    failed_at: Optional[float] = None
+    last_size, last_change = -1, start
+    try:
+        while True:
+            codes = [r.poll() for r in ranks]
+            if all(c is not None for c in codes):
+                break
+            now = time.monotonic()
+            size = os.path.getsize(events_path) if os.path.exists(events_path) else 0
+            if size != last_size:
+                last_size, last_change = size, now
+            elif now - last_change > stall_s:
+                problem = (f"no progress for {stall_s:.0f} s (a collective hangs?); ranks ended "
+                           f"(raise --stall-timeout for very slow cases)")
+                break
+            if failed_at is None and any(c not in (None, 0, 1) for c in codes):
+                failed_at = now
+                problem = "a rank failed: " + ", ".join(f"rank {i} exit {c}" for i, c in enumerate(codes)
+                                                        if c not in (None, 0, 1))
+            if now > deadline or (failed_at is not None and now > failed_at + grace_s):
+                if now > deadline:
+                    problem = f"timed out after {timeout_s:.0f} s" + (f"; {problem}" if problem else "")
+                break
+            time.sleep(0.1)
+    finally:
+        _end_all(ranks)
+    return [r.poll() for r in ranks], problem
+
+
+def _end_all(ranks: List[_Rank]) -> None:
+    live = [r for r in ranks if r.poll() is None]
+    for r in live:
+        r.terminate()
+    end = time.monotonic() + 5
+    while any(r.poll() is None for r in live) and time.monotonic() < end:
+        time.sleep(0.05)
+    for r in live:
+        if r.poll() is None:
+            r.kill()
+    for r in ranks:
+        r.reap()
+
+
+def launch_spawn(cfg: WorkerConfig, timeout_s: float, stall_s: float) -> Tuple[List[Optional[int]], str]:
+    """Start ``cfg.world_size`` ranks with multiprocessing spawn and supervise them."""
+    ctx = mp.get_context("spawn")
+    ranks = []
+    try:
+        for r in range(cfg.world_size):
+            p = ctx.Process(target=_spawn_target, args=(asdict(cfg), r), name=f"bench-rank{r}")
+            p.start()
+            ranks.append(_Rank(p))
+    except BaseException:
+        _end_all(ranks)
+        raise
+    return supervise(ranks, timeout_s, stall_s, cfg.result_path)
+
+
+def launch_netns(cfg: WorkerConfig, cluster: netns.EmulatedCluster, timeout_s: float, stall_s: float,
+                 tmpdir: str) -> Tuple[List[Optional[int]], str]:
+    """Start one rank per namespace with ``ip netns exec NS python -m benchmarks.bench``."""
+    import subprocess
+
+    cfg_path = os.path.join(tmpdir, f"worker-ws{cfg.world_size}.json")
+    with open(cfg_path, "w") as f:
+        json.dump(asdict(cfg), f)
+    ranks = []
+    try:
+        for r in range(cfg.world_size):
+            env = dict(os.environ)
+            env.update(cluster.env(r))
+            env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+            cmd = cluster.exec_prefix(r) + [sys.executable, "-m", "benchmarks.bench",
+                                            "--_worker", cfg_path, "--_rank", str(r)]
+            ranks.append(_Rank(subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env)))
+    except BaseException:
+        _end_all(ranks)
+        raise
+    return supervise(ranks, timeout_s, stall_s, cfg.result_path)
+
+
+# --------------------------------------------------------------------------------------
+# Outputs
+# --------------------------------------------------------------------------------------
+
+
+def read_events(path: str) -> List[Dict[str, Any]]:
+    events = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    try:
+                        events.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        pass  # a rank killed mid-write
+    return events
+
+
+def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys: List[str] = []
+    for r in rows:
+        for k in r:
+            if k not in keys:
+                keys.append(k)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def write_plot(rows: List[Dict[str, Any]], path: Path, probe: Optional[Dict[str, float]],
+               link_GBps: Optional[float], title: str) -> Optional[str]:
+    """busbw vs size (log x), one subplot per op (a row per dtype), one line per backend
+    and world size.  Returns an explanation instead when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
+    except ImportError:
+        return "plot skipped: matplotlib is not installed (pip install matplotlib, or ringpg[bench])"
+    ops = [op for op in C.OPS if any(r["op"] == op for r in rows)]
+    dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    sizes_ws = sorted({r["world_size"] for r in rows})
+    if not ops:
+        return "plot skipped: no results"
+    panels = [(dt, op) for dt in dtypes for op in ops]
+    ncols = min(3, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes_grid = plt.subplots(nrows, ncols, figsize=(5.0 * ncols, 3.6 * nrows), squeeze=False)
+    axes = [ax for row in axes_grid for ax in row]
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", ":", "-."]
+    markers = ["o", "s", "^", "D"]
+    for k, (dt, op) in enumerate(panels):
+        ax = axes[k]
+        for wi, ws in enumerate(sizes_ws):
+            for bi, be in enumerate(backends):
+                pts = sorted((r["size_bytes"], r["busbw_GBps"]) for r in rows
+                             if r["op"] == op and r["dtype"] == dt and r["world_size"] == ws
+                             and r["backend"] == be and r["busbw_GBps"] and r["size_bytes"] > 0)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors[wi % len(colors)],
+                            linestyle=styles[bi % len(styles)], marker=markers[bi % len(markers)],
+                            markersize=3, label=f"{be} n={ws}")
+        if probe:
+            ax.axhline(probe["one_direction_GBps"], color="gray", linestyle=":", linewidth=1,
+                       label="TCP one direction")
+        if link_GBps:
+            ax.axhline(link_GBps, color="red", linestyle=":", linewidth=1, label="link rate")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(bottom=0)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: C.format_bytes(int(x)).replace(" ", "")))
+        ax.set_title(f"{op} ({dt})", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_ylabel("busbw (GB/s)", fontsize=8)
+        ax.set_xlabel("size (B)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(8, max(1, len(labels))), fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, (0.05 + 0.02 * (len(labels) // 8)) * 2 / (nrows + 1), 1, 0.95))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def finalize(args: argparse.Namespace, facts: Dict[str, str], events: List[Dict[str, Any]],
+             link_GBps: Optional[float], launch_problems: List[str]) -> int:
+    """Write CSV/JSON/PNG, print the summary; return the exit status."""
+    rows = [row for e in events if e.get("kind") == "case" for row in e["rows"]]
+    probes = [e for e in events if e.get("kind") == "probe"]
+    probe = probes[0]["probe"] if probes else None
+    done = {e["world_size"] for e in events if e.get("kind") == "done"}
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    save = not args.no_save and not args.check
+    out_dir = Path(args.out_dir)
+    paths = {
+        "csv": Path(args.csv) if args.csv else (out_dir / f"bench-{stamp}.csv" if save else None),
+        "json": Path(args.json) if args.json else (out_dir / f"bench-{stamp}.json" if save else None),
+        "plot": Path(args.plot) if args.plot else (out_dir / f"bench-{stamp}.png" if save else None),
+    }
+    wrong = [r for r in rows if r["wrong"]]
+    errors = [r for r in rows if r["error"]]
+    print("#")
+    if paths["json"]:
+        paths["json"].parent.mkdir(parents=True, exist_ok=True)
+        with open(paths["json"], "w") as f:
+            json.dump({"machine": facts, "argv": sys.argv, "probe": probe, "link_GBps": link_GBps,
+                       "world_sizes_completed": sorted(done), "problems": launch_problems,
+                       "results": rows}, f, indent=1)
+        print(f"# json: {paths['json']}")
+    if paths["csv"]:
+        write_csv(rows, paths["csv"])
+        print(f"# csv:  {paths['csv']}")
+    if paths["plot"]:
+        why = write_plot(rows, paths["plot"], probe, link_GBps,
+                         f"busbw vs size - {facts.get('cpu', '')}, torch {torch.__version__}")
+        print(f"# {why}" if why else f"# plot: {paths['plot']}")
+    n_cases = len({(r['world_size'], r['op'], r['dtype'], r['count']) for r in rows})
+    print(f"# {n_cases} cases, {len(wrong)} results with wrong elements, {len(errors)} failed ops, "
+          f"{len(launch_problems)} launch problems")
+    for r in wrong[:20]:
+        print(f"#   WRONG {r['backend']}: {r['op']} {r['dtype']} count={r['count']} ws={r['world_size']}: "
+              f"{r['wrong']} wrong elements")
+    for r in errors[:20]:
+        print(f"#   ERROR {r['backend']}: {r['op']} {r['dtype']} count={r['count']} ws={r['world_size']}: "
+              f"{r['error']}")
+    for p in launch_problems:
+        print(f"#   LAUNCH {p}")
+    ok = not wrong and not errors and not launch_problems
+    if args.check:
+        print("# check: " + ("PASSED" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+# --------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------
+
+
+def _csv_list(text: str) -> List[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench", description=__doc__.split("\n\n")[0],
+        epilog="Columns: size(B) count(elements) type op redop, then per backend time(us) algbw(GB/s) "
+               "busbw(GB/s) #wrong [%%link], then baseline-time/backend-time per non-baseline backend.",
+    )
+    g = ap.add_argument_group("what to measure")
+    g.add_argument("--backends", default="ringpg,gloo",
+                   help="comma list of backends measured side by side (default ringpg,gloo; nccl is added "
+                        "with --device cuda). Use gloo,gloo to validate the tool without ringpg")
+    g.add_argument("--baseline", default="gloo", help="label the ratio column divides by (default gloo)")
+    g.add_argument("--ops", default=",".join(C.OPS), help="comma list (aliases ar,rs,ag,bc,a2a)")
+    g.add_argument("--dtypes", default="float32,bfloat16")
+    g.add_argument("--world-sizes", default=None, help="comma list (default 2,3,4,8; --check: 2,3)")
+    g.add_argument("--min-bytes", default="1KiB")
+    g.add_argument("--max-bytes", default="256MiB")
+    g.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    g.add_argument("--check", action="store_true",
+                   help="correctness only: 1 KiB..64 KiB plus odd counts, few iterations, exit 1 on any "
+                        "wrong element (what CI runs)")
+    g = ap.add_argument_group("iterations")
+    g.add_argument("--warmup", type=int, default=None, help="warm-up rounds per case (default 2; --check 1)")
+    g.add_argument("--iters-min", type=int, default=None, help="default 3 (--check: 2)")
+    g.add_argument("--iters-max", type=int, default=None, help="default 100 (--check: 2)")
+    g.add_argument("--case-time", type=float, default=0.75, help="target seconds of timed rounds per case")
+    g = ap.add_argument_group("ceiling and network")
+    g.add_argument("--probe", dest="probe", action="store_true", default=None,
+                   help="raw TCP throughput probe between rank 0 and 1 (default: on, off with --check)")
+    g.add_argument("--no-probe", dest="probe", action="store_false")
+    g.add_argument("--probe-seconds", type=float, default=1.0)
+    g.add_argument("--emulate", metavar="RATE", default=None,
+                   help="emulated cluster: each rank in its own network namespace, links shaped to RATE "
+                        "(tc notation: 1gbit, 100mbit, 10gbit). Needs root and iproute2; skipped otherwise")
+    g = ap.add_argument_group("output")
+    g.add_argument("--csv", default=None, help="CSV path (default benchmarks/results/bench-<time>.csv)")
+    g.add_argument("--json", default=None, help="JSON path (default benchmarks/results/bench-<time>.json)")
+    g.add_argument("--plot", default=None, help="PNG path (default benchmarks/results/bench-<time>.png)")
+    g.add_argument("--out-dir", default=str(DEFAULT_OUT_DIR))
+    g.add_argument("--no-save", action="store_true", help="write no files unless a path is given")
+    g.add_argument("--quiet", action="store_true", help="no progress line on stderr")
+    g = ap.add_argument_group("limits")
+    g.add_argument("--timeout", type=float, default=None,
+                   help="seconds per world size before all ranks are ended (default 3 h; --check 300)")
+    g.add_argument("--stall-timeout", type=float, default=None,
+                   help="end the ranks when no case finished for this many seconds (default 900; --check 120)")
+    g.add_argument("--op-timeout", type=float, default=None,
+                   help="process-group timeout in seconds (default 300; --check 60)")
+    g.add_argument("--threads", type=int, default=None, help="torch intra-op threads per rank (default cores/ws)")
+    ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_rank", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    try:
+        args.ops = [C.canonical_op(o) for o in _csv_list(args.ops)]
+        args.dtypes = [C.canonical_dtype(d) for d in _csv_list(args.dtypes)]
+        args.min_bytes = C.parse_bytes(args.min_bytes)
+        args.max_bytes = C.parse_bytes(args.max_bytes)
+        args.world_sizes = [int(w) for w in _csv_list(args.world_sizes or ("2,3" if args.check else "2,3,4,8"))]
+        args.rate_bps = C.parse_rate(args.emulate) if args.emulate else None
+    except ValueError as e:
+        ap.error(str(e))
+    if any(w < 2 for w in args.world_sizes):
+        ap.error("world sizes must be >= 2")
+    if args.min_bytes > args.max_bytes:
+        ap.error("--min-bytes is larger than --max-bytes")
+    args.backends = _csv_list(args.backends)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            ap.error("--device cuda but torch.cuda.is_available() is False")
+        if "nccl" not in args.backends:
+            args.backends.append("nccl")
+    if not args.backends:
+        ap.error("no backends")
+    if args.probe is None:
+        args.probe = not args.check
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.check else 2)
+    args.iters_min = args.iters_min if args.iters_min is not None else (2 if args.check else 3)
+    args.iters_max = args.iters_max if args.iters_max is not None else (2 if args.check else 100)
+    args.iters_max = max(args.iters_max, args.iters_min)
+    args.timeout = args.timeout or (300.0 if args.check else 3 * 3600.0)
+    args.op_timeout = args.op_timeout or (60.0 if args.check else 300.0)
+    args.stall_timeout = args.stall_timeout or (120.0 if args.check else 900.0)
+    return args
+
+
+def build_cases(args: argparse.Namespace, ws: int) -> Tuple[List[C.Case], Optional[str]]:
+    """The case list of one world size, minus sizes that would not fit in memory."""
+    if args.check:
+        cases = C.check_cases(args.ops, args.dtypes, ws)
+    else:
+        cases = C.sweep_cases(args.ops, args.dtypes, ws, args.min_bytes, args.max_bytes)
+    avail = _mem_available()
+    if avail and args.device == "cpu":
+        limit = int(avail * 0.75) // (MEMORY_FACTOR * ws)
+        kept = [c for c in cases if c.size_bytes <= limit]
+        if len(kept) < len(cases):
+            return kept, (f"ws={ws}: skipped sizes above {C.format_bytes(limit)} "
+                          f"(~{MEMORY_FACTOR}x size per rank would exceed 75% of available memory)")
+    return cases, None
+
+
+def _mem_available() -> Optional[int]:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _config(args: argparse.Namespace, ws: int, cases: List[C.Case], init_method: str, master_addr: str,
+            result_path: str, probe: bool, probe_path: str, link_GBps: Optional[float],
+            offset: int, total: int, extra_env: Dict[str, str]) -> WorkerConfig:
+    labels = C.unique_labels(args.backends)
+    return WorkerConfig(
+        world_size=ws, init_method=init_method, master_addr=master_addr, backends=list(args.backends),
+        labels=labels, baseline=C.pick_baseline(labels, args.baseline), device=args.device,
+        cases=[(c.op, c.dtype, c.numel) for c in cases],
+        policy=asdict(C.IterationPolicy(args.warmup, args.iters_min, args.iters_max, args.case_time)),
+        op_timeout_s=args.op_timeout, probe=probe, probe_seconds=args.probe_seconds, probe_path=probe_path,
+        link_GBps=link_GBps, result_path=result_path,
+        threads=args.threads or C.default_threads(ws), progress=not args.quiet,
+        progress_offset=offset, progress_total=total, extra_env=extra_env,
+        launcher_pid=None if C.torchrun_env() else os.getpid(),
+    )
+
+
+def check_backends(args: argparse.Namespace) -> Tuple[Dict[str, str], Optional[str]]:
+    """Availability of every requested backend; the second item explains a missing one."""
+    info: Dict[str, str] = {}
+    for name in dict.fromkeys(args.backends):
+        ok, desc = C.backend_status(name, args.device)
+        info[name] = desc if ok else f"UNAVAILABLE ({desc})"
+        if not ok:
+            hint = (" -- build it with `pip install --no-build-isolation -e .`, or validate the tool "
+                    "with --backends gloo,gloo") if name == "ringpg" else ""
+            return info, f"backend {name!r} is not usable: {desc}{hint}"
+    return info, None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args._worker is not None:  # a rank started by launch_netns
+        with open(args._worker) as f:
+            cfg = WorkerConfig(**json.load(f))
+        try:
+            return run_worker(cfg, args._rank)
+        except BaseException:  # exit 3 = failed rank (1 means "wrong elements")
+            traceback.print_exc()
+            return 3
+    tr = C.torchrun_env()
+    if tr is not None:
+        return main_torchrun(args, *tr)
+
+    info, problem = check_backends(args)
+    extra = {}
+    cluster: Optional[netns.EmulatedCluster] = None
+    if args.emulate:
+        reason = netns.unavailable_reason()
+        if reason:
+            print(f"# --emulate {args.emulate}: network emulation skipped: {reason}")
+            return 0
+        extra["network"] = f"emulated, {args.emulate} per link (tc tbf), one netns per rank"
+    else:
+        extra["network"] = "loopback 127.0.0.1 (GLOO_SOCKET_IFNAME/RINGPG_SOCKET_IFNAME=lo unless set)"
+    facts = C.machine_facts(info, args.device, extra)
+    print("# ringpg benchmark (launcher; ranks are started below)")
+    print(C.format_facts(facts), flush=True)
+    if problem:
+        print(f"# ERROR: {problem}", flush=True)
+        return 2
+
+    plans = [(ws,) + build_cases(args, ws) for ws in args.world_sizes]
+    for _, _, note in plans:
+        if note:
+            print(f"# note: {note}")
+    total = sum(len(cases) for _, cases, _ in plans)
+    launch_problems: List[str] = []
+    events: List[Dict[str, Any]] = []
+    link_GBps = args.rate_bps / 8 / 1e9 if args.rate_bps else None
+    t_start = time.monotonic()
+    tmpdir = tempfile.mkdtemp(prefix="ringpg-bench-")
+    interrupted = False
+    running: Optional[str] = None  # events file of the world size being run
+    try:
+        _interrupt_on_signals()
+        if args.emulate:
+            cluster = netns.EmulatedCluster(max(args.world_sizes), args.rate_bps)
+            cluster.up()
+            _interrupt_on_signals()  # ours, not netns's: finish below with partial results
+            print(f"# emulated cluster: {cluster.describe()}", flush=True)
+        else:
+            for k in ("GLOO_SOCKET_IFNAME", "RINGPG_SOCKET_IFNAME"):
+                os.environ.setdefault(k, "lo")
+        offset = 0
+        probe_pending = args.probe
+        for idx, (ws, cases, _) in enumerate(plans):
+            result_path = running = os.path.join(tmpdir, f"events-ws{ws}.jsonl")
+            if cluster is not None:
+                addr, port = cluster.master_addr, 29500 + idx
+                path = f"emulated {args.emulate} links through a bridge"
+            else:
+                addr, port = "127.0.0.1", C.free_port()
+                path = "loopback"
+            cfg = _config(args, ws, cases, f"tcp://{addr}:{port}", addr, result_path, probe_pending, path,
+                          link_GBps, offset, total, {})
+            if cluster is not None:
+                codes, problem = launch_netns(cfg, cluster, args.timeout, args.stall_timeout, tmpdir)
+            else:
+                codes, problem = launch_spawn(cfg, args.timeout, args.stall_timeout)
+            got = read_events(result_path)
+            running = None
+            events.extend(got)
+            if any(e.get("kind") == "probe" for e in got):
+                probe_pending = False
+            finished = any(e.get("kind") == "done" for e in got)
+            if not finished and not problem:
+                problem = f"ranks exited with {codes} before finishing"
+            elif finished and problem:
+                problem = f"all cases measured, but then: {problem} (hang in destroy_process_group?)"
+            if problem:
+                launch_problems.append(f"ws={ws}: {problem}")
+                print(f"# ws={ws}: {problem}", flush=True)
+            offset += len(cases)
+    except KeyboardInterrupt as e:
+        interrupted = True
+        launch_problems.append(f"interrupted ({e or 'SIGINT'})")
+        print(f"\n# interrupted ({e or 'SIGINT'}); ranks ended, writing what was measured", flush=True)
+        if running is not None:
+            events.extend(read_events(running))
+    finally:
+        if cluster is not None:
+            cluster.down()
+        for name in os.listdir(tmpdir):
+            os.unlink(os.path.join(tmpdir, name))
+        os.rmdir(tmpdir)
+    status = finalize(args, facts, events, link_GBps, launch_problems)
+    print(f"# elapsed {time.monotonic() - t_start:.1f} s")
+    return 130 if interrupted else status
+
+
+def _interrupt_on_signals() -> None:
+    """SIGTERM/SIGHUP behave like Ctrl-C in the launcher: ranks are ended, the emulated
+    network is torn down, and the results measured so far are still written."""
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
+def main_torchrun(args: argparse.Namespace, rank: int, ws: int) -> int:
+    """Ranks provided by torchrun: one world size; rank 0 prints and writes the outputs."""
+    facts: Dict[str, str] = {}
+    if rank == 0:
+        info, problem = check_backends(args)
+        facts = C.machine_facts(info, args.device, {"network": f"torchrun env:// (MASTER_ADDR="
+                                                               f"{os.environ.get('MASTER_ADDR', '?')})"})
+        print(C.format_facts(facts), flush=True)
+        if problem:
+            print(f"# ERROR: {problem}", flush=True)
+    cases, note = build_cases(args, ws)
+    if rank == 0 and note:
+        print(f"# note: {note}")
+    fd, result_path = tempfile.mkstemp(prefix="ringpg-bench-", suffix=".jsonl")
+    os.close(fd)
+    cfg = _config(args, ws, cases, "env://", os.environ.get("MASTER_ADDR", "127.0.0.1"), result_path,
+                  args.probe, "torchrun rendezvous address", None, 0, len(cases), {})
+    try:
+        status = run_worker(cfg, rank)
+        if rank != 0:
+            return status
+        return max(status, finalize(args, facts, read_events(result_path), None, []))
+    finally:
+        os.unlink(result_path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
