@@ -20,7 +20,7 @@ namespace {
 
 // Bytes one socket may move per pass of the progress loop, so one busy peer cannot
 // starve the others (or keep the lock from posting threads for long).
-constexpr size_t kPassBytes = 4 << 20;
+constexpr size_t kPassBytes = 1 << 20;
 // Largest payload the engine will stash for a frame nobody has asked for yet.  A peer
 // announcing more is treated as corrupt rather than trusted with an allocation.
 constexpr uint64_t kMaxStashBytes = 1ULL << 36;
@@ -101,22 +101,21 @@ RequestPtr Engine::postSend(int peer, const FrameHeader& hdr, const void* data, 
   Completions done;
   bool needWake = false;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::unique_lock<std::mutex> lk(mu_);
     Peer& P = peers_[peer];
     if (!broken_.empty()) {
       failRequest(req, broken_, done, brokenNetwork_);
     } else if (P.gone) {
       failRequest(req, c10::str("ringpg: rank ", peer, " has shut down this process group"), done);
     } else {
-      const bool wasIdle = P.txq.empty();
+      const bool wasIdle = P.txq.empty() && !P.txBusy;
       P.txq.push_back(req);
       // Write eagerly from the posting thread when the socket is idle: small messages
       // then leave without a wake-up of the progress thread.
-      if (wasIdle && writePeer(peer, done)) {
-        needWake = !P.txq.empty();
-      } else {
-        needWake = true;
+      if (wasIdle) {
+        writePeer(peer, lk, done);
       }
+      needWake = !P.txq.empty();
     }
   }
   if (needWake) {
@@ -275,7 +274,7 @@ void Engine::loop() {
             fds.push_back(pollfd{P.rx.get(), POLLIN, 0});
             who.emplace_back(q, false);
           }
-          if (!P.txq.empty()) {
+          if (!P.txq.empty() && !P.txBusy) {
             fds.push_back(pollfd{P.tx.get(), POLLOUT, 0});
             who.emplace_back(q, true);
           }
@@ -297,16 +296,18 @@ void Engine::loop() {
     }
     Completions done;
     {
-      std::lock_guard<std::mutex> lk(mu_);
+      std::unique_lock<std::mutex> lk(mu_);
       for (size_t i = 1; i < fds.size() && broken_.empty() && !stop_; ++i) {
         if (fds[i].revents == 0) {
           continue;
         }
         const auto [q, isTx] = who[i - 1];
         if (isTx) {
-          writePeer(q, done);
+          if (!peers_[q].txBusy) { // else a posting thread is writing this socket now
+            writePeer(q, lk, done);
+          }
         } else {
-          readPeer(q, done);
+          readPeer(q, lk, done);
         }
       }
     }
@@ -360,10 +361,14 @@ void Engine::failLocked(const std::string& reason, Completions& done, bool netwo
     q.clear();
   };
   for (auto& P : peers_) {
+    if (P.txBusy && !P.txq.empty()) {
+      // Its writer fails it once send() returns (see writePeer).
+      P.txq.pop_front();
+    }
     failAll(P.txq);
     failAll(P.collPosted);
     failAll(P.p2pPosted);
-    if (P.cur) {
+    if (P.cur && !P.rxBusy) { // a busy reader fails its own request (see readPeer)
       // A receive in flight whose payload will never come: fail it; nothing touches
       // its buffer again because a broken engine reads no more.
       failRequest(P.cur, broken_, done, brokenNetwork_);
@@ -388,7 +393,7 @@ void Engine::broadcastAbortLocked() {
     if (q == rank_ || !P.tx.valid()) {
       continue;
     }
-    const bool midFrame = !P.txq.empty() && P.txq.front()->progress > 0;
+    const bool midFrame = P.txBusy || (!P.txq.empty() && P.txq.front()->progress > 0);
     if (!midFrame && !P.gone) {
       iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(why.data()), why.size()}};
       msghdr msg{};
@@ -406,10 +411,10 @@ void Engine::broadcastAbortLocked() {
 // ---------------------------------------------------------------------------------
 // Sending
 
-bool Engine::writePeer(int p, Completions& done) {
+bool Engine::writePeer(int p, std::unique_lock<std::mutex>& lk, Completions& done) {
   Peer& P = peers_[p];
   size_t budget = kPassBytes;
-  while (!P.txq.empty() && budget > 0) {
+  while (!P.txq.empty() && budget > 0 && broken_.empty()) {
     RequestPtr req = P.txq.front();
     const size_t total = sizeof(FrameHeader) + req->len;
     iovec iov[2];
@@ -427,18 +432,28 @@ bool Engine::writePeer(int p, Completions& done) {
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = cnt;
+    P.txBusy = true;
+    lk.unlock();
     ssize_t w = ::sendmsg(P.tx.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const int err = errno;
+    lk.lock();
+    P.txBusy = false;
+    if (!broken_.empty()) {
+      // The group failed while we were writing; failLocked left this request to us.
+      failRequest(req, broken_, done, brokenNetwork_);
+      return false;
+    }
     if (w < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+      if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) {
         return true;
       }
-      failLocked(peerLostReason(p, std::strerror(errno)), done);
+      failLocked(peerLostReason(p, std::strerror(err)), done);
       return false;
     }
     req->progress += static_cast<size_t>(w);
     budget -= std::min(budget, static_cast<size_t>(w));
     if (req->progress == total) {
-      P.txq.pop_front();
+      P.txq.pop_front(); // still `req`: only the txBusy holder pops the head
       complete(req, done);
     }
   }
@@ -448,7 +463,7 @@ bool Engine::writePeer(int p, Completions& done) {
 // ---------------------------------------------------------------------------------
 // Receiving
 
-bool Engine::readPeer(int p, Completions& done) {
+bool Engine::readPeer(int p, std::unique_lock<std::mutex>& lk, Completions& done) {
   Peer& P = peers_[p];
   size_t budget = kPassBytes;
   while (budget > 0 && broken_.empty()) {
@@ -469,7 +484,21 @@ bool Engine::readPeer(int p, Completions& done) {
       }
       want = std::min(n - P.payloadGot, budget);
     }
+    P.rxBusy = true;
+    RequestPtr into = P.cur; // keeps the destination's request alive across the unlock
+    lk.unlock();
     ssize_t r = ::recv(P.rx.get(), dst, want, MSG_DONTWAIT);
+    const int err = errno;
+    lk.lock();
+    P.rxBusy = false;
+    if (!broken_.empty()) {
+      // The group failed while we were reading; failLocked left this request to us.
+      if (into && into->state.load() == Request::State::Pending) {
+        failRequest(into, broken_, done, brokenNetwork_);
+      }
+      P.cur.reset();
+      return false;
+    }
     if (r == 0) {
       if (!P.inPayload && P.hdrGot == 0 && P.gone) {
         return true;
@@ -478,10 +507,10 @@ bool Engine::readPeer(int p, Completions& done) {
       return false;
     }
     if (r < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+      if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) {
         return true;
       }
-      failLocked(peerLostReason(p, std::strerror(errno)), done);
+      failLocked(peerLostReason(p, std::strerror(err)), done);
       return false;
     }
     budget -= std::min(budget, static_cast<size_t>(r));

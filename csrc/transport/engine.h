@@ -137,16 +137,23 @@ class Engine {
     bool stashTarget = false;
     size_t payloadGot = 0;
     bool gone = false;        // said goodbye and closed
+    // A thread is inside recv()/send() on this peer's socket with mu_ released.
+    // While set, the request it reads into / writes from is not failed by others
+    // (the I/O thread does it when the syscall returns), so no buffer is handed
+    // back to its owner while the kernel may still touch it.
+    bool rxBusy = false;
+    bool txBusy = false;
   };
   using Completions = std::vector<RequestPtr>;
 
   void loop();
   void wake();
-  // All helpers below run with mu_ held.
-  bool readPeer(int p, Completions& done);
+  // All helpers below run with mu_ held; readPeer/writePeer release it around the
+  // socket syscalls (so one rank's sending and receiving copies run in parallel).
+  bool readPeer(int p, std::unique_lock<std::mutex>& lk, Completions& done);
   bool routeHeader(int p, Completions& done);
   void finishPayload(int p, Completions& done);
-  bool writePeer(int p, Completions& done);
+  bool writePeer(int p, std::unique_lock<std::mutex>& lk, Completions& done);
   void drainStash(int p, Completions& done);
   bool matchP2PStash(const RequestPtr& req, Completions& done);
   void complete(const RequestPtr& req, Completions& done);
