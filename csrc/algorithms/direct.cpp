@@ -44,6 +44,35 @@ void scatterFrom(OpContext& c, int root, const std::vector<const char*>& inputs,
   c.waitAll(sends);
 }
 
+void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op,
+                      const std::function<void(char*, int64_t)>& finalize) {
+  const int p = c.size();
+  const int r = c.rank();
+  const size_t nbytes = static_cast<size_t>(count) * elemSize;
+  // Slot q holds peer q's buffer; slot p is the accumulator.
+  char* slots = c.scratch(nbytes * (p + 1));
+  std::vector<RequestPtr> reqs;
+  for (const auto d : c10::irange(1, p)) {
+    const int q = (r - d + p) % p;
+    reqs.push_back(c.recv(q, slots + q * nbytes, nbytes));
+  }
+  for (const auto d : c10::irange(1, p)) {
+    const int q = (r + d) % p;
+    reqs.push_back(c.send(q, data, nbytes));
+  }
+  c.waitAll(reqs);
+  auto from = [&](int q) -> const char* { return q == r ? data : slots + q * nbytes; };
+  char* acc = slots + p * nbytes;
+  reduce(c.dtype(), op, acc, from(0), from(1), count);
+  for (const auto q : c10::irange(2, p)) {
+    reduce(c.dtype(), op, acc, acc, from(q), count);
+  }
+  if (finalize) {
+    finalize(acc, count);
+  }
+  std::memcpy(data, acc, nbytes);
+}
+
 void allToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
               const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
   const int p = c.size();

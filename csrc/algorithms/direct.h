@@ -4,9 +4,11 @@
 // right first) so no two ranks start by sending to the same peer.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "algorithms/context.h"
+#include "reduce/reduce.h"
 
 namespace ringpg {
 
@@ -15,6 +17,13 @@ void gatherTo(OpContext& c, int root, const char* input, size_t nbytes, const st
 
 // Root sends inputs[q] (`nbytes` each) to every rank q; each rank's lands in `output`.
 void scatterFrom(OpContext& c, int root, const std::vector<const char*>& inputs, char* output, size_t nbytes);
+
+// Small-message allreduce: every rank sends its whole buffer to every peer, then all
+// ranks reduce the p buffers locally in the same order (rank 0, 1, ..., p-1), so the
+// result is bitwise identical everywhere.  One round of latency instead of the ring's
+// 2(p-1) steps, for (p-1)x the bytes: worth it below Config::oneShotBytes.
+void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op,
+                      const std::function<void(char*, int64_t)>& finalize);
 
 // Rank sends sendBuf[q] (sendBytes[q]) to q and receives recvBuf[q] (recvBytes[q]) from q.
 void allToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,

@@ -66,8 +66,20 @@ struct Reduction {
   std::optional<at::Tensor> premulTensor;
 };
 
+// Complex tensors reduce as pairs of reals (view_as_real): fine for the linear ops.
+at::ScalarType reduceDtype(at::ScalarType dtype) {
+  return at::isComplexType(dtype) ? c10::toRealValueType(dtype) : dtype;
+}
+
+at::Tensor asReal(const at::Tensor& t) {
+  return t.is_complex() ? at::view_as_real(t).reshape({-1}) : t.reshape({-1});
+}
+
 Reduction toReduction(const char* opName, const c10d::ReduceOp& rop, at::ScalarType dtype) {
   Reduction r;
+  TORCH_CHECK(!at::isComplexType(dtype) || rop.op_ == c10d::ReduceOp::SUM || rop.op_ == c10d::ReduceOp::AVG ||
+                  rop.op_ == c10d::ReduceOp::PREMUL_SUM,
+              "ringpg::", opName, ": complex tensors support SUM, AVG and PREMUL_SUM only");
   switch (rop.op_) {
     case c10d::ReduceOp::SUM: r.op = RedOp::Sum; break;
     case c10d::ReduceOp::AVG: r.op = RedOp::Sum; r.average = true; break;
@@ -86,13 +98,14 @@ Reduction toReduction(const char* opName, const c10d::ReduceOp& rop, at::ScalarT
       } else {
         r.premul = sup->double_factor;
       }
-      TORCH_CHECK(at::isFloatingType(dtype), "ringpg::", opName, ": PREMUL_SUM needs a floating dtype, got ", dtype);
+      TORCH_CHECK(at::isFloatingType(dtype) || at::isComplexType(dtype), "ringpg::", opName,
+                  ": PREMUL_SUM needs a floating or complex dtype, got ", dtype);
       break;
     }
     default:
       TORCH_CHECK(false, "ringpg::", opName, ": unsupported reduce op ", static_cast<int>(rop.op_));
   }
-  TORCH_CHECK(reduceSupported(dtype, r.op), "ringpg::", opName, ": ReduceOp ", redOpName(r.op),
+  TORCH_CHECK(reduceSupported(reduceDtype(dtype), r.op), "ringpg::", opName, ": ReduceOp ", redOpName(r.op),
               " is not supported for dtype ", dtype);
   TORCH_CHECK(!r.average || dtype != at::kBool, "ringpg::", opName, ": AVG is not defined for bool tensors");
   return r;
@@ -136,11 +149,11 @@ std::function<void(char*, int64_t)> finalizer(const Reduction& red, at::ScalarTy
     return nullptr;
   }
   return [dtype, size](char* data, int64_t n) {
-    auto view = at::from_blob(data, {n}, at::TensorOptions().dtype(dtype));
     if (at::isFloatingType(dtype)) {
-      view.div_(size);
+      // ATen divides fp16/bf16 in fp32 and rounds once.
+      at::from_blob(data, {n}, at::TensorOptions().dtype(dtype)).div_(size);
     } else {
-      view.div_(size, "trunc"); // integer AVG truncates toward zero, like integer division
+      divideIntegers(dtype, data, n, size); // truncates toward zero, like integer division
     }
   };
 }
@@ -150,14 +163,23 @@ at::Tensor premultiplied(const Reduction& red, const at::Tensor& host, bool inPl
   if (!red.premul && !red.premulTensor) {
     return host;
   }
-  at::Tensor factor = red.premulTensor ? red.premulTensor->to(at::kCPU) : at::scalar_tensor(*red.premul);
-  if (inPlace) {
-    return host.mul_(factor);
-  }
-  return host.mul(factor);
+  // A 0-dim factor never promotes the data's dtype (a float32 factor must not turn an
+  // fp16 buffer into fp32): the product is computed in the data's opmath and rounded once.
+  at::Tensor factor = red.premulTensor ? red.premulTensor->to(at::kCPU).reshape({}) : at::scalar_tensor(*red.premul);
+  at::Tensor out = inPlace ? host.mul_(factor) : host.mul(factor);
+  TORCH_INTERNAL_ASSERT(out.scalar_type() == host.scalar_type(), "ringpg: PREMUL_SUM changed the dtype");
+  return out;
 }
 
-void ringReduceInPlace(OpContext& c, const at::Tensor& host, const Reduction& red) {
+// Allreduce of a contiguous host tensor, in place: one-shot for small buffers, else
+// the pipelined ring (reduce-scatter then all-gather).
+void allreduceInPlace(OpContext& c, const at::Tensor& host, const Reduction& red) {
+  const size_t bytesOut = nbytes(host) * static_cast<size_t>(c.size() - 1);
+  if (c.size() > 1 && host.numel() > 0 && bytesOut <= c.config().oneShotBytes) {
+    oneShotAllreduce(c, bytes(host), host.numel(), host.element_size(), red.op,
+                     finalizer(red, host.scalar_type(), c.size()));
+    return;
+  }
   RingJob job;
   job.count = host.numel();
   job.elemSize = host.element_size();
@@ -169,6 +191,7 @@ void ringReduceInPlace(OpContext& c, const at::Tensor& host, const Reduction& re
 
 // Reduce-scatter of `input` (count = output.numel() * size) into `output`.
 void ringReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& output, const Reduction& red) {
+  TORCH_INTERNAL_ASSERT(input.scalar_type() == output.scalar_type() && input.numel() == output.numel() * c.size());
   RingJob job;
   job.count = input.numel();
   job.elemSize = input.element_size();
@@ -276,13 +299,13 @@ std::chrono::milliseconds RingBackend::effectiveTimeout(std::chrono::millisecond
 
 c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(OpType type, const char* name, const char* profilingTitle,
                                                     c10::ScalarType dtype, uint64_t numel,
-                                                    std::chrono::milliseconds timeout,
+                                                    std::chrono::milliseconds timeout, bool asyncOp,
                                                     std::vector<at::Tensor> outputs,
                                                     const std::vector<at::Tensor>& inputs, OpFn fn) {
   std::vector<at::Tensor> all = inputs;
   all.insert(all.end(), outputs.begin(), outputs.end());
   auto sync = DeviceSync::capture(name, all);
-  std::lock_guard<std::mutex> lk(queueMu_);
+  std::unique_lock<std::mutex> lk(queueMu_);
   TORCH_CHECK(!stopping_, "ringpg::", name, ": the process group has been shut down");
   const uint64_t seq = ++seq_;
   auto work = c10::make_intrusive<RingWork>(getRank(), type, seq, profilingTitle, std::move(outputs), inputs,
@@ -295,9 +318,20 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(OpType type, const char* nam
       sync->markDone();
     };
   }
-  queue_.push_back(Queued{work, std::move(fn), OpTag{name, seq, getRank()}, static_cast<uint8_t>(type), dtype,
-                          numel, effectiveTimeout(timeout)});
-  queueCv_.notify_one();
+  Queued q{work, std::move(fn), OpTag{name, seq, getRank()}, static_cast<uint8_t>(type), dtype, numel,
+           effectiveTimeout(timeout)};
+  if (!asyncOp && !sync && !running_ && queue_.empty()) {
+    running_ = true;
+    lk.unlock();
+    execute(q);
+    lk.lock();
+    running_ = false;
+    lk.unlock();
+    queueCv_.notify_all(); // the worker may have ops queued meanwhile by other threads
+    return work;
+  }
+  queue_.push_back(std::move(q));
+  queueCv_.notify_all();
   return work;
 }
 
@@ -306,38 +340,54 @@ void RingBackend::workerLoop() {
     Queued q;
     {
       std::unique_lock<std::mutex> lk(queueMu_);
-      queueCv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+      queueCv_.wait(lk, [&] { return (stopping_ && !running_) || (!queue_.empty() && !running_); });
       if (queue_.empty()) {
         return;
       }
       q = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
-    std::exception_ptr error;
-    try {
-      bool network = false;
-      const std::string broken = engine_->brokenReason(&network);
-      if (!broken.empty()) {
-        // After a failure every later op fails at once, with the original cause.
-        const std::string msg = c10::str(describe(q.tag), ": not run, the group failed earlier: ", broken);
-        network ? throwNetwork(msg) : throwBackend(msg);
-      }
-      engine_->setCurrentCollective(q.tag.seq);
-      OpContext ctx(*engine_, cfg_, q.tag, getSize(), q.opcode, q.dtype, q.numel, Clock::now() + q.timeout,
-                    scratch_);
-      q.fn(ctx);
-    } catch (const c10::Error& e) {
-      error = std::current_exception();
-    } catch (const std::exception& e) {
-      // Anything else (a std::bad_alloc, say) becomes a DistBackendError naming the op.
-      try {
-        throwBackend(c10::str(describe(q.tag), ": ", e.what()));
-      } catch (...) {
-        error = std::current_exception();
-      }
+    execute(q);
+    {
+      std::lock_guard<std::mutex> lk(queueMu_);
+      running_ = false;
     }
-    q.work->complete(error);
+    queueCv_.notify_all();
   }
+}
+
+// Stage 3: runs one op to completion and completes its Work (never throws).
+void RingBackend::execute(Queued& q) {
+  std::exception_ptr error;
+  try {
+    bool network = false;
+    const std::string broken = engine_->brokenReason(&network);
+    if (!broken.empty()) {
+      // After a failure every later op fails at once, with the original cause.
+      const std::string msg = c10::str(describe(q.tag), ": not run, the group failed earlier: ", broken);
+      network ? throwNetwork(msg) : throwBackend(msg);
+    }
+    engine_->setCurrentCollective(q.tag.seq);
+    OpContext ctx(*engine_, cfg_, q.tag, getSize(), q.opcode, q.dtype, q.numel, Clock::now() + q.timeout,
+                  scratch_);
+    q.fn(ctx);
+  } catch (const c10::Error& e) {
+    error = std::current_exception();
+    // The op stopped part-way, so this rank's peers are out of step with it: break the
+    // group with this cause (they hear it at once) rather than let the next op mismatch.
+    engine_->fail(c10::str(describe(q.tag), ": ", e.what_without_backtrace()), /*network=*/false);
+  } catch (const std::exception& e) {
+    // Anything else (a std::bad_alloc, say) becomes a DistBackendError naming the op.
+    const std::string msg = c10::str(describe(q.tag), ": ", e.what());
+    engine_->fail(msg, /*network=*/false);
+    try {
+      throwBackend(msg);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  q.work->complete(error);
 }
 
 // ---- The collectives ---------------------------------------------------------------
@@ -347,10 +397,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
   checkSingle("all_reduce", tensors);
   at::Tensor t = tensors[0];
   const Reduction red = toReduction("all_reduce", opts.reduceOp, t.scalar_type());
-  return enqueue(OpType::ALLREDUCE, "all_reduce", "ringpg:all_reduce", t.scalar_type(), t.numel(), opts.timeout,
+  return enqueue(OpType::ALLREDUCE, "all_reduce", "ringpg:all_reduce", reduceDtype(t.scalar_type()), t.numel(),
+                 opts.timeout, opts.asyncOp,
                  tensors, tensors, [t, red](OpContext& c) {
                    at::Tensor host = premultiplied(red, toHost(t), /*inPlace=*/true);
-                   ringReduceInPlace(c, host, red);
+                   allreduceInPlace(c, asReal(host), red);
                    writeBack(t, host);
                  });
 }
@@ -367,12 +418,13 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce_coalesced(std::vector<at::
     total += t.numel();
   }
   const Reduction red = toReduction(op, opts.reduceOp, tensors[0].scalar_type());
-  return enqueue(OpType::ALLREDUCE_COALESCED, op, "ringpg:allreduce_coalesced", tensors[0].scalar_type(), total,
-                 opts.timeout, tensors, tensors, [tensors, red](OpContext& c) {
+  return enqueue(OpType::ALLREDUCE_COALESCED, op, "ringpg:allreduce_coalesced", reduceDtype(tensors[0].scalar_type()),
+                 total,
+                 opts.timeout, opts.asyncOp, tensors, tensors, [tensors, red](OpContext& c) {
                    // One ring over the concatenation: one pipeline instead of many small ones.
                    at::Tensor flat = at::cat(flatCat(tensors));
                    premultiplied(red, flat, /*inPlace=*/true);
-                   ringReduceInPlace(c, flat, red);
+                   allreduceInPlace(c, asReal(flat), red);
                    int64_t off = 0;
                    for (const auto& t : tensors) {
                      t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
@@ -387,7 +439,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& t
   checkRoot("broadcast", opts.rootRank, getSize());
   at::Tensor t = tensors[0];
   const int root = static_cast<int>(opts.rootRank);
-  return enqueue(OpType::BROADCAST, "broadcast", "ringpg:broadcast", t.scalar_type(), t.numel(), opts.timeout,
+  return enqueue(OpType::BROADCAST, "broadcast", "ringpg:broadcast", t.scalar_type(), t.numel(), opts.timeout, opts.asyncOp,
                  tensors, tensors, [t, root](OpContext& c) {
                    at::Tensor host = c.rank() == root ? toHost(t) : hostBufferFor(t);
                    chainBroadcast(c, bytes(host), nbytes(host), root);
@@ -402,14 +454,17 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce(std::vector<at::Tensor>& tens
   at::Tensor t = tensors[0];
   const Reduction red = toReduction("reduce", opts.reduceOp, t.scalar_type());
   const int root = static_cast<int>(opts.rootRank);
-  return enqueue(OpType::REDUCE, "reduce", "ringpg:reduce", t.scalar_type(), t.numel(), opts.timeout, tensors,
+  return enqueue(OpType::REDUCE, "reduce", "ringpg:reduce", reduceDtype(t.scalar_type()), t.numel(), opts.timeout,
+                 opts.asyncOp, tensors,
                  tensors, [t, red, root](OpContext& c) {
                    // Ring reduce-scatter (each rank finishes its chunk), then the chunks
                    // go straight to the root: (p-1)/p of the data crosses each link twice
                    // at most, instead of p-1 times through a chain.
                    const int p = c.size();
-                   at::Tensor input = premultiplied(red, toHost(t), /*inPlace=*/false).reshape({-1});
-                   at::Tensor result = at::empty_like(input);
+                   at::Tensor host = premultiplied(red, toHost(t), /*inPlace=*/false);
+                   at::Tensor input = asReal(host);
+                   at::Tensor resultHost = at::empty_like(host);
+                   at::Tensor result = asReal(resultHost);
                    RingJob job;
                    job.count = input.numel();
                    job.elemSize = input.element_size();
@@ -435,7 +490,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce(std::vector<at::Tensor>& tens
                      }
                    }
                    if (c.rank() == root) {
-                     t.copy_(result.view(t.sizes()));
+                     t.copy_(resultHost.view(t.sizes()));
                    }
                  });
 }
@@ -452,7 +507,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::_allgather_base(at::Tensor& output, 
               " elements, expected input numel x group size = ", input.numel() * getSize());
   at::Tensor in = input, out = output;
   return enqueue(OpType::_ALLGATHER_BASE, op, "ringpg:all_gather_into_tensor", input.scalar_type(), input.numel(),
-                 opts.timeout, {output}, {input}, [in, out](OpContext& c) {
+                 opts.timeout, opts.asyncOp, {output}, {input}, [in, out](OpContext& c) {
                    at::Tensor hin = toHost(in);
                    at::Tensor hout = hostBufferFor(out);
                    ringAllGather(c, hin.reshape({-1}), hout.reshape({-1}));
@@ -472,7 +527,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather(std::vector<std::vector<at
     checkSameTypeAndSize(op, in, o, "an output tensor");
   }
   std::vector<at::Tensor> outs = outputs[0];
-  return enqueue(OpType::ALLGATHER, op, "ringpg:all_gather", in.scalar_type(), in.numel(), opts.timeout, outs,
+  return enqueue(OpType::ALLGATHER, op, "ringpg:all_gather", in.scalar_type(), in.numel(), opts.timeout, opts.asyncOp, outs,
                  inputs, [in, outs](OpContext& c) {
                    at::Tensor hin = toHost(in).reshape({-1});
                    at::Tensor flat = at::empty({hin.numel() * c.size()}, hin.options());
@@ -506,7 +561,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather_coalesced(std::vector<std:
   }
   std::vector<at::Tensor> ins = inputs;
   return enqueue(OpType::ALLGATHER_COALESCED, op, "ringpg:allgather_coalesced", inputs[0].scalar_type(), total,
-                 opts.timeout, outs, inputs, [ins, outs](OpContext& c) {
+                 opts.timeout, opts.asyncOp, outs, inputs, [ins, outs](OpContext& c) {
                    at::Tensor flatIn = at::cat(flatCat(ins));
                    const int64_t n = flatIn.numel();
                    at::Tensor flat = at::empty({n * c.size()}, flatIn.options());
@@ -541,7 +596,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather_into_tensor_coalesced(std:
   }
   std::vector<at::Tensor> ins = inputs, outs = outputs;
   return enqueue(OpType::COALESCED, op, "ringpg:allgather_into_tensor_coalesced", inputs[0].scalar_type(), total,
-                 opts.timeout, outputs, inputs, [ins, outs](OpContext& c) {
+                 opts.timeout, opts.asyncOp, outputs, inputs, [ins, outs](OpContext& c) {
                    for (const auto i : c10::irange(ins.size())) {
                      at::Tensor hout = hostBufferFor(outs[i]);
                      ringAllGather(c, toHost(ins[i]).reshape({-1}), hout.reshape({-1}));
@@ -562,11 +617,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::_reduce_scatter_base(at::Tensor& out
               " elements, expected output numel x group size = ", output.numel() * getSize());
   const Reduction red = toReduction(op, opts.reduceOp, input.scalar_type());
   at::Tensor in = input, out = output;
-  return enqueue(OpType::_REDUCE_SCATTER_BASE, op, "ringpg:reduce_scatter_tensor", input.scalar_type(),
-                 input.numel(), opts.timeout, {output}, {input}, [in, out, red](OpContext& c) {
-                   at::Tensor hin = premultiplied(red, toHost(in), /*inPlace=*/false).reshape({-1});
+  return enqueue(OpType::_REDUCE_SCATTER_BASE, op, "ringpg:reduce_scatter_tensor", reduceDtype(input.scalar_type()),
+                 input.numel(), opts.timeout, opts.asyncOp, {output}, {input}, [in, out, red](OpContext& c) {
+                   at::Tensor hin = asReal(premultiplied(red, toHost(in), /*inPlace=*/false));
                    at::Tensor hout = hostBufferFor(out);
-                   ringReduceScatter(c, hin, hout.reshape({-1}), red);
+                   ringReduceScatter(c, hin, asReal(hout), red);
                    writeBack(out, hout);
                  });
 }
@@ -584,11 +639,12 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(std::vector<at::Tenso
   }
   const Reduction red = toReduction(op, opts.reduceOp, out.scalar_type());
   std::vector<at::Tensor> ins = inputs[0];
-  return enqueue(OpType::REDUCE_SCATTER, op, "ringpg:reduce_scatter", out.scalar_type(), out.numel() * getSize(),
-                 opts.timeout, outputs, ins, [ins, out, red](OpContext& c) {
+  return enqueue(OpType::REDUCE_SCATTER, op, "ringpg:reduce_scatter", reduceDtype(out.scalar_type()),
+                 out.numel() * getSize(),
+                 opts.timeout, opts.asyncOp, outputs, ins, [ins, out, red](OpContext& c) {
                    at::Tensor flat = premultiplied(red, at::cat(flatCat(ins)), /*inPlace=*/true);
                    at::Tensor hout = hostBufferFor(out);
-                   ringReduceScatter(c, flat, hout.reshape({-1}), red);
+                   ringReduceScatter(c, asReal(flat), asReal(hout), red);
                    writeBack(out, hout);
                  });
 }
@@ -613,12 +669,13 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter_tensor_coalesced(std:
   }
   const Reduction red = toReduction(op, opts.reduceOp, inputs[0].scalar_type());
   std::vector<at::Tensor> ins = inputs, outs = outputs;
-  return enqueue(OpType::COALESCED, op, "ringpg:reduce_scatter_tensor_coalesced", inputs[0].scalar_type(), total,
-                 opts.timeout, outputs, inputs, [ins, outs, red](OpContext& c) {
+  return enqueue(OpType::COALESCED, op, "ringpg:reduce_scatter_tensor_coalesced", reduceDtype(inputs[0].scalar_type()),
+                 total,
+                 opts.timeout, opts.asyncOp, outputs, inputs, [ins, outs, red](OpContext& c) {
                    for (const auto i : c10::irange(ins.size())) {
-                     at::Tensor hin = premultiplied(red, toHost(ins[i]), /*inPlace=*/false).reshape({-1});
+                     at::Tensor hin = asReal(premultiplied(red, toHost(ins[i]), /*inPlace=*/false));
                      at::Tensor hout = hostBufferFor(outs[i]);
-                     ringReduceScatter(c, hin, hout.reshape({-1}), red);
+                     ringReduceScatter(c, hin, asReal(hout), red);
                      writeBack(outs[i], hout);
                    }
                  });
@@ -644,7 +701,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::gather(std::vector<std::vector<at::T
     TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "ringpg::", op,
                 ": only the root (rank ", root, ") may pass output tensors");
   }
-  return enqueue(OpType::GATHER, op, "ringpg:gather", in.scalar_type(), in.numel(), opts.timeout, outs, inputs,
+  return enqueue(OpType::GATHER, op, "ringpg:gather", in.scalar_type(), in.numel(), opts.timeout, opts.asyncOp, outs, inputs,
                  [in, outs, root](OpContext& c) {
                    at::Tensor hin = toHost(in);
                    std::vector<at::Tensor> hout;
@@ -680,7 +737,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::scatter(std::vector<at::Tensor>& out
     TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), "ringpg::", op,
                 ": only the root (rank ", root, ") may pass input tensors");
   }
-  return enqueue(OpType::SCATTER, op, "ringpg:scatter", out.scalar_type(), out.numel(), opts.timeout, outputs, ins,
+  return enqueue(OpType::SCATTER, op, "ringpg:scatter", out.scalar_type(), out.numel(), opts.timeout, opts.asyncOp, outputs, ins,
                  [ins, out, root](OpContext& c) {
                    std::vector<at::Tensor> hin;
                    std::vector<const char*> ptrs;
@@ -728,7 +785,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output, at
   TORCH_CHECK(ins[getRank()] * inRow == outs[getRank()] * outRow, "ringpg::", op,
               ": this rank's own input and output splits differ in size");
   at::Tensor in = input, out = output;
-  return enqueue(OpType::ALLTOALL_BASE, op, "ringpg:all_to_all", input.scalar_type(), 0, opts.timeout, {output},
+  return enqueue(OpType::ALLTOALL_BASE, op, "ringpg:all_to_all", input.scalar_type(), 0, opts.timeout, opts.asyncOp, {output},
                  {input}, [in, out, ins, outs, inRow, outRow](OpContext& c) {
                    at::Tensor hin = toHost(in);
                    at::Tensor hout = hostBufferFor(out);
@@ -768,7 +825,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& ou
   TORCH_CHECK(inputs[getRank()].numel() == outputs[getRank()].numel(), "ringpg::", op,
               ": this rank's own input and output differ in size");
   std::vector<at::Tensor> ins = inputs, outs = outputs;
-  return enqueue(OpType::ALLTOALL, op, "ringpg:all_to_all", inputs[0].scalar_type(), 0, opts.timeout, outputs,
+  return enqueue(OpType::ALLTOALL, op, "ringpg:all_to_all", inputs[0].scalar_type(), 0, opts.timeout, opts.asyncOp, outputs,
                  inputs, [ins, outs](OpContext& c) {
                    std::vector<at::Tensor> hin, hout;
                    std::vector<const char*> sp;
@@ -793,10 +850,10 @@ c10::intrusive_ptr<c10d::Work> RingBackend::barrier(const c10d::BarrierOptions& 
   // One byte per rank through the ring: every rank's chunk is non-empty, so no rank
   // leaves before it has heard, directly or through the ring, from every other.
   at::Tensor token = at::zeros({getSize()}, at::TensorOptions().dtype(at::kByte));
-  return enqueue(OpType::BARRIER, "barrier", "ringpg:barrier", at::kByte, getSize(), opts.timeout, {}, {},
+  return enqueue(OpType::BARRIER, "barrier", "ringpg:barrier", at::kByte, getSize(), opts.timeout, opts.asyncOp, {}, {},
                  [token](OpContext& c) {
                    Reduction red;
-                   ringReduceInPlace(c, token, red);
+                   allreduceInPlace(c, token, red);
                  });
 }
 

@@ -113,11 +113,15 @@ class RingBackend final : public c10d::Backend {
     std::chrono::milliseconds timeout;
   };
 
-  // Stage 2: takes a sequence number and queues `fn` for the worker.
+  // Stage 2: takes a sequence number and queues `fn` for the worker, or, for a
+  // synchronous call on CPU tensors while the group is idle, runs it right here in
+  // the caller's thread (same order, same deadline, no thread hand-offs).
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name, const char* profilingTitle,
                                          c10::ScalarType dtype, uint64_t numel,
-                                         std::chrono::milliseconds timeout, std::vector<at::Tensor> outputs,
-                                         const std::vector<at::Tensor>& inputs, OpFn fn);
+                                         std::chrono::milliseconds timeout, bool asyncOp,
+                                         std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs,
+                                         OpFn fn);
+  void execute(Queued& q);
   c10::intrusive_ptr<c10d::Work> p2p(c10d::OpType type, const char* name, at::Tensor& tensor, int peer,
                                      int tag);
   void workerLoop();
@@ -130,16 +134,17 @@ class RingBackend final : public c10d::Backend {
   std::string localAddress_;
   std::unique_ptr<Engine> engine_;
 
-  // queueMu_ guards queue_, seq_ and stopping_: taking the sequence number and
+  // queueMu_ guards queue_, seq_, running_ and stopping_: taking the sequence number and
   // queueing under one lock keeps queue order == sequence order.
   std::mutex queueMu_;
   std::condition_variable queueCv_;
   std::deque<Queued> queue_;
   uint64_t seq_ = 0;    // collectives
   uint64_t p2pSeq_ = 0; // point-to-point ops (not in step across ranks)
+  bool running_ = false; // an op is executing (on the worker or inline)
   bool stopping_ = false;
   std::thread worker_;
-  std::vector<char> scratch_; // used by the worker thread only
+  std::vector<char> scratch_; // used by the op that is running_ only
 };
 
 } // namespace ringpg

@@ -28,6 +28,8 @@ Config load() {
   Config c;
   c.segmentBytes = static_cast<size_t>(
       envInt("RINGPG_SEGMENT_BYTES", static_cast<int64_t>(c.segmentBytes), 4096, 1LL << 30));
+  c.oneShotBytes = static_cast<size_t>(
+      envInt("RINGPG_ONESHOT_BYTES", static_cast<int64_t>(c.oneShotBytes), 0, 1LL << 30));
   c.recvWindow = static_cast<int>(envInt("RINGPG_RECV_WINDOW", c.recvWindow, 1, 1024));
   c.socketBuffer = static_cast<int>(envInt("RINGPG_SOCKET_BUFFER", c.socketBuffer, 0, 1LL << 30));
   c.spinMicros = static_cast<int>(envInt("RINGPG_SPIN_US", c.spinMicros, 0, 1000000));
@@ -48,7 +50,7 @@ const Config& Config::get() {
 
 std::string Config::summary() const {
   return c10::str(
-      "segment_bytes=", segmentBytes, " recv_window=", recvWindow,
+      "segment_bytes=", segmentBytes, " oneshot_bytes=", oneShotBytes, " recv_window=", recvWindow,
       " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
       " spin_us=", spinMicros, " ifname=", ifname.empty() ? std::string("(hostname)") : ifname);
 }

@@ -10,6 +10,9 @@ namespace ringpg {
 struct Config {
   // Bytes per pipelined ring segment (RINGPG_SEGMENT_BYTES).
   size_t segmentBytes = 512 * 1024;
+  // Allreduce of at most this many bytes x (world size - 1) uses the one-shot
+  // exchange instead of the ring (RINGPG_ONESHOT_BYTES; 0 disables it).
+  size_t oneShotBytes = 256 * 1024;
   // Receive segments posted ahead of the one being reduced (RINGPG_RECV_WINDOW).
   int recvWindow = 4;
   // SO_SNDBUF / SO_RCVBUF for data sockets; 0 keeps the kernel's autotuning (RINGPG_SOCKET_BUFFER).

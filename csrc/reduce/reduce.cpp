@@ -98,6 +98,32 @@ void reduce(c10::ScalarType dtype, RedOp op, void* out, const void* a, const voi
   TORCH_INTERNAL_ASSERT(done, "ringpg: no kernel for ", dtype, " ", redOpName(op));
 }
 
+namespace {
+template <typename T>
+void divideLoop(void* data, int64_t n, int64_t divisor) {
+  auto* x = static_cast<T*>(data);
+  const T d = static_cast<T>(divisor);
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = static_cast<T>(x[i] / d); // C++ integer division truncates toward zero
+  }
+}
+} // namespace
+
+void divideIntegers(c10::ScalarType dtype, void* data, int64_t n, int64_t divisor) {
+  using c10::ScalarType;
+  switch (dtype) {
+    case ScalarType::Char: return divideLoop<int8_t>(data, n, divisor);
+    case ScalarType::Byte: return divideLoop<uint8_t>(data, n, divisor);
+    case ScalarType::Short: return divideLoop<int16_t>(data, n, divisor);
+    case ScalarType::Int: return divideLoop<int32_t>(data, n, divisor);
+    case ScalarType::Long: return divideLoop<int64_t>(data, n, divisor);
+    case ScalarType::UInt16: return divideLoop<uint16_t>(data, n, divisor);
+    case ScalarType::UInt32: return divideLoop<uint32_t>(data, n, divisor);
+    case ScalarType::UInt64: return divideLoop<uint64_t>(data, n, divisor);
+    default: TORCH_INTERNAL_ASSERT(false, "ringpg: integer division of ", dtype);
+  }
+}
+
 const char* reduceIsa() {
   return dispatch().name;
 }

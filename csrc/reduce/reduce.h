@@ -24,6 +24,10 @@ bool reduceSupported(c10::ScalarType dtype, RedOp op);
 // out[i] = a[i] op b[i] for i < n.  Precondition: reduceSupported(dtype, op).
 void reduce(c10::ScalarType dtype, RedOp op, void* out, const void* a, const void* b, int64_t n);
 
+// data[i] /= divisor for i < n, truncating toward zero (AVG on integer dtypes).
+// Precondition: dtype is an integer type (not bool).
+void divideIntegers(c10::ScalarType dtype, void* data, int64_t n, int64_t divisor);
+
 // Name of the instruction set the kernels were dispatched to ("avx512", "avx2", "baseline").
 const char* reduceIsa();
 
