@@ -403,3 +403,41 @@ def test_many_groups_and_create_destroy_cycles_leak_nothing() -> None:
         assert v["after"] == v["before"], f"threads/fds before {v['before']} after {v['after']}"
         assert v["rss"] < 64, f"RSS grew {v['rss']:.1f} MiB over 15 create/destroy cycles"
         assert v["reinit"] == 2.0
+
+
+# ------------------------------------------------------------------ torch's checking wrapper
+
+
+def _under_detail(rank: int, ws: int, port: int, args: Any) -> dict:
+    (mismatch,) = args
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    _init(rank, ws, port, timeout_s=20.0)
+    wrapped = type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__
+    x = torch.arange(10, dtype=torch.float32) + rank
+    dist.all_reduce(x)
+    out = torch.empty(10 * ws)
+    dist.all_gather_into_tensor(out, x)
+    ok = torch.equal(x, sum(torch.arange(10, dtype=torch.float32) + r for r in range(ws)))
+    ok = ok and torch.equal(out, x.repeat(ws))
+    kind = msg = ""
+    if mismatch:
+        y = torch.ones(10)
+        if rank == 0:
+            kind, msg, _ = _expect_error(lambda: dist.all_reduce(y))
+        else:
+            kind, msg, _ = _expect_error(lambda: dist.broadcast(y, src=0))
+    return {"ok": ok, "wrapped": wrapped, "type": kind, "msg": msg}
+
+
+def test_runs_inside_torchs_detail_wrapper() -> None:
+    res = run_scenario(_under_detail, 2, (False,))
+    for v in res.values():
+        assert v["ok"], v
+
+
+def test_detail_wrapper_reports_mismatched_collectives() -> None:
+    res = run_scenario(_under_detail, 2, (True,))
+    for r, v in res.items():
+        assert v["ok"], v
+        assert v["type"], f"rank {r}: a mismatched collective raised nothing"
+        assert "mismatch" in v["msg"].lower() or "detected" in v["msg"].lower(), v["msg"]
