@@ -17,6 +17,9 @@ void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
   if (p == 1 || job.count == 0) {
     if (job.reduceScatter && job.count > 0) {
       // World size 1: the reduction over one rank is its input (then finalized: AVG).
+      if (job.awaitInput) {
+        job.awaitInput(0);
+      }
       char* dst = b.own ? b.own : b.work;
       if (dst != b.input) {
         std::memcpy(dst, b.input, job.count * job.elemSize);
@@ -24,6 +27,9 @@ void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
       if (job.finalize) {
         job.finalize(dst, job.count);
       }
+    }
+    if (job.onFinal && job.count > 0) {
+      job.onFinal(Range{0, job.count});
     }
     return;
   }
@@ -56,6 +62,15 @@ void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
   const size_t slotBytes = static_cast<size_t>(plan.segElems) * es;
   char* slots = job.reduceScatter ? c.scratch(slotBytes * window) : nullptr;
 
+  // Each chunk's local input is awaited once, just before it is first read.
+  std::vector<bool> inputReady(p, !job.awaitInput);
+  auto needInput = [&](int chunk) {
+    if (!inputReady[chunk]) {
+      job.awaitInput(chunk);
+      inputReady[chunk] = true;
+    }
+  };
+
   std::vector<RequestPtr> sends;
   // Step `firstStep` sends come straight from the input (reduce) or the own chunk (gather).
   for (const auto j : c10::irange(plan.segments)) {
@@ -64,6 +79,9 @@ void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
       continue; // the neighbour computes the same empty range and posts nothing
     }
     const int chunk = ringSendChunk(r, p, firstStep);
+    if (job.reduceScatter) {
+      needInput(chunk);
+    }
     const char* src = job.reduceScatter ? b.input + R.offset * es : at(chunk, R);
     sends.push_back(c.send(c.right(), src, R.length * es));
   }
@@ -96,10 +114,18 @@ void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
     char* dst = at(chunk, R);
     if (isReduce(u)) {
       // recvReduce: dst = local contribution (op) what the left neighbour accumulated.
+      needInput(chunk);
       reduce(c.dtype(), job.op, dst, b.input + R.offset * es, slots + (u % window) * slotBytes, R.length);
-      if (step == p - 2 && job.finalize) {
-        job.finalize(dst, R.length); // the own chunk is now complete
+      if (step == p - 2) {
+        if (job.finalize) {
+          job.finalize(dst, R.length); // the own chunk is now complete
+        }
+        if (job.onFinal) {
+          job.onFinal(R);
+        }
       }
+    } else if (job.onFinal) {
+      job.onFinal(R); // a gathered segment arrives final
     }
     if (step + 1 < endStep) {
       // ...and forward: what was received at step k is sent at step k + 1.

@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "algorithms/context.h"
+#include "algorithms/ring_plan.h"
 #include "reduce/reduce.h"
 
 namespace ringpg {
@@ -30,6 +31,11 @@ struct RingJob {
   // Applied to each finished segment of the own chunk after the reduce-scatter
   // (AVG's division); may be empty.
   std::function<void(char* data, int64_t n)> finalize;
+  // Staging hooks (CUDA tensors), both optional:
+  //   awaitInput(c): called before the local input of chunk c is first read;
+  //   onFinal(R):    called once range R of the full layout holds its final value.
+  std::function<void(int chunk)> awaitInput;
+  std::function<void(const Range& range)> onFinal;
 };
 
 // Requires job.reduceScatter || job.allGather; for all-gather alone, the own chunk

@@ -11,6 +11,7 @@
 #include "algorithms/ring.h"
 #include "algorithms/ring_plan.h"
 #include "cuda/device_sync.h"
+#include "cuda/staging.h"
 #include "reduce/reduce.h"
 #include "transport/rendezvous.h"
 
@@ -400,6 +401,14 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
   return enqueue(OpType::ALLREDUCE, "all_reduce", "ringpg:all_reduce", reduceDtype(t.scalar_type()), t.numel(),
                  opts.timeout, opts.asyncOp,
                  tensors, tensors, [t, red](OpContext& c) {
+                   if (!t.device().is_cpu() && t.is_contiguous() && c.size() > 1 &&
+                       nbytes(t) * (c.size() - 1) > c.config().oneShotBytes) {
+                     // Large CUDA tensors: chunked copies overlap the ring (cuda/staging.h).
+                     at::Tensor dev = premultiplied(red, t, /*inPlace=*/true);
+                     stagedRingAllreduce(c, asReal(dev), red.op,
+                                         finalizer(red, reduceDtype(t.scalar_type()), c.size()));
+                     return;
+                   }
                    at::Tensor host = premultiplied(red, toHost(t), /*inPlace=*/true);
                    allreduceInPlace(c, asReal(host), red);
                    writeBack(t, host);
@@ -862,10 +871,6 @@ c10::intrusive_ptr<c10d::Work> RingBackend::barrier(const c10d::BarrierOptions& 
 c10::intrusive_ptr<c10d::Work> RingBackend::p2p(OpType type, const char* name, at::Tensor& tensor, int peer,
                                                 int tag) {
   TORCH_CHECK(tag >= 0, "ringpg::", name, ": tag must be non-negative, got ", tag);
-  TORCH_CHECK(tensor.device().is_cpu(), "ringpg::", name,
-              ": point-to-point ops take cpu tensors (cuda p2p is not supported yet)");
-  TORCH_CHECK(tensor.is_contiguous(), "ringpg::", name,
-              ": point-to-point ops need a contiguous tensor (call .contiguous() first)");
   const bool isSend = type == OpType::SEND;
   uint64_t seq;
   {
@@ -881,24 +886,31 @@ c10::intrusive_ptr<c10d::Work> RingBackend::p2p(OpType type, const char* name, a
   h.kind = static_cast<uint8_t>(FrameKind::P2P);
   h.key = static_cast<uint64_t>(tag);
   const OpTag opTag{name, seq, getRank()};
-  auto done = [work, opTag](Request& r) {
+  // CUDA or non-contiguous tensors travel through a contiguous host copy: a send
+  // copies now (ordered after the caller's current stream), a receive copies back
+  // when its payload has landed, before the Work completes.
+  const bool direct = tensor.device().is_cpu() && tensor.is_contiguous();
+  at::Tensor host = direct ? tensor : (isSend ? toHost(tensor) : hostBufferFor(tensor));
+  auto done = [work, opTag, tensor, host, direct, isSend](Request& r) {
     std::exception_ptr err;
-    if (r.state.load() == Request::State::Failed) {
-      try {
+    try {
+      if (r.state.load() == Request::State::Failed) {
         throwRequestError(opTag, r);
-      } catch (...) {
-        err = std::current_exception();
       }
-    } else {
+      if (!isSend && !direct) {
+        writeBack(tensor, host);
+      }
       work->setSourceRank(r.sourceRank);
+    } catch (...) {
+      err = std::current_exception();
     }
     work->complete(err);
   };
-  // The work keeps `tensor` alive until completion; the engine holds the callback.
+  // The callback keeps `tensor` and `host` alive until the engine is done with them.
   if (isSend) {
-    engine_->postSend(peer, h, tensor.data_ptr(), nbytes(tensor), done);
+    engine_->postSend(peer, h, host.data_ptr(), nbytes(host), done);
   } else {
-    engine_->postRecv(peer, h, tensor.data_ptr(), nbytes(tensor), done);
+    engine_->postRecv(peer, h, host.data_ptr(), nbytes(host), done);
   }
   return work;
 }
