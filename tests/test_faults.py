@@ -305,8 +305,11 @@ def _hostile_frames(rank: int, ws: int, port: int, args: Any) -> dict:
     (payload,) = args
     _init(rank, ws, port, timeout_s=20.0)
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    side = dist.new_group(backend="gloo")
     x = torch.ones(4096)
     dist.all_reduce(x)
+    # Both ranks have finished the healthy op before rank 1 turns hostile.
+    dist.barrier(group=side)
     if rank == 1:
         backend._debug_send_raw(0, payload)  # rank 1 turns hostile towards rank 0
         if len(payload) < 32:

@@ -132,6 +132,7 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
   req->hdr.nbytes = len;
   req->buf = static_cast<char*>(data);
   req->len = len;
+  req->isRecv = true;
   req->peer = peer;
   req->onComplete = std::move(onComplete);
   Completions done;
@@ -169,9 +170,22 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
 }
 
 bool Engine::waitUntil(const RequestPtr& req, Deadline deadline) {
-  if (spinMicros_ > 0) {
-    const auto spinEnd = Clock::now() + std::chrono::microseconds(spinMicros_);
+  if (spinMicros_ > 0 && req->peer >= 0) {
+    const auto spinEnd = std::min(deadline, Clock::now() + std::chrono::microseconds(spinMicros_));
+    Completions done;
     while (req->state.load(std::memory_order_acquire) == Request::State::Pending && Clock::now() < spinEnd) {
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        Peer& P = peers_[req->peer];
+        if (broken_.empty() && !stop_) {
+          if (req->isRecv && !P.gone && !(P.headerReady && !P.inPayload)) {
+            readPeer(req->peer, lk, done);
+          } else if (!req->isRecv && !P.txBusy && !P.txq.empty()) {
+            writePeer(req->peer, lk, done);
+          }
+        }
+      }
+      runCallbacks(done);
     }
   }
   if (req->state.load(std::memory_order_acquire) != Request::State::Pending) {
@@ -413,6 +427,9 @@ void Engine::broadcastAbortLocked() {
 
 bool Engine::writePeer(int p, std::unique_lock<std::mutex>& lk, Completions& done) {
   Peer& P = peers_[p];
+  if (P.txBusy) {
+    return true; // another thread is writing this socket right now
+  }
   size_t budget = kPassBytes;
   while (!P.txq.empty() && budget > 0 && broken_.empty()) {
     RequestPtr req = P.txq.front();
@@ -465,6 +482,9 @@ bool Engine::writePeer(int p, std::unique_lock<std::mutex>& lk, Completions& don
 
 bool Engine::readPeer(int p, std::unique_lock<std::mutex>& lk, Completions& done) {
   Peer& P = peers_[p];
+  if (P.rxBusy) {
+    return true; // another thread is reading this socket right now
+  }
   size_t budget = kPassBytes;
   while (budget > 0 && broken_.empty()) {
     if (P.headerReady && !P.inPayload) {

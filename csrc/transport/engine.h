@@ -70,6 +70,7 @@ struct Request {
   char* buf = nullptr;      // send: source; receive: destination
   size_t len = 0;
   size_t progress = 0;      // bytes moved so far (a send counts its header)
+  bool isRecv = false;
   int peer = -1;            // send: destination; receive: source, -1 = any (p2p only)
   int sourceRank = -1;      // receive: who actually sent it
   std::function<void(Request&)> onComplete; // run by the engine, outside its lock
@@ -95,7 +96,9 @@ class Engine {
                       std::function<void(Request&)> onComplete = nullptr);
 
   // Waits until `req` is no longer pending or `deadline` passes.  Returns false on
-  // timeout (the request is still pending); true when done or failed.
+  // timeout (the request is still pending); true when done or failed.  For the
+  // first spinMicros the waiting thread moves the request's socket itself (no
+  // wake-up of the progress thread on the critical path of a small message).
   bool waitUntil(const RequestPtr& req, Deadline deadline);
 
   // The collective the worker is running; frames of this op that arrive before
@@ -138,9 +141,10 @@ class Engine {
     size_t payloadGot = 0;
     bool gone = false;        // said goodbye and closed
     // A thread is inside recv()/send() on this peer's socket with mu_ released.
-    // While set, the request it reads into / writes from is not failed by others
-    // (the I/O thread does it when the syscall returns), so no buffer is handed
-    // back to its owner while the kernel may still touch it.
+    // While set, no other thread does I/O on that socket, and the request it reads
+    // into / writes from is not failed by others (the I/O thread does it when the
+    // syscall returns), so no buffer goes back to its owner while the kernel may
+    // still touch it.
     bool rxBusy = false;
     bool txBusy = false;
   };
