@@ -215,34 +215,22 @@ def random_float_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckR
 # ------------------------------------------------------------------------ tests
 
 
+@pytest.mark.parametrize(
+    "worker",
+    [
+        all_reduce_worker,
+        reduce_scatter_tensor_worker,
+        reduce_scatter_list_worker,
+        all_gather_into_tensor_worker,
+        all_gather_list_worker,
+        broadcast_worker,
+    ],
+    ids=lambda fn: fn.__name__.removesuffix("_worker"),
+)
 @pytest.mark.parametrize("layout", ["flat", "2d"])
-def test_all_reduce(pool: WorkerPool, layout: str) -> None:
-    assert_reports_ok(pool.run(all_reduce_worker, layout))
-
-
-@pytest.mark.parametrize("layout", ["flat", "2d"])
-def test_reduce_scatter_tensor(pool: WorkerPool, layout: str) -> None:
-    assert_reports_ok(pool.run(reduce_scatter_tensor_worker, layout))
-
-
-@pytest.mark.parametrize("layout", ["flat", "2d"])
-def test_reduce_scatter_list(pool: WorkerPool, layout: str) -> None:
-    assert_reports_ok(pool.run(reduce_scatter_list_worker, layout))
-
-
-@pytest.mark.parametrize("layout", ["flat", "2d"])
-def test_all_gather_into_tensor(pool: WorkerPool, layout: str) -> None:
-    assert_reports_ok(pool.run(all_gather_into_tensor_worker, layout))
-
-
-@pytest.mark.parametrize("layout", ["flat", "2d"])
-def test_all_gather_list(pool: WorkerPool, layout: str) -> None:
-    assert_reports_ok(pool.run(all_gather_list_worker, layout))
-
-
-@pytest.mark.parametrize("layout", ["flat", "2d"])
-def test_broadcast_every_src(pool: WorkerPool, layout: str) -> None:
-    assert_reports_ok(pool.run(broadcast_worker, layout))
+def test_matches_gloo(pool: WorkerPool, worker: Any, layout: str) -> None:
+    """Each collective, every dtype x op x numel case, against gloo in the same processes."""
+    assert_reports_ok(pool.run(worker, layout))
 
 
 def test_barrier(pool: WorkerPool) -> None:

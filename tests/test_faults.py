@@ -444,3 +444,53 @@ def test_detail_wrapper_reports_mismatched_collectives() -> None:
         assert v["ok"], v
         assert v["type"], f"rank {r}: a mismatched collective raised nothing"
         assert "mismatch" in v["msg"].lower() or "detected" in v["msg"].lower(), v["msg"]
+
+
+# ------------------------------------------------------------------ abort and shutdown
+
+
+def _abort_while_peer_waits(rank: int, ws: int, port: int, args: Any) -> dict:
+    _init(rank, ws, port, timeout_s=60.0)
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    side = dist.new_group(backend="gloo")
+    x = torch.ones(1 << 18)
+    dist.all_reduce(x)
+    if rank == 0:
+        dist.barrier(group=side)
+        time.sleep(0.5)  # rank 1 is blocked in its all_reduce by now
+        backend.abort()
+        kind, msg, _ = _expect_error(lambda: dist.all_reduce(x))
+        return {"type": kind, "msg": msg}
+    work = dist.all_reduce(x, async_op=True)  # rank 0 never joins this one
+    dist.barrier(group=side)
+    kind, msg, took = _expect_error(work.wait)
+    return {"type": kind, "msg": msg, "took": took}
+
+
+def test_abort_fails_the_peers_pending_op_at_once() -> None:
+    res = run_scenario(_abort_while_peer_waits, 2)
+    assert res[0]["type"], "an op after abort() was accepted"
+    assert "shut down" in res[0]["msg"], res[0]["msg"]
+    v = res[1]
+    assert v["type"] in ("DistNetworkError", "DistBackendError"), v
+    # Usually the abort frame with its reason; the closing socket may be seen first.
+    assert "ringpg::all_reduce" in v["msg"], v["msg"]
+    assert "aborted" in v["msg"] or "lost its connection to rank 0" in v["msg"], v["msg"]
+    assert v["took"] < KILL_DETECT_S, v
+
+
+def _shutdown_then_use(rank: int, ws: int, port: int, args: Any) -> dict:
+    _init(rank, ws, port)
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    x = torch.ones(10)
+    dist.all_reduce(x)
+    backend.shutdown()
+    kind, msg, _ = _expect_error(lambda: dist.all_reduce(x))
+    return {"sum": float(x[0]), "type": kind, "msg": msg}
+
+
+def test_shutdown_is_orderly_and_later_ops_are_refused() -> None:
+    res = run_scenario(_shutdown_then_use, 2)
+    for v in res.values():
+        assert v["sum"] == 2.0
+        assert v["type"] and "shut down" in v["msg"], v

@@ -2,14 +2,33 @@
 
 #include <ATen/core/jit_type.h>
 
+#include <algorithm>
+
 namespace ringpg {
+namespace {
+
+// The accelerator devices the outputs live on: a Future must know them to complete
+// with CUDA tensors (it records an event on each device's current stream).
+std::vector<c10::Device> devicesOf(const std::vector<at::Tensor>& tensors) {
+  std::vector<c10::Device> devices;
+  for (const auto& t : tensors) {
+    if (t.defined() && !t.device().is_cpu() &&
+        std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+      devices.push_back(t.device());
+    }
+  }
+  return devices;
+}
+
+} // namespace
 
 RingWork::RingWork(int rank, c10d::OpType opType, uint64_t seq, const char* profilingTitle,
                    std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs,
                    std::chrono::milliseconds timeout)
     : c10d::Work(rank, opType, profilingTitle, std::optional<std::vector<at::Tensor>>(inputs)),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       devicesOf(outputs_))),
       seq_(seq),
       timeout_(timeout) {}
 
@@ -19,8 +38,15 @@ void RingWork::complete(std::exception_ptr error) {
   finish(error);
   if (error) {
     future_->setError(error);
-  } else {
+    return;
+  }
+  try {
     future_->markCompleted(c10::IValue(outputs_));
+  } catch (...) {
+    // Never let completion throw out of the worker or the engine thread.
+    if (!future_->completed()) {
+      future_->setError(std::current_exception());
+    }
   }
 }
 
