@@ -34,8 +34,15 @@ void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
     return;
   }
   const size_t es = job.elemSize;
-  const SegmentPlan plan =
-      segmentPlan(job.count, p, std::max<int64_t>(1, static_cast<int64_t>(c.config().segmentBytes / es)));
+  // Segments: at most the configured size, but at least kMinSegmentsPerChunk per chunk
+  // (down to kMinSegmentBytes) so that the ring's fill and drain, about one segment
+  // per step, stay a small part of the whole.
+  constexpr int64_t kMinSegmentsPerChunk = 16;
+  constexpr int64_t kMinSegmentBytes = 64 * 1024;
+  const int64_t chunkBytes = (job.count + p - 1) / p * static_cast<int64_t>(es);
+  const int64_t segBytes = std::min<int64_t>(static_cast<int64_t>(c.config().segmentBytes),
+                                             std::max(kMinSegmentBytes, chunkBytes / kMinSegmentsPerChunk));
+  const SegmentPlan plan = segmentPlan(job.count, p, std::max<int64_t>(1, segBytes / static_cast<int64_t>(es)));
   // Steps are numbered as in ring_plan.h: [0, p-1) reduce, [p-1, 2p-2) gather.
   const int firstStep = job.reduceScatter ? 0 : p - 1;
   const int endStep = job.allGather ? 2 * p - 2 : p - 1;

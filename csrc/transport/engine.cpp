@@ -170,22 +170,10 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
 }
 
 bool Engine::waitUntil(const RequestPtr& req, Deadline deadline) {
-  if (spinMicros_ > 0 && req->peer >= 0) {
+  if (spinMicros_ > 0) {
+    // Spin on the request's state only; the sockets stay the progress thread's.
     const auto spinEnd = std::min(deadline, Clock::now() + std::chrono::microseconds(spinMicros_));
-    Completions done;
     while (req->state.load(std::memory_order_acquire) == Request::State::Pending && Clock::now() < spinEnd) {
-      {
-        std::unique_lock<std::mutex> lk(mu_);
-        Peer& P = peers_[req->peer];
-        if (broken_.empty() && !stop_) {
-          if (req->isRecv && !P.gone && !(P.headerReady && !P.inPayload)) {
-            readPeer(req->peer, lk, done);
-          } else if (!req->isRecv && !P.txBusy && !P.txq.empty()) {
-            writePeer(req->peer, lk, done);
-          }
-        }
-      }
-      runCallbacks(done);
     }
   }
   if (req->state.load(std::memory_order_acquire) != Request::State::Pending) {

@@ -96,9 +96,8 @@ class Engine {
                       std::function<void(Request&)> onComplete = nullptr);
 
   // Waits until `req` is no longer pending or `deadline` passes.  Returns false on
-  // timeout (the request is still pending); true when done or failed.  For the
-  // first spinMicros the waiting thread moves the request's socket itself (no
-  // wake-up of the progress thread on the critical path of a small message).
+  // timeout (the request is still pending); true when done or failed.  The first
+  // spinMicros are spent polling the request's state before sleeping.
   bool waitUntil(const RequestPtr& req, Deadline deadline);
 
   // The collective the worker is running; frames of this op that arrive before
