@@ -132,7 +132,6 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
   req->hdr.nbytes = len;
   req->buf = static_cast<char*>(data);
   req->len = len;
-  req->isRecv = true;
   req->peer = peer;
   req->onComplete = std::move(onComplete);
   Completions done;

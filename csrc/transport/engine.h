@@ -70,7 +70,6 @@ struct Request {
   char* buf = nullptr;      // send: source; receive: destination
   size_t len = 0;
   size_t progress = 0;      // bytes moved so far (a send counts its header)
-  bool isRecv = false;
   int peer = -1;            // send: destination; receive: source, -1 = any (p2p only)
   int sourceRank = -1;      // receive: who actually sent it
   std::function<void(Request&)> onComplete; // run by the engine, outside its lock
