@@ -49,6 +49,19 @@ void checkSameTypeAndSize(const char* op, const at::Tensor& ref, const at::Tenso
               " elements but the input has ", ref.numel());
 }
 
+// A non-empty list of dense tensors on one device with one dtype; returns their total numel.
+uint64_t checkUniform(const char* op, const std::vector<at::Tensor>& ts) {
+  TORCH_CHECK(!ts.empty(), "ringpg::", op, ": no tensors");
+  uint64_t total = 0;
+  for (const auto& t : ts) {
+    checkTensor(op, t);
+    checkSameDevice(op, ts[0], t);
+    TORCH_CHECK(t.scalar_type() == ts[0].scalar_type(), "ringpg::", op, ": all tensors must share a dtype");
+    total += t.numel();
+  }
+  return total;
+}
+
 void checkRoot(const char* op, int64_t root, int size) {
   TORCH_CHECK(root >= 0 && root < size, "ringpg::", op, ": invalid root rank ", root, " for a group of size ",
               size);
@@ -418,14 +431,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
 c10::intrusive_ptr<c10d::Work> RingBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                 const c10d::AllreduceCoalescedOptions& opts) {
   const char* op = "allreduce_coalesced";
-  TORCH_CHECK(!tensors.empty(), "ringpg::", op, ": no tensors");
-  uint64_t total = 0;
-  for (const auto& t : tensors) {
-    checkTensor(op, t);
-    checkSameDevice(op, tensors[0], t);
-    TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(), "ringpg::", op, ": all tensors must share a dtype");
-    total += t.numel();
-  }
+  const uint64_t total = checkUniform(op, tensors);
   const Reduction red = toReduction(op, opts.reduceOp, tensors[0].scalar_type());
   return enqueue(OpType::ALLREDUCE_COALESCED, op, "ringpg:allreduce_coalesced", reduceDtype(tensors[0].scalar_type()),
                  total,
@@ -551,15 +557,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather_coalesced(std::vector<std:
                                                                 std::vector<at::Tensor>& inputs,
                                                                 const c10d::AllgatherOptions& opts) {
   const char* op = "allgather_coalesced";
-  TORCH_CHECK(!inputs.empty(), "ringpg::", op, ": no tensors");
+  const uint64_t total = checkUniform(op, inputs);
   checkListLength(op, outputLists.size(), getSize(), "the output list of lists");
-  uint64_t total = 0;
-  for (const auto& t : inputs) {
-    checkTensor(op, t);
-    checkSameDevice(op, inputs[0], t);
-    TORCH_CHECK(t.scalar_type() == inputs[0].scalar_type(), "ringpg::", op, ": all tensors must share a dtype");
-    total += t.numel();
-  }
   std::vector<at::Tensor> outs;
   for (const auto& l : outputLists) {
     TORCH_CHECK(l.size() == inputs.size(), "ringpg::", op, ": each output list needs ", inputs.size(), " tensors");
@@ -664,17 +663,13 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter_tensor_coalesced(std:
   const char* op = "reduce_scatter_tensor_coalesced";
   TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(), "ringpg::", op,
               ": needs as many outputs as inputs (got ", outputs.size(), " and ", inputs.size(), ")");
-  uint64_t total = 0;
+  const uint64_t total = checkUniform(op, inputs);
   for (const auto i : c10::irange(inputs.size())) {
-    checkTensor(op, inputs[i]);
     checkTensor(op, outputs[i]);
-    checkSameDevice(op, inputs[0], inputs[i]);
     checkSameDevice(op, inputs[i], outputs[i]);
     TORCH_CHECK(outputs[i].scalar_type() == inputs[i].scalar_type() &&
                     inputs[i].numel() == outputs[i].numel() * getSize(),
                 "ringpg::", op, ": input ", i, " must have the output's dtype and numel x group size");
-    TORCH_CHECK(inputs[i].scalar_type() == inputs[0].scalar_type(), "ringpg::", op, ": all tensors must share a dtype");
-    total += inputs[i].numel();
   }
   const Reduction red = toReduction(op, opts.reduceOp, inputs[0].scalar_type());
   std::vector<at::Tensor> ins = inputs, outs = outputs;

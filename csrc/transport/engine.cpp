@@ -40,6 +40,35 @@ std::string describeFrame(const FrameHeader& h) {
                   int(h.dtype), ", op_numel=", h.opNumel, ", nbytes=", h.nbytes, ")");
 }
 
+// A collective frame belongs to the receive posted for it only if every field agrees.
+bool sameCollective(const FrameHeader& expected, const FrameHeader& got) {
+  return expected.key == got.key && expected.opcode == got.opcode && expected.dtype == got.dtype &&
+      expected.opNumel == got.opNumel && expected.nbytes == got.nbytes;
+}
+
+std::string collectiveMismatch(int rank, int peer, const FrameHeader& expected, const FrameHeader& got) {
+  return c10::str("ringpg: collective mismatch between ranks: rank ", rank, " expected ", describeFrame(expected),
+                  " from rank ", peer, " but received ", describeFrame(got),
+                  ". All ranks must call the same collectives, in the same order, with the same sizes and dtypes");
+}
+
+std::string p2pSizeMismatch(int rank, int peer, size_t expected, uint64_t key, uint64_t got) {
+  return c10::str("ringpg::recv: rank ", rank, " expected ", expected, " bytes with tag ", key, " from rank ", peer,
+                  " but the message has ", got, " bytes");
+}
+
+// Removes and returns the first request in `q` waiting for tag `key`, or null.
+RequestPtr takeByTag(std::deque<RequestPtr>& q, uint64_t key) {
+  for (auto it = q.begin(); it != q.end(); ++it) {
+    if ((*it)->hdr.key == key) {
+      RequestPtr r = *it;
+      q.erase(it);
+      return r;
+    }
+  }
+  return nullptr;
+}
+
 } // namespace
 
 Engine::Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int socketBuffer, int spinMicros)
@@ -185,13 +214,9 @@ bool Engine::waitUntil(const RequestPtr& req, Deadline deadline) {
 }
 
 void Engine::setCurrentCollective(uint64_t seq) {
-  Completions done;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    haveCurrent_ = true;
-    currentSeq_ = seq;
-  }
-  runCallbacks(done);
+  std::lock_guard<std::mutex> lk(mu_);
+  haveCurrent_ = true;
+  currentSeq_ = seq;
 }
 
 void Engine::fail(const std::string& reason, bool network) {
@@ -577,14 +602,8 @@ bool Engine::routeHeader(int p, Completions& done) {
     case FrameKind::Collective: {
       if (!P.collPosted.empty()) {
         const RequestPtr& want = P.collPosted.front();
-        const FrameHeader& e = want->hdr;
-        if (e.key != h.key || e.opcode != h.opcode || e.dtype != h.dtype || e.opNumel != h.opNumel ||
-            e.nbytes != h.nbytes) {
-          failLocked(c10::str("ringpg: collective mismatch between ranks: rank ", rank_, " expected ",
-                              describeFrame(e), " from rank ", p, " but received ", describeFrame(h),
-                              ". All ranks must call the same collectives, in the same order, "
-                              "with the same sizes and dtypes"),
-                     done, /*network=*/false);
+        if (!sameCollective(want->hdr, h)) {
+          failLocked(collectiveMismatch(rank_, p, want->hdr, h), done, /*network=*/false);
           return false;
         }
         P.cur = want;
@@ -592,10 +611,6 @@ bool Engine::routeHeader(int p, Completions& done) {
       } else if (haveCurrent_ && h.key == currentSeq_) {
         return false; // pause: the running op will post this receive next
       } else if (!haveCurrent_ || h.key > currentSeq_) {
-        if (h.nbytes > kMaxStashBytes) {
-          failLocked(c10::str("ringpg: rank ", p, " announced an implausible ", describeFrame(h)), done);
-          return false;
-        }
         P.stashTarget = true;
       } else {
         failLocked(c10::str("ringpg: rank ", rank_, " received ", describeFrame(h), " from rank ", p,
@@ -607,29 +622,13 @@ bool Engine::routeHeader(int p, Completions& done) {
       break;
     }
     case FrameKind::P2P: {
-      auto take = [&](std::deque<RequestPtr>& q) -> bool {
-        for (auto it = q.begin(); it != q.end(); ++it) {
-          if ((*it)->hdr.key == h.key) {
-            P.cur = *it;
-            q.erase(it);
-            return true;
-          }
-        }
-        return false;
-      };
-      if (!take(P.p2pPosted) && !take(anyPosted_)) {
-        if (h.nbytes > kMaxStashBytes) {
-          failLocked(c10::str("ringpg: rank ", p, " announced an implausible ", describeFrame(h)), done);
-          return false;
-        }
+      P.cur = takeP2PReceiver(p, h.key);
+      if (!P.cur) {
         P.stashTarget = true;
       } else if (P.cur->len != h.nbytes) {
         // The user posted a receive of another size: that receive fails, the payload
         // is read aside so the stream stays in step.
-        failRequest(P.cur,
-                    c10::str("ringpg::recv: rank ", rank_, " expected ", P.cur->len, " bytes with tag ",
-                             h.key, " from rank ", p, " but the message has ", h.nbytes, " bytes"),
-                    done, /*network=*/false);
+        failRequest(P.cur, p2pSizeMismatch(rank_, p, P.cur->len, h.key, h.nbytes), done, /*network=*/false);
         P.cur.reset();
         P.stashTarget = true; // read into a throw-away buffer
         P.hdr.kind = 0;       // marks the stash as discard
@@ -643,6 +642,12 @@ bool Engine::routeHeader(int p, Completions& done) {
       return false;
   }
   if (P.stashTarget) {
+    // Whatever is read aside (stashed, discarded or an abort reason) is bounded before
+    // anything is allocated for it: a peer's length is never trusted with memory.
+    if (P.hdr.nbytes > kMaxStashBytes) {
+      failLocked(c10::str("ringpg: rank ", p, " announced an implausible ", describeFrame(P.hdr)), done);
+      return false;
+    }
     try {
       P.stashing.hdr = P.hdr;
       P.stashing.data.assign(P.hdr.nbytes, 0);
@@ -700,53 +705,42 @@ void Engine::drainStash(int p, Completions& done) {
   while (!P.collStash.empty() && !P.collPosted.empty()) {
     Stashed& s = P.collStash.front();
     RequestPtr req = P.collPosted.front();
-    const FrameHeader& e = req->hdr;
-    if (e.key != s.hdr.key || e.opcode != s.hdr.opcode || e.dtype != s.hdr.dtype ||
-        e.opNumel != s.hdr.opNumel || e.nbytes != s.hdr.nbytes) {
-      failLocked(c10::str("ringpg: collective mismatch between ranks: rank ", rank_, " expected ",
-                          describeFrame(e), " from rank ", p, " but received ", describeFrame(s.hdr)),
-                 done, /*network=*/false);
+    if (!sameCollective(req->hdr, s.hdr)) {
+      failLocked(collectiveMismatch(rank_, p, req->hdr, s.hdr), done, /*network=*/false);
       return;
     }
-    if (!s.data.empty()) {
-      std::memcpy(req->buf, s.data.data(), s.data.size());
-    }
-    req->sourceRank = p;
     P.collPosted.pop_front();
+    deliverStashed(req, s, p, done);
     P.collStash.pop_front();
-    complete(req, done);
   }
   // A p2p frame that just got stashed may match a receive posted meanwhile.
   for (auto it = P.p2pStash.begin(); it != P.p2pStash.end();) {
-    RequestPtr match;
-    auto pick = [&](std::deque<RequestPtr>& q) {
-      for (auto r = q.begin(); r != q.end(); ++r) {
-        if ((*r)->hdr.key == it->hdr.key) {
-          match = *r;
-          q.erase(r);
-          return true;
-        }
-      }
-      return false;
-    };
-    if (!pick(P.p2pPosted) && !pick(anyPosted_)) {
+    RequestPtr match = takeP2PReceiver(p, it->hdr.key);
+    if (!match) {
       ++it;
       continue;
     }
-    if (match->len != it->data.size()) {
-      failRequest(match,
-                  c10::str("ringpg::recv: rank ", rank_, " expected ", match->len, " bytes with tag ",
-                           it->hdr.key, " from rank ", p, " but the message has ", it->data.size(), " bytes"),
-                  done, /*network=*/false);
-    } else {
-      if (!it->data.empty()) {
-        std::memcpy(match->buf, it->data.data(), it->data.size());
-      }
-      match->sourceRank = p;
-      complete(match, done);
-    }
+    deliverStashed(match, *it, p, done);
     it = P.p2pStash.erase(it);
   }
+}
+
+RequestPtr Engine::takeP2PReceiver(int p, uint64_t tag) {
+  RequestPtr r = takeByTag(peers_[p].p2pPosted, tag);
+  return r ? r : takeByTag(anyPosted_, tag);
+}
+
+void Engine::deliverStashed(const RequestPtr& req, const Stashed& s, int from, Completions& done) {
+  if (req->len != s.data.size()) {
+    // Only a p2p receive can differ in size here: collective sizes were compared already.
+    failRequest(req, p2pSizeMismatch(rank_, from, req->len, s.hdr.key, s.data.size()), done, /*network=*/false);
+    return;
+  }
+  if (!s.data.empty()) {
+    std::memcpy(req->buf, s.data.data(), s.data.size());
+  }
+  req->sourceRank = from;
+  complete(req, done);
 }
 
 bool Engine::matchP2PStash(const RequestPtr& req, Completions& done) {
@@ -756,23 +750,11 @@ bool Engine::matchP2PStash(const RequestPtr& req, Completions& done) {
     }
     auto& stash = peers_[q].p2pStash;
     for (auto it = stash.begin(); it != stash.end(); ++it) {
-      if (it->hdr.key != req->hdr.key) {
-        continue;
+      if (it->hdr.key == req->hdr.key) {
+        deliverStashed(req, *it, q, done);
+        stash.erase(it);
+        return true;
       }
-      if (req->len != it->data.size()) {
-        failRequest(req,
-                    c10::str("ringpg::recv: rank ", rank_, " expected ", req->len, " bytes with tag ",
-                             it->hdr.key, " from rank ", q, " but the message has ", it->data.size(), " bytes"),
-                    done, /*network=*/false);
-      } else {
-        if (!it->data.empty()) {
-          std::memcpy(req->buf, it->data.data(), it->data.size());
-        }
-        req->sourceRank = q;
-        complete(req, done);
-      }
-      stash.erase(it);
-      return true;
     }
   }
   return false;

@@ -157,6 +157,10 @@ class Engine {
   void finishPayload(int p, Completions& done);
   bool writePeer(int p, std::unique_lock<std::mutex>& lk, Completions& done);
   void drainStash(int p, Completions& done);
+  // The first receive waiting for p2p tag `tag` from peer p (its own, then any-source).
+  RequestPtr takeP2PReceiver(int p, uint64_t tag);
+  // Copies a stashed payload into `req` and completes it (or fails it on a size mismatch).
+  void deliverStashed(const RequestPtr& req, const Stashed& s, int from, Completions& done);
   bool matchP2PStash(const RequestPtr& req, Completions& done);
   void complete(const RequestPtr& req, Completions& done);
   void failLocked(const std::string& reason, Completions& done, bool network = true);
