@@ -14,7 +14,7 @@ from a gloo all_reduce, so they do not depend on gloo's reduce_scatter.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import pytest
 import torch
@@ -66,51 +66,49 @@ def _stacked(shape: Sequence[int], ws: int) -> tuple[int, ...]:
 # ---------------------------------------------------------------- worker bodies
 
 
-def all_reduce_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
-    chk = Checker(rank)
+def _reducing_cases(backend: str, layout: str, ws: int) -> Iterator[tuple[torch.dtype, str, tuple[int, ...]]]:
+    """Every (dtype, op, shape) a reducing collective is checked on (gloo's gaps skipped in gloo mode)."""
     for dtype in DTYPES:
         for op in OPS:
-            if skip_case(groups.backend, op, dtype):
+            if skip_case(backend, op, dtype):
                 continue
             for shape in _shapes(layout, ws, dtype):
-                case = _case("all_reduce", op, dtype, ws, shape)
-                x = make_data(rank, case, shape, dtype, data_kind(op))
-                got = x.clone()
-                dist.all_reduce(got, op=reduce_op(op), group=groups.test)
-                chk.equal(case, got, ref_all_reduce(x, op, groups.ref))
+                yield dtype, op, shape
+
+
+def all_reduce_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
+    chk = Checker(rank)
+    for dtype, op, shape in _reducing_cases(groups.backend, layout, ws):
+        case = _case("all_reduce", op, dtype, ws, shape)
+        x = make_data(rank, case, shape, dtype, data_kind(op))
+        got = x.clone()
+        dist.all_reduce(got, op=reduce_op(op), group=groups.test)
+        chk.equal(case, got, ref_all_reduce(x, op, groups.ref))
     return chk.report()
 
 
 def reduce_scatter_tensor_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
     chk = Checker(rank)
-    for dtype in DTYPES:
-        for op in OPS:
-            if skip_case(groups.backend, op, dtype):
-                continue
-            for shape in _shapes(layout, ws, dtype):
-                case = _case("reduce_scatter_tensor", op, dtype, ws, shape)
-                x = make_data(rank, case, _stacked(shape, ws), dtype, data_kind(op))
-                x_before = x.clone()
-                out = sentinel_like(shape, dtype)
-                dist.reduce_scatter_tensor(out, x, op=reduce_op(op), group=groups.test)
-                chk.equal(case, out, ref_reduce_scatter(x_before, op, groups.ref))
-                chk.equal(case + " [input must be left unchanged]", x, x_before)
+    for dtype, op, shape in _reducing_cases(groups.backend, layout, ws):
+        case = _case("reduce_scatter_tensor", op, dtype, ws, shape)
+        x = make_data(rank, case, _stacked(shape, ws), dtype, data_kind(op))
+        x_before = x.clone()
+        out = sentinel_like(shape, dtype)
+        dist.reduce_scatter_tensor(out, x, op=reduce_op(op), group=groups.test)
+        chk.equal(case, out, ref_reduce_scatter(x_before, op, groups.ref))
+        chk.equal(case + " [input must be left unchanged]", x, x_before)
     return chk.report()
 
 
 def reduce_scatter_list_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
     chk = Checker(rank)
-    for dtype in DTYPES:
-        for op in OPS:
-            if skip_case(groups.backend, op, dtype):
-                continue
-            for shape in _shapes(layout, ws, dtype):
-                case = _case("reduce_scatter(list)", op, dtype, ws, shape)
-                x = make_data(rank, case, _stacked(shape, ws), dtype, data_kind(op))
-                inputs = [x.narrow(0, i * shape[0], shape[0]).clone() for i in range(ws)]
-                out = sentinel_like(shape, dtype)
-                dist.reduce_scatter(out, inputs, op=reduce_op(op), group=groups.test)
-                chk.equal(case, out, ref_reduce_scatter(x, op, groups.ref))
+    for dtype, op, shape in _reducing_cases(groups.backend, layout, ws):
+        case = _case("reduce_scatter(list)", op, dtype, ws, shape)
+        x = make_data(rank, case, _stacked(shape, ws), dtype, data_kind(op))
+        inputs = [x.narrow(0, i * shape[0], shape[0]).clone() for i in range(ws)]
+        out = sentinel_like(shape, dtype)
+        dist.reduce_scatter(out, inputs, op=reduce_op(op), group=groups.test)
+        chk.equal(case, out, ref_reduce_scatter(x, op, groups.ref))
     return chk.report()
 
 
