@@ -494,3 +494,29 @@ def test_shutdown_is_orderly_and_later_ops_are_refused() -> None:
     for v in res.values():
         assert v["sum"] == 2.0
         assert v["type"] and "shut down" in v["msg"], v
+
+
+# ------------------------------------------------------------------ unmatched receive
+
+
+def _recv_nobody_sends(rank: int, ws: int, port: int, args: Any) -> dict:
+    _init(rank, ws, port, timeout_s=2.0)
+    side = dist.new_group(backend="gloo", timeout=timedelta(seconds=60))
+    kind = msg = ""
+    took = 0.0
+    if rank == 0:
+        kind, msg, took = _expect_error(lambda: dist.recv(torch.empty(4), src=1, tag=7))
+    dist.barrier(group=side)
+    # The group still works for what both ranks do call.
+    x = torch.ones(3)
+    dist.all_reduce(x)
+    return {"type": kind, "msg": msg, "took": took, "sum": float(x[0])}
+
+
+def test_a_receive_whose_sender_never_sends_times_out() -> None:
+    res = run_scenario(_recv_nobody_sends, 2)
+    v = res[0]
+    assert v["type"] in ("DistBackendError", "DistNetworkError"), v
+    assert "timed out" in v["msg"] and "rank 0" in v["msg"], v["msg"]
+    assert 1.5 < v["took"] < 2.0 + KILL_DETECT_S, v
+    assert res[1]["sum"] == 2.0 and v["sum"] == 2.0

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "common/errors.h"
+
 namespace ringpg {
 namespace {
 
@@ -68,6 +70,19 @@ std::chrono::milliseconds RingWork::getTimeout() const {
 
 int RingWork::sourceRank() const {
   return sourceRank_.load();
+}
+
+bool RingWork::wait(std::chrono::milliseconds timeout) {
+  const auto limit = timeout == ::kNoTimeout ? timeout_ : timeout;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_for(lock, limit, [&] { return completed_; })) {
+      throwBackend(c10::str("ringpg::", c10d::opTypeToString(opType_), " (seq ", seq_, ", rank ", rank_,
+                            "): Work.wait() timed out after ", limit.count(),
+                            " ms; the op has not completed (for a receive: no matching send arrived)"));
+    }
+  }
+  return c10d::Work::wait(::kNoTimeout); // completed: rethrows its error, then synchronize()
 }
 
 void RingWork::synchronize() {

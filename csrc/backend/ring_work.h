@@ -24,6 +24,10 @@ class RingWork : public c10d::Work {
   uint64_t getSequencenumber() const override;
   std::chrono::milliseconds getTimeout() const override;
   int sourceRank() const override;
+  // Every wait has a deadline: with no timeout given, the op's own (the group's or the
+  // op's timeout).  Collectives end by their deadline anyway; a receive whose sender
+  // never sends would otherwise wait forever.
+  bool wait(std::chrono::milliseconds timeout) override;
   void synchronize() override;
 
   void setSourceRank(int r) {
