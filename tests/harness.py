@@ -387,6 +387,9 @@ class InitSpec:
 
     method: str = "tcp"
     default_backend: Optional[str] = None
+    # Extra environment for the workers, set before torch.distributed starts (for
+    # example {"RINGPG_TRANSPORT": "tcp"}); ringpg reads its RINGPG_* knobs once.
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -408,6 +411,7 @@ class _Rendezvous:
 
 def _init_child(rank: int, ws: int, rdv: _Rendezvous) -> Groups:
     torch.set_num_threads(1)
+    os.environ.update(dict(rdv.spec.env))
     if rdv.backend == "ringpg" or (rdv.spec.default_backend == "ringpg"):
         import ringpg  # noqa: F401  (registers the backend; harmless if the entry point did)
     default_backend = rdv.spec.default_backend or rdv.backend

@@ -17,15 +17,37 @@ FrameHeader OpContext::header() const {
 }
 
 RequestPtr OpContext::send(int peer, const void* data, size_t nbytes) {
+  if (shm_ && peer == shm_->right()) {
+    return shm_->postSend(header(), data, nbytes);
+  }
   return engine_.postSend(peer, header(), data, nbytes);
 }
 
 RequestPtr OpContext::recv(int peer, void* data, size_t nbytes) {
+  if (shm_ && peer == shm_->left()) {
+    return shm_->postRecv(header(), data, nbytes);
+  }
   return engine_.postRecv(peer, header(), data, nbytes);
 }
 
+bool OpContext::fusedRecvReduce(int peer) const {
+  return shm_ && peer == shm_->left();
+}
+
+RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t count, size_t es, RedOp op) {
+  TORCH_INTERNAL_ASSERT(fusedRecvReduce(peer));
+  const c10::ScalarType dtype = dtype_;
+  // Fragments start at multiples of the slot size, a multiple of 64 bytes, so each
+  // holds whole elements.
+  return shm_->postRecvInto(header(), static_cast<size_t>(count) * es,
+                            [=](const char* src, size_t offset, size_t n) {
+                              reduce(dtype, op, dst + offset, in + offset, src, static_cast<int64_t>(n / es));
+                            });
+}
+
 void OpContext::wait(const RequestPtr& req) {
-  if (!engine_.waitUntil(req, deadline_)) {
+  const bool done = req->viaShm ? shm_->waitUntil(engine_, req, deadline_) : engine_.waitUntil(req, deadline_);
+  if (!done) {
     const bool isSend = req->hdr.kind == static_cast<uint8_t>(FrameKind::Collective) && req->progress > 0;
     const std::string msg = c10::str(
         describe(tag_), ": timed out waiting for rank ", req->peer, " (", req->len, "-byte ",

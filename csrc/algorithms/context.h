@@ -9,16 +9,19 @@
 
 #include "common/config.h"
 #include "common/errors.h"
+#include "reduce/reduce.h"
 #include "transport/engine.h"
+#include "transport/shm.h"
 
 namespace ringpg {
 
 class OpContext {
  public:
   OpContext(Engine& engine, const Config& cfg, OpTag tag, int size, uint8_t opcode,
-            c10::ScalarType dtype, uint64_t opNumel, Deadline deadline, std::vector<char>& scratch)
+            c10::ScalarType dtype, uint64_t opNumel, Deadline deadline, std::vector<char>& scratch,
+            ShmRing* shm = nullptr)
       : engine_(engine), cfg_(cfg), tag_(tag), size_(size), opcode_(opcode),
-        dtype_(dtype), opNumel_(opNumel), deadline_(deadline), scratch_(scratch) {}
+        dtype_(dtype), opNumel_(opNumel), deadline_(deadline), scratch_(scratch), shm_(shm) {}
 
   int rank() const { return tag_.rank; }
   int size() const { return size_; }
@@ -28,9 +31,18 @@ class OpContext {
   const Config& config() const { return cfg_; }
   const OpTag& tag() const { return tag_; }
 
-  // Collective frames of this op: same key/op/dtype/numel on both sides.
+  // Collective frames of this op: same key/op/dtype/numel on both sides.  Frames to
+  // the right neighbour and from the left one take the shared-memory ring when the
+  // group has one (both ends decide alike), every other frame the TCP engine.
   RequestPtr send(int peer, const void* data, size_t nbytes);
   RequestPtr recv(int peer, void* data, size_t nbytes);
+  // True when recvReduce() from `peer` reduces each fragment as it arrives (straight
+  // out of shared memory); otherwise the caller receives into staging and reduces.
+  bool fusedRecvReduce(int peer) const;
+  // recvReduce, fused: dst[i] = in[i] (op) received[i] for `count` elements of this
+  // op's dtype (`elemSize` bytes each).  Requires fusedRecvReduce(peer); `in` must be
+  // ready when it is posted.
+  RequestPtr recvReduce(int peer, char* dst, const char* in, int64_t count, size_t elemSize, RedOp op);
   // Blocks until `req` completes; throws a c10d error naming op, rank and peer on
   // failure or when the op's deadline passes (which also breaks the engine, so no
   // late byte can land in a buffer the caller is about to free).
@@ -52,6 +64,7 @@ class OpContext {
   uint64_t opNumel_;
   Deadline deadline_;
   std::vector<char>& scratch_;
+  ShmRing* shm_; // null: every frame goes through the engine
 };
 
 } // namespace ringpg

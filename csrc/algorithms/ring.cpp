@@ -67,7 +67,9 @@ void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
 
   const int window = c.config().recvWindow;
   const size_t slotBytes = static_cast<size_t>(plan.segElems) * es;
-  char* slots = job.reduceScatter ? c.scratch(slotBytes * window) : nullptr;
+  // Fused: the link reduces each fragment as it arrives, with no staging slots.
+  const bool fused = c.fusedRecvReduce(c.left());
+  char* slots = job.reduceScatter && !fused ? c.scratch(slotBytes * window) : nullptr;
 
   // Each chunk's local input is awaited once, just before it is first read.
   std::vector<bool> inputReady(p, !job.awaitInput);
@@ -103,8 +105,14 @@ void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
       if (R.empty()) {
         continue;
       }
-      char* dst = isReduce(posted) ? slots + (posted % window) * slotBytes : at(recvChunk(posted), R);
-      recvs[posted] = c.recv(c.left(), dst, R.length * es);
+      const int chunk = recvChunk(posted);
+      if (isReduce(posted) && fused) {
+        needInput(chunk); // the reduction may run during any later wait
+        recvs[posted] = c.recvReduce(c.left(), at(chunk, R), b.input + R.offset * es, R.length, es, job.op);
+      } else {
+        char* dst = isReduce(posted) ? slots + (posted % window) * slotBytes : at(chunk, R);
+        recvs[posted] = c.recv(c.left(), dst, R.length * es);
+      }
     }
   };
 
@@ -121,8 +129,10 @@ void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
     char* dst = at(chunk, R);
     if (isReduce(u)) {
       // recvReduce: dst = local contribution (op) what the left neighbour accumulated.
-      needInput(chunk);
-      reduce(c.dtype(), job.op, dst, b.input + R.offset * es, slots + (u % window) * slotBytes, R.length);
+      if (!fused) {
+        needInput(chunk);
+        reduce(c.dtype(), job.op, dst, b.input + R.offset * es, slots + (u % window) * slotBytes, R.length);
+      }
       if (step == p - 2) {
         if (job.finalize) {
           job.finalize(dst, R.length); // the own chunk is now complete

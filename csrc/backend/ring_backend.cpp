@@ -5,6 +5,7 @@
 #include <c10/util/Logging.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "algorithms/direct.h"
@@ -252,10 +253,15 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   localAddress_ = mesh.localAddress;
   engine_ = std::make_unique<Engine>(rank, size, std::move(mesh.tx), std::move(mesh.rx), cfg_.socketBuffer,
                                      cfg_.spinMicros);
+  // Same-host groups move ring traffic through shared memory (transport/shm.h).  A
+  // slot holds one default-sized segment; larger segments travel as fragments.
+  const size_t slotBytes = std::clamp<size_t>(cfg_.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
+  shm_ = ShmRing::connect(*store, mesh.keyPrefix, rank, size, cfg_.shmAllowed, slotBytes, cfg_.shmSpinMicros(size),
+                          Clock::now() + timeout);
   worker_ = std::thread([this] { workerLoop(); });
   if (rank == 0) {
     LOG(INFO) << "ringpg: group '" << groupName_ << "' size " << size << " on " << localAddress_ << ": "
-              << cfg_.summary() << " reduce_isa=" << reduceIsa();
+              << cfg_.summary() << " transport=" << transport() << " reduce_isa=" << reduceIsa();
   }
 }
 
@@ -384,7 +390,7 @@ void RingBackend::execute(Queued& q) {
     }
     engine_->setCurrentCollective(q.tag.seq);
     OpContext ctx(*engine_, cfg_, q.tag, getSize(), q.opcode, q.dtype, q.numel, Clock::now() + q.timeout,
-                  scratch_);
+                  scratch_, shm_.get());
     q.fn(ctx);
   } catch (const c10::Error& e) {
     error = std::current_exception();

@@ -26,6 +26,7 @@
 #include "backend/ring_work.h"
 #include "common/config.h"
 #include "transport/engine.h"
+#include "transport/shm.h"
 
 namespace ringpg {
 
@@ -96,6 +97,11 @@ class RingBackend final : public c10d::Backend {
     engine_->debugSendRaw(peer, std::move(bytes));
   }
 
+  // "shm" when ring traffic moves through shared memory, else "tcp" (diagnostics and tests).
+  std::string transport() const {
+    return shm_ ? "shm" : "tcp";
+  }
+
   // The address this rank's listener used (diagnostics and tests).
   const std::string& localAddress() const {
     return localAddress_;
@@ -133,6 +139,7 @@ class RingBackend final : public c10d::Backend {
   const std::string groupName_;
   std::string localAddress_;
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<ShmRing> shm_; // null unless every rank of the group shares this host
 
   // queueMu_ guards queue_, seq_, running_ and stopping_: taking the sequence number and
   // queueing under one lock keeps queue order == sequence order.

@@ -56,6 +56,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name") = "",
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("local_address", &ringpg::RingBackend::localAddress)
+      .def_property_readonly("transport", &ringpg::RingBackend::transport,
+                             "'shm' when the ring moves through shared memory (all ranks on one host), else 'tcp'")
       .def("_debug_send_raw", [](ringpg::RingBackend& b, int peer, py::bytes data) {
         b.debugSendRaw(peer, std::string(data));
       }, "Test hook: put raw bytes on the connection to `peer` (plays a hostile peer).");

@@ -5,6 +5,7 @@
 #include <c10/util/StringUtil.h>
 
 #include <string>
+#include <thread>
 
 namespace ringpg {
 namespace {
@@ -33,6 +34,11 @@ Config load() {
   c.recvWindow = static_cast<int>(envInt("RINGPG_RECV_WINDOW", c.recvWindow, 1, 1024));
   c.socketBuffer = static_cast<int>(envInt("RINGPG_SOCKET_BUFFER", c.socketBuffer, 0, 1LL << 30));
   c.spinMicros = static_cast<int>(envInt("RINGPG_SPIN_US", c.spinMicros, 0, 1000000));
+  c.spinSet = c10::utils::get_env("RINGPG_SPIN_US").has_value();
+  if (auto t = c10::utils::get_env("RINGPG_TRANSPORT"); t && !t->empty()) {
+    TORCH_CHECK(*t == "auto" || *t == "tcp", "ringpg: RINGPG_TRANSPORT=", *t, " is not one of auto, tcp");
+    c.shmAllowed = *t == "auto";
+  }
   if (auto v = c10::utils::get_env("RINGPG_SOCKET_IFNAME"); v && !v->empty()) {
     c.ifname = *v;
   } else if (auto g = c10::utils::get_env("GLOO_SOCKET_IFNAME"); g && !g->empty()) {
@@ -48,11 +54,20 @@ const Config& Config::get() {
   return config;
 }
 
+int Config::shmSpinMicros(int ranksOnHost) const {
+  if (spinSet) {
+    return spinMicros;
+  }
+  constexpr int kDefaultShmSpinMicros = 50;
+  return ranksOnHost <= static_cast<int>(std::thread::hardware_concurrency()) ? kDefaultShmSpinMicros : 0;
+}
+
 std::string Config::summary() const {
   return c10::str(
       "segment_bytes=", segmentBytes, " oneshot_bytes=", oneShotBytes, " recv_window=", recvWindow,
       " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
-      " spin_us=", spinMicros, " ifname=", ifname.empty() ? std::string("(hostname)") : ifname);
+      " spin_us=", spinMicros, " transport_allowed=", shmAllowed ? "auto" : "tcp",
+      " ifname=", ifname.empty() ? std::string("(hostname)") : ifname);
 }
 
 } // namespace ringpg

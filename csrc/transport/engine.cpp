@@ -40,18 +40,6 @@ std::string describeFrame(const FrameHeader& h) {
                   int(h.dtype), ", op_numel=", h.opNumel, ", nbytes=", h.nbytes, ")");
 }
 
-// A collective frame belongs to the receive posted for it only if every field agrees.
-bool sameCollective(const FrameHeader& expected, const FrameHeader& got) {
-  return expected.key == got.key && expected.opcode == got.opcode && expected.dtype == got.dtype &&
-      expected.opNumel == got.opNumel && expected.nbytes == got.nbytes;
-}
-
-std::string collectiveMismatch(int rank, int peer, const FrameHeader& expected, const FrameHeader& got) {
-  return c10::str("ringpg: collective mismatch between ranks: rank ", rank, " expected ", describeFrame(expected),
-                  " from rank ", peer, " but received ", describeFrame(got),
-                  ". All ranks must call the same collectives, in the same order, with the same sizes and dtypes");
-}
-
 std::string p2pSizeMismatch(int rank, int peer, size_t expected, uint64_t key, uint64_t got) {
   return c10::str("ringpg::recv: rank ", rank, " expected ", expected, " bytes with tag ", key, " from rank ", peer,
                   " but the message has ", got, " bytes");
@@ -70,6 +58,17 @@ RequestPtr takeByTag(std::deque<RequestPtr>& q, uint64_t key) {
 }
 
 } // namespace
+
+bool sameCollective(const FrameHeader& expected, const FrameHeader& got) {
+  return expected.key == got.key && expected.opcode == got.opcode && expected.dtype == got.dtype &&
+      expected.opNumel == got.opNumel && expected.nbytes == got.nbytes;
+}
+
+std::string collectiveMismatch(int rank, int peer, const FrameHeader& expected, const FrameHeader& got) {
+  return c10::str("ringpg: collective mismatch between ranks: rank ", rank, " expected ", describeFrame(expected),
+                  " from rank ", peer, " but received ", describeFrame(got),
+                  ". All ranks must call the same collectives, in the same order, with the same sizes and dtypes");
+}
 
 Engine::Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int socketBuffer, int spinMicros)
     : rank_(rank), size_(size), spinMicros_(spinMicros), peers_(size) {
@@ -376,6 +375,7 @@ void Engine::failLocked(const std::string& reason, Completions& done, bool netwo
   if (broken_.empty()) {
     broken_ = reason;
     brokenNetwork_ = network;
+    brokenFlag_.store(true, std::memory_order_release);
     if (!stop_) {
       broadcastAbortLocked(); // not while being destroyed: peers got a goodbye already
     }

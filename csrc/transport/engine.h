@@ -72,9 +72,14 @@ struct Request {
   size_t progress = 0;      // bytes moved so far (a send counts its header)
   int peer = -1;            // send: destination; receive: source, -1 = any (p2p only)
   int sourceRank = -1;      // receive: who actually sent it
+  bool viaShm = false;      // moved by the shared-memory ring (transport/shm.h), not the engine
   std::function<void(Request&)> onComplete; // run by the engine, outside its lock
 };
 using RequestPtr = std::shared_ptr<Request>;
+
+// A collective frame belongs to the receive posted for it only if every field agrees.
+bool sameCollective(const FrameHeader& expected, const FrameHeader& got);
+std::string collectiveMismatch(int rank, int peer, const FrameHeader& expected, const FrameHeader& got);
 
 // Throws the c10d error a failed request stands for (DistNetworkError for a lost
 // peer, DistBackendError otherwise), prefixed with the op's description.
@@ -108,6 +113,10 @@ class Engine {
   void fail(const std::string& reason, bool network = false);
   // Empty while healthy; `network` tells whether the cause was a peer/connection failure.
   std::string brokenReason(bool* network = nullptr);
+  // The same question without the lock, for polling loops.
+  bool isBroken() const {
+    return brokenFlag_.load(std::memory_order_acquire);
+  }
 
   // Test hook: queues raw bytes (not a frame) on the socket to `peer`, to play a
   // corrupt or hostile peer in tests.  Never used by ringpg itself.
@@ -182,6 +191,7 @@ class Engine {
   std::mutex mu_;
   std::condition_variable cv_; // signalled when any request completes or fails
   std::string broken_;
+  std::atomic<bool> brokenFlag_{false}; // broken_ is non-empty (set once, under mu_)
   bool brokenNetwork_ = true;
   bool haveCurrent_ = false;
   uint64_t currentSeq_ = 0;

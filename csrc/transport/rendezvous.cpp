@@ -19,6 +19,16 @@
 #include "common/errors.h"
 
 namespace ringpg {
+
+std::vector<uint8_t> toBytes(const std::string& s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+uint64_t randomNonce() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x48475052; // "RPGH"
@@ -31,15 +41,6 @@ struct Hello {
   int32_t dst;
   uint64_t nonce; // the destination's nonce, proving the sender read the Store
 };
-
-std::vector<uint8_t> toBytes(const std::string& s) {
-  return std::vector<uint8_t>(s.begin(), s.end());
-}
-
-uint64_t randomNonce() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
-}
 
 // Accepts one receive socket from every peer.  Connections are served concurrently
 // (a stray client that connects and stays silent cannot hold up the real peers) and
@@ -130,6 +131,7 @@ Mesh connectMesh(c10d::Store& store, int rank, int size, const std::string& ifna
   // previous (destroyed) group on the same store.
   const int64_t instance = store.add(c10::str("ringpg/instance/", rank), 1);
   const std::string prefix = c10::str("ringpg/", instance, "/");
+  mesh.keyPrefix = prefix;
 
   SockAddr addr = chooseBindAddress(ifname);
   Fd listener = listenOn(addr, 2 * size + 16);

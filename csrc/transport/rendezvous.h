@@ -19,7 +19,11 @@ struct Mesh {
   std::vector<Fd> tx; // tx[q]: we send to q on it
   std::vector<Fd> rx; // rx[q]: we receive from q on it
   std::string localAddress;
+  std::string keyPrefix; // this group's namespace in the Store ("ringpg/<instance>/")
 };
+
+uint64_t randomNonce();
+std::vector<uint8_t> toBytes(const std::string& s);
 
 Mesh connectMesh(c10d::Store& store, int rank, int size, const std::string& ifname,
                  std::chrono::milliseconds timeout);

@@ -1,0 +1,456 @@
+#include "transport/shm.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "transport/rendezvous.h"
+
+namespace ringpg {
+namespace {
+
+constexpr uint64_t kSegmentMagic = 0x314d485347504752ULL; // "RGPGSHM1"
+constexpr uint64_t kSlots = 8;
+constexpr size_t kLine = 64;
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint64_t nonce;
+  uint64_t slots;
+  uint64_t slotBytes;
+};
+
+// The creator sleeps on `seq`; anyone who publishes or releases a slot it waits for
+// bumps `seq` and, if the creator announced it may sleep, wakes it (an event count).
+struct Bell {
+  std::atomic<uint32_t> seq;
+  std::atomic<uint32_t> sleeping;
+};
+
+struct LinkHeader {
+  alignas(kLine) std::atomic<uint64_t> head; // slots published by the sender (the creator)
+  alignas(kLine) std::atomic<uint64_t> tail; // slots released by the receiver
+};
+
+struct SlotHeader {
+  FrameHeader frame; // the whole message's header (nbytes = message length)
+  uint64_t offset;   // where this fragment starts in the message
+  uint64_t length;   // bytes of this fragment
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
+              "futex words and counters must be plain memory shared between processes");
+static_assert(sizeof(SegmentHeader) <= kLine && sizeof(Bell) <= kLine && sizeof(SlotHeader) <= kLine);
+
+constexpr size_t kBellOffset = kLine;
+constexpr size_t kLinkOffset = 2 * kLine;
+constexpr size_t kSlotsOffset = kLinkOffset + sizeof(LinkHeader);
+
+size_t slotStride(size_t slotBytes) {
+  return kLine + slotBytes; // SlotHeader padded to a line, then the payload
+}
+
+size_t segmentBytes(size_t slotBytes) {
+  return kSlotsOffset + kSlots * slotStride(slotBytes);
+}
+
+void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000000), static_cast<long>(timeout.count() % 1000000000)};
+  // A shared (not FUTEX_PRIVATE) futex: the word lives in memory mapped by several processes.
+  // EAGAIN (the word changed), EINTR and ETIMEDOUT all just send the caller round its loop.
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void ring(Bell& bell) {
+  bell.seq.fetch_add(1, std::memory_order_seq_cst);
+  if (bell.sleeping.load(std::memory_order_seq_cst) != 0) {
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell.seq), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  }
+}
+
+std::string firstLine(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+// Ranks may share memory only if they run under one kernel (boot id) in one network
+// namespace: ranks that the benchmark's network emulation puts in namespaces of their
+// own stand for separate hosts and keep talking over their (shaped) links.
+std::string hostIdentity() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  char netns[128] = {0};
+  ssize_t n = ::readlink("/proc/self/ns/net", netns, sizeof(netns) - 1);
+  (void)n;
+  return c10::str(host, "|", firstLine("/proc/sys/kernel/random/boot_id"), "|", netns);
+}
+
+std::string hex(uint64_t v) {
+  std::ostringstream o;
+  o << std::hex << v;
+  return o.str();
+}
+
+} // namespace
+
+// One mapping of a segment; the creator also owns its name until it is unlinked.
+struct ShmRing::Segment {
+  std::string name;
+  char* base = nullptr;
+  size_t bytes = 0;
+  bool named = false; // the creator has not unlinked the name yet
+
+  ~Segment() {
+    if (base) {
+      ::munmap(base, bytes);
+    }
+    unlinkName();
+  }
+  void unlinkName() {
+    if (named) {
+      ::shm_unlink(name.c_str());
+      named = false;
+    }
+  }
+  SegmentHeader& header() { return *reinterpret_cast<SegmentHeader*>(base); }
+  Bell& bell() { return *reinterpret_cast<Bell*>(base + kBellOffset); }
+  LinkHeader& link() { return *reinterpret_cast<LinkHeader*>(base + kLinkOffset); }
+  char* slot(uint64_t i, size_t slotBytes) { return base + kSlotsOffset + (i % kSlots) * slotStride(slotBytes); }
+
+  // Creates and maps a fresh segment; null when the system refuses (no /dev/shm, or
+  // not enough room for it: pages are reserved now, so a full /dev/shm cannot turn
+  // into a SIGBUS later).
+  static std::unique_ptr<Segment> create(const std::string& name, uint64_t nonce, size_t slotBytes,
+                                         std::string& why) {
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      why = c10::str("shm_open(", name, "): ", std::strerror(errno));
+      return nullptr;
+    }
+    auto s = std::make_unique<Segment>();
+    s->name = name;
+    s->named = true;
+    s->bytes = segmentBytes(slotBytes);
+    const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(s->bytes));
+    if (rc != 0) {
+      why = c10::str("reserving ", s->bytes, " bytes of shared memory: ", std::strerror(rc));
+      ::close(fd);
+      return nullptr; // ~Segment unlinks the name
+    }
+    void* p = ::mmap(nullptr, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) {
+      why = c10::str("mmap: ", std::strerror(errno));
+      return nullptr;
+    }
+    s->base = static_cast<char*>(p);
+    // A new segment reads as zeros: head = tail = 0, bell quiet.
+    s->header() = SegmentHeader{kSegmentMagic, nonce, kSlots, slotBytes};
+    return s;
+  }
+
+  // Maps a neighbour's segment and checks that it is the one it announced.
+  static std::unique_ptr<Segment> open(const std::string& name, uint64_t nonce, size_t slotBytes,
+                                       std::string& why) {
+    const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) {
+      why = c10::str("shm_open(", name, "): ", std::strerror(errno));
+      return nullptr;
+    }
+    struct stat st {};
+    const size_t want = segmentBytes(slotBytes);
+    if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != want) {
+      why = c10::str(name, " has an unexpected size");
+      ::close(fd);
+      return nullptr;
+    }
+    void* p = ::mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) {
+      why = c10::str("mmap: ", std::strerror(errno));
+      return nullptr;
+    }
+    auto s = std::make_unique<Segment>();
+    s->name = name;
+    s->base = static_cast<char*>(p);
+    s->bytes = want;
+    const SegmentHeader& h = s->header();
+    if (h.magic != kSegmentMagic || h.nonce != nonce || h.slots != kSlots || h.slotBytes != slotBytes) {
+      why = c10::str(name, " is not the segment its creator announced");
+      return nullptr;
+    }
+    return s;
+  }
+};
+
+ShmRing::ShmRing(int rank, int size, size_t slotBytes, int spinMicros)
+    : rank_(rank), size_(size), left_((rank + size - 1) % size), right_((rank + 1) % size),
+      slotBytes_(slotBytes), spinMicros_(spinMicros) {}
+
+ShmRing::~ShmRing() = default;
+
+std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, const std::string& prefix, int rank, int size,
+                                          bool wanted, size_t slotBytes, int spinMicros, Deadline deadline) {
+  if (size < 2) {
+    return nullptr;
+  }
+  // Every rank takes part even when it will not use shared memory itself, so the
+  // others learn that and nobody waits for it: the decision must be the same on all.
+  slotBytes = (slotBytes + kLine - 1) / kLine * kLine;
+
+  std::unique_ptr<ShmRing> self(new ShmRing(rank, size, slotBytes, spinMicros));
+  std::string why = wanted ? "" : "RINGPG_TRANSPORT=tcp";
+  const uint64_t nonce = randomNonce();
+  const std::string name = c10::str("/ringpg-", ::getpid(), "-", hex(nonce));
+  if (wanted) {
+    self->own_ = Segment::create(name, nonce, slotBytes, why);
+  }
+  const std::string host = hostIdentity();
+  store.set(c10::str(prefix, "shm/", rank),
+            toBytes(c10::str(self->own_ ? name : std::string("-"), " ", nonce, " ", host)));
+
+  // Maps neighbour q's segment if it is on this host and was created.
+  auto mapPeer = [&](int q) -> std::unique_ptr<Segment> {
+    auto bytes = store.get(c10::str(prefix, "shm/", q));
+    std::istringstream in(std::string(bytes.begin(), bytes.end()));
+    std::string peerName, peerHost;
+    uint64_t peerNonce = 0;
+    in >> peerName >> peerNonce;
+    std::getline(in >> std::ws, peerHost);
+    if (peerName == "-" || peerHost != host) {
+      why = c10::str("rank ", q, peerName == "-" ? " has no shared-memory segment" : " is on another host");
+      return nullptr;
+    }
+    return Segment::open(peerName, peerNonce, slotBytes, why);
+  };
+  bool ok = self->own_ != nullptr;
+  if (ok) {
+    self->fromLeft_ = mapPeer(self->left_);
+    ok = self->fromLeft_ != nullptr;
+  }
+  if (ok) {
+    if (self->right_ == self->left_) {
+      self->toRight_ = self->fromLeft_.get();
+    } else {
+      self->rightOwned_ = mapPeer(self->right_);
+      self->toRight_ = self->rightOwned_.get();
+      ok = self->toRight_ != nullptr;
+    }
+  }
+
+  // Agreement: count the ranks that succeeded; the last to arrive publishes "done".
+  const std::string okKey = prefix + "shm/ok";
+  const std::string doneKey = prefix + "shm/done";
+  store.add(okKey, ok ? 1 : 0);
+  if (store.add(prefix + "shm/arrived", 1) == size) {
+    store.set(doneKey, toBytes("1"));
+  }
+  const auto left = std::max<int64_t>(1, msUntil(deadline));
+  store.wait({doneKey}, std::chrono::milliseconds(left));
+  const bool all = store.add(okKey, 0) == size;
+  // Every neighbour has mapped our segment (or given up): the name is no longer
+  // needed, and unlinking it now means a crash later leaks nothing in /dev/shm.
+  if (self->own_) {
+    self->own_->unlinkName();
+  }
+  if (!all) {
+    if (rank == 0 && wanted) {
+      LOG(INFO) << "ringpg: shared-memory ring not used"
+                << (why.empty() ? std::string(" (another rank could not set it up)") : c10::str(": ", why));
+    }
+    return nullptr;
+  }
+  return self;
+}
+
+RequestPtr ShmRing::postSend(const FrameHeader& hdr, const void* data, size_t len) {
+  auto req = std::make_shared<Request>();
+  req->hdr = hdr;
+  req->hdr.magic = kFrameMagic;
+  req->hdr.nbytes = len;
+  req->buf = static_cast<char*>(const_cast<void*>(data));
+  req->len = len;
+  req->peer = right_;
+  req->viaShm = true;
+  sends_.push_back(req);
+  pushSends(); // eager: the first fragments leave now if there is room
+  return req;
+}
+
+RequestPtr ShmRing::postRecv(const FrameHeader& expect, void* data, size_t len) {
+  auto req = std::make_shared<Request>();
+  req->hdr = expect;
+  req->hdr.nbytes = len;
+  req->buf = static_cast<char*>(data);
+  req->len = len;
+  req->peer = left_;
+  req->sourceRank = left_;
+  req->viaShm = true;
+  recvs_.push_back(Recv{req, nullptr});
+  return req;
+}
+
+RequestPtr ShmRing::postRecvInto(const FrameHeader& expect, size_t len, FragmentConsumer consume) {
+  RequestPtr req = postRecv(expect, nullptr, len);
+  recvs_.back().consume = std::move(consume);
+  return req;
+}
+
+void ShmRing::finish(const RequestPtr& req) {
+  req->state.store(Request::State::Done, std::memory_order_release);
+}
+
+bool ShmRing::pushSends() {
+  bool moved = false;
+  LinkHeader& L = own_->link();
+  while (!sends_.empty()) {
+    const RequestPtr& req = sends_.front();
+    const uint64_t head = L.head.load(std::memory_order_relaxed); // only this thread writes it
+    // Acquire: the receiver is done reading the slot it released before we overwrite it.
+    if (head - L.tail.load(std::memory_order_acquire) >= kSlots) {
+      break;
+    }
+    char* slot = own_->slot(head, slotBytes_);
+    const size_t n = std::min(slotBytes_, req->len - req->progress);
+    auto* sh = reinterpret_cast<SlotHeader*>(slot);
+    sh->frame = req->hdr;
+    sh->offset = req->progress;
+    sh->length = n;
+    std::memcpy(slot + kLine, req->buf + req->progress, n);
+    // Release: header and payload are visible before the slot is.
+    L.head.store(head + 1, std::memory_order_release);
+    ring(toRight_->bell());
+    req->progress += n;
+    moved = true;
+    // One fragment per pass, so a message of 0 bytes still sends its one (empty) fragment.
+    if (req->progress == req->len) {
+      finish(req);
+      sends_.pop_front();
+    }
+  }
+  return moved;
+}
+
+bool ShmRing::pullRecvs(Engine& engine) {
+  bool moved = false;
+  LinkHeader& L = fromLeft_->link();
+  while (!recvs_.empty()) {
+    const uint64_t tail = L.tail.load(std::memory_order_relaxed); // only this thread writes it
+    if (L.head.load(std::memory_order_acquire) == tail) {
+      break;
+    }
+    Recv& r = recvs_.front();
+    Request& req = *r.req;
+    const char* slot = fromLeft_->slot(tail, slotBytes_);
+    // Copy the header out once: the peer's memory is read, never trusted.
+    SlotHeader sh;
+    std::memcpy(&sh, slot, sizeof(sh));
+    const size_t want = std::min(slotBytes_, req.len - req.progress);
+    if (!sameCollective(req.hdr, sh.frame) || sh.frame.kind != req.hdr.kind || sh.offset != req.progress ||
+        sh.length != want) {
+      std::string msg = sameCollective(req.hdr, sh.frame)
+          ? c10::str("ringpg: rank ", rank_, " received a corrupt shared-memory fragment from rank ", left_,
+                     " (offset ", sh.offset, ", length ", sh.length, "; expected ", req.progress, ", ", want, ")")
+          : collectiveMismatch(rank_, left_, req.hdr, sh.frame);
+      engine.fail(msg, /*network=*/false);
+      failAll(msg, false);
+      return true;
+    }
+    if (r.consume) {
+      r.consume(slot + kLine, req.progress, want);
+    } else {
+      std::memcpy(req.buf + req.progress, slot + kLine, want);
+    }
+    // Release: we are done reading the slot before the sender may reuse it.
+    L.tail.store(tail + 1, std::memory_order_release);
+    ring(fromLeft_->bell());
+    req.progress += want;
+    moved = true;
+    if (req.progress == req.len) {
+      finish(r.req);
+      recvs_.pop_front();
+    }
+  }
+  return moved;
+}
+
+bool ShmRing::progress(Engine& engine) {
+  const bool sent = pushSends();
+  const bool received = pullRecvs(engine);
+  return sent || received;
+}
+
+void ShmRing::failAll(const std::string& reason, bool network) {
+  auto failOne = [&](Request& r) {
+    r.error = reason;
+    r.networkError = network;
+    r.state.store(Request::State::Failed, std::memory_order_release);
+  };
+  for (auto& s : sends_) {
+    failOne(*s);
+  }
+  for (auto& r : recvs_) {
+    failOne(*r.req);
+  }
+  sends_.clear();
+  recvs_.clear();
+}
+
+bool ShmRing::waitUntil(Engine& engine, const RequestPtr& req, Deadline deadline) {
+  using namespace std::chrono;
+  const auto spinEnd = Clock::now() + microseconds(spinMicros_);
+  Bell& bell = own_->bell();
+  while (true) {
+    progress(engine);
+    if (req->state.load(std::memory_order_acquire) != Request::State::Pending) {
+      return true;
+    }
+    if (engine.isBroken()) {
+      // A peer died or the group failed elsewhere (we hear it through the sockets).
+      bool network = true;
+      const std::string why = engine.brokenReason(&network);
+      failAll(why, network);
+      return true;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      return false;
+    }
+    if (now < spinEnd) {
+      cpuRelax();
+      continue;
+    }
+    // Announce the sleep, then look once more: a neighbour that moved a slot after our
+    // last look either sees `sleeping` and wakes us, or changed `seq` before we read it.
+    bell.sleeping.store(1, std::memory_order_seq_cst);
+    const uint32_t key = bell.seq.load(std::memory_order_seq_cst);
+    if (!progress(engine) && req->state.load(std::memory_order_acquire) == Request::State::Pending) {
+      // Bounded sleeps: a broken engine (which rings no bell) is noticed within 10 ms.
+      futexWait(&bell.seq, key, std::min<nanoseconds>(deadline - now, milliseconds(10)));
+    }
+    bell.sleeping.store(0, std::memory_order_relaxed);
+  }
+}
+
+} // namespace ringpg

@@ -1,0 +1,101 @@
+// Same-host transport for the ring: when every rank of a group runs on one host,
+// each ring link (rank r -> rank r+1) is a single-producer single-consumer ring of
+// slots in shared memory instead of a TCP socket.  One copy into a slot, one copy
+// (or reduction) out of it, no kernel in between: the same idea as NCCL's SHM
+// transport.  TCP stays in place for everything else (point-to-point frames, the
+// direct algorithms' other peers, goodbyes and abort notices), so a dead or failing
+// peer is still noticed through its sockets and the engine's broken state.
+//
+// Segment layout (one per rank, created by it, mapped by it and both neighbours):
+//   SegmentHeader   magic, the creator's nonce, slot geometry
+//   Bell            the futex word the *creator* sleeps on; its neighbours ring it
+//   LinkHeader      head (slots published by the creator) / tail (slots released by
+//                   the right neighbour), each on its own cache line
+//   slots[kSlots]   SlotHeader + slotBytes of payload each
+// so rank r sends into its own segment and receives from its left neighbour's.
+//
+// Both directions are driven by the thread that waits (the one thread that runs the
+// group's current op): a send that finds no free slot stays queued and is pushed on
+// by every later wait, so a ring whose ranks all send before they receive cannot
+// deadlock on slot space.  Messages larger than a slot travel as several fragments.
+// What arrives is checked against the receive the local plan posted (op, sequence
+// number, dtype, sizes, fragment offset) before a byte is written to a user buffer.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "transport/engine.h"
+#include "transport/socket.h"
+
+namespace ringpg {
+
+// Called with each fragment of a message as it arrives: `offset` bytes into the
+// message, `n` bytes at `src` (valid only during the call).
+using FragmentConsumer = std::function<void(const char* src, size_t offset, size_t n)>;
+
+class ShmRing {
+ public:
+  struct Segment; // one mapped segment (defined in shm.cpp)
+
+  // Collective over the group: every rank creates its segment and maps its
+  // neighbours'; shm is used only if every rank succeeded (all ranks then agree, so
+  // both ends of every link use the same transport).  Returns null when it is not
+  // used: world size < 2, !wanted on some rank (RINGPG_TRANSPORT=tcp), ranks on
+  // different hosts, or shared memory unavailable.  `spinMicros`: how long a waiter polls before it
+  // sleeps on its futex.
+  static std::unique_ptr<ShmRing> connect(c10d::Store& store, const std::string& prefix, int rank, int size,
+                                          bool wanted, size_t slotBytes, int spinMicros, Deadline deadline);
+  ~ShmRing();
+  ShmRing(const ShmRing&) = delete;
+  ShmRing& operator=(const ShmRing&) = delete;
+
+  int left() const { return left_; }
+  int right() const { return right_; }
+  size_t slotBytes() const { return slotBytes_; }
+
+  // Collective frames to the right neighbour / from the left one, matched in order.
+  RequestPtr postSend(const FrameHeader& hdr, const void* data, size_t len);
+  RequestPtr postRecv(const FrameHeader& expect, void* data, size_t len);
+  // A receive whose fragments are handed to `consume` straight from shared memory
+  // (recvReduce without a staging copy).
+  RequestPtr postRecvInto(const FrameHeader& expect, size_t len, FragmentConsumer consume);
+
+  // Drives both directions until `req` is no longer pending (true) or `deadline`
+  // passes (false).  When `engine` is broken, every queued request fails with its
+  // reason.  Only the thread running the group's current op calls this.
+  bool waitUntil(Engine& engine, const RequestPtr& req, Deadline deadline);
+
+ private:
+  struct Recv {
+    RequestPtr req;
+    FragmentConsumer consume; // null: copy into req->buf
+  };
+
+  ShmRing(int rank, int size, size_t slotBytes, int spinMicros);
+  // Moves what can move now; true if any fragment moved.
+  bool progress(Engine& engine);
+  bool pushSends();
+  bool pullRecvs(Engine& engine);
+  void failAll(const std::string& reason, bool network);
+  void finish(const RequestPtr& req);
+
+  const int rank_, size_;
+  const int left_, right_;
+  const size_t slotBytes_;
+  const int spinMicros_;
+  std::unique_ptr<Segment> own_;   // we send into it; our bell is in it
+  std::unique_ptr<Segment> fromLeft_;  // we receive from it and ring the left's bell
+  Segment* toRight_ = nullptr;     // the right neighbour's bell (== fromLeft_ when size 2)
+  std::unique_ptr<Segment> rightOwned_;
+  std::deque<RequestPtr> sends_;
+  std::deque<Recv> recvs_;
+};
+
+} // namespace ringpg

@@ -1,0 +1,133 @@
+"""ringpg's two ring transports, each compared with gloo in the same processes.
+
+Every rank of the test suite runs on one host, so ringpg's ring moves through
+shared memory by default (csrc/transport/shm.h); ``RINGPG_TRANSPORT=tcp`` keeps it
+on TCP sockets, the path ranks on different hosts take.  Both run here, and the
+shared-memory ring also with ``RINGPG_SEGMENT_BYTES=65536`` (64 KiB slots), so that
+segments, whole-buffer messages of the direct algorithms and the one-shot allreduce
+all span several slot fragments and wrap the slot ring many times.
+
+Each configuration checks which transport the group really uses, that no named
+shared-memory segment is left behind once the group is up, and every collective
+that sends to a ring neighbour, on sizes around the slot and chunk boundaries.
+Data are small integers, so results are exact in every dtype (``torch.equal``).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import (
+    Checker,
+    CheckReport,
+    Groups,
+    InitSpec,
+    WorkerPool,
+    assert_reports_ok,
+    backend_under_test,
+    data_kind,
+    dtype_name,
+    make_data,
+    reduce_op,
+    ref_all_gather,
+    ref_all_reduce,
+    ref_broadcast,
+    ref_reduce_scatter,
+    sentinel_like,
+)
+
+SMALL_SLOT = 65536
+# (name, environment, expected transport)
+CONFIGS = [
+    ("shm", (), "shm"),
+    ("tcp", (("RINGPG_TRANSPORT", "tcp"),), "tcp"),
+    ("shm-64k-slots", (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)),), "shm"),
+]
+DTYPES = (torch.float32, torch.bfloat16, torch.int32, torch.int8)
+REDUCE_OPS = ("SUM", "AVG", "MAX")
+
+
+def numels(ws: int, dtype: torch.dtype) -> list[int]:
+    """Around the edges: empty, fewer than ws, one slot of 64 KiB +- 1, many slots."""
+    per_slot = SMALL_SLOT // dtype.itemsize
+    return [0, 1, ws - 1, 1000, per_slot - 1, per_slot * ws + 1, 5 * per_slot * ws + 7]
+
+
+pytestmark = [
+    pytest.mark.parametrize("world_size", [2, 3, 4], ids=lambda ws: f"ws{ws}", scope="module"),
+    pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c[0], scope="module"),
+]
+
+
+@pytest.fixture(scope="module")
+def tpool(world_size: int, config: tuple[str, tuple[tuple[str, str], ...], str]) -> Iterator[WorkerPool]:
+    p = WorkerPool(world_size, InitSpec(env=config[1]))
+    yield p
+    p.close()
+
+
+def transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
+    backend = groups.test._get_backend(torch.device("cpu"))
+    prefix = f"ringpg-{os.getpid()}-"
+    leftover = [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] if os.path.isdir("/dev/shm") else []
+    return {"transport": getattr(backend, "transport", None), "leftover": leftover}
+
+
+def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    chk = Checker(rank)
+    g, ref = groups.test, groups.ref
+    for dtype in DTYPES:
+        for n in numels(ws, dtype):
+            tag = f"dtype={dtype_name(dtype)} ws={ws} numel={n}"
+            for op in REDUCE_OPS:
+                if op == "AVG" and not dtype.is_floating_point and groups.backend == "gloo":
+                    continue
+                case = f"all_reduce op={op} {tag}"
+                x = make_data(rank, case, (n,), dtype, data_kind(op))
+                got = x.clone()
+                dist.all_reduce(got, op=reduce_op(op), group=g)
+                chk.equal(case, got, ref_all_reduce(x, op, ref))
+
+                case = f"reduce_scatter_tensor op={op} {tag}"
+                x = make_data(rank, case, (n * ws,), dtype, data_kind(op))
+                out = sentinel_like((n,), dtype)
+                dist.reduce_scatter_tensor(out, x.clone(), op=reduce_op(op), group=g)
+                chk.equal(case, out, ref_reduce_scatter(x, op, ref))
+
+            case = f"all_gather_into_tensor {tag}"
+            x = make_data(rank, case, (n,), dtype)
+            out = sentinel_like((n * ws,), dtype)
+            dist.all_gather_into_tensor(out, x, group=g)
+            chk.equal(case, out, ref_all_gather(x, ref))
+
+            src = (n + 1) % ws
+            case = f"broadcast src={src} {tag}"
+            x = make_data(rank, case, (n,), dtype)
+            got = x.clone()
+            dist.broadcast(got, src=src, group=g)
+            chk.equal(case, got, ref_broadcast(x, src, ref))
+
+            case = f"all_to_all_single {tag}"
+            x = make_data(rank, case, (n * ws,), dtype)
+            got = sentinel_like((n * ws,), dtype)
+            expected = sentinel_like((n * ws,), dtype)
+            dist.all_to_all_single(got, x, group=g)
+            dist.all_to_all_single(expected, x, group=ref)
+            chk.equal(case, got, expected)
+    return chk.report()
+
+
+def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str]) -> None:
+    """The group runs on the transport its configuration asks for, and leaves no names in /dev/shm."""
+    results = tpool.run(transport_worker)
+    if backend_under_test() == "ringpg":
+        assert [r["transport"] for r in results] == [config[2]] * len(results)
+    assert all(not r["leftover"] for r in results), results
+
+
+def test_collectives_match_gloo(tpool: WorkerPool) -> None:
+    assert_reports_ok(tpool.run(collectives_worker, timeout=240))
