@@ -139,9 +139,12 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
             if rank == 0:
                 C.emit(C.format_probe(probe, cfg.probe_path, cfg.link_GBps), progress)
                 record({"kind": "probe", "probe": probe, "path": cfg.probe_path})
+        transports = {label: t for label, g in groups.items() if (t := C.transport_of(g, cfg.device))}
         if rank == 0:
+            via = "".join(f" {label}:transport={t}" for label, t in transports.items())
             C.emit(f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)} "
-                   f"baseline={cfg.baseline} threads/rank={cfg.threads}", progress)
+                   f"baseline={cfg.baseline} threads/rank={cfg.threads}{via}", progress)
+            record({"kind": "transports", "world_size": ws, "transports": transports})
             C.emit(table.header(), progress)
         previous_op = None
         for i, (op, dtype, numel) in enumerate(cfg.cases):

@@ -644,6 +644,14 @@ def backend_status(name: str, device: str) -> Tuple[bool, str]:
         return False, _one_line(e)
 
 
+def transport_of(group: Any, device: str) -> Optional[str]:
+    """How a live group moves its ring traffic, for backends that say (ringpg: shm or tcp)."""
+    try:
+        return getattr(group._get_backend(torch.device(device)), "transport", None)
+    except Exception:  # noqa: BLE001 - a backend without the attribute or the device
+        return None
+
+
 def unique_labels(names: Sequence[str]) -> List[str]:
     """Labels for the backend list: duplicates get ``#1``, ``#2`` (e.g. ``gloo,gloo``)."""
     counts: Dict[str, int] = {}

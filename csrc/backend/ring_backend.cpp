@@ -256,7 +256,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   // Same-host groups move ring traffic through shared memory (transport/shm.h).  A
   // slot holds one default-sized segment; larger segments travel as fragments.
   const size_t slotBytes = std::clamp<size_t>(cfg_.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
-  shm_ = ShmRing::connect(*store, mesh.keyPrefix, rank, size, cfg_.shmAllowed, slotBytes, cfg_.shmSpinMicros(size),
+  shm_ = ShmRing::connect(*store, mesh.keyPrefix, rank, size, cfg_.shmAllowed, slotBytes, cfg_.spinMicros,
                           Clock::now() + timeout);
   worker_ = std::thread([this] { workerLoop(); });
   if (rank == 0) {

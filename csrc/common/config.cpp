@@ -5,7 +5,6 @@
 #include <c10/util/StringUtil.h>
 
 #include <string>
-#include <thread>
 
 namespace ringpg {
 namespace {
@@ -34,7 +33,6 @@ Config load() {
   c.recvWindow = static_cast<int>(envInt("RINGPG_RECV_WINDOW", c.recvWindow, 1, 1024));
   c.socketBuffer = static_cast<int>(envInt("RINGPG_SOCKET_BUFFER", c.socketBuffer, 0, 1LL << 30));
   c.spinMicros = static_cast<int>(envInt("RINGPG_SPIN_US", c.spinMicros, 0, 1000000));
-  c.spinSet = c10::utils::get_env("RINGPG_SPIN_US").has_value();
   if (auto t = c10::utils::get_env("RINGPG_TRANSPORT"); t && !t->empty()) {
     TORCH_CHECK(*t == "auto" || *t == "tcp", "ringpg: RINGPG_TRANSPORT=", *t, " is not one of auto, tcp");
     c.shmAllowed = *t == "auto";
@@ -52,14 +50,6 @@ Config load() {
 const Config& Config::get() {
   static const Config config = load(); // thread-safe static init
   return config;
-}
-
-int Config::shmSpinMicros(int ranksOnHost) const {
-  if (spinSet) {
-    return spinMicros;
-  }
-  constexpr int kDefaultShmSpinMicros = 50;
-  return ranksOnHost <= static_cast<int>(std::thread::hardware_concurrency()) ? kDefaultShmSpinMicros : 0;
 }
 
 std::string Config::summary() const {

@@ -19,17 +19,11 @@ struct Config {
   int socketBuffer = 0;
   // Microseconds a waiting thread spins before it sleeps (RINGPG_SPIN_US).
   int spinMicros = 0;
-  bool spinSet = false; // RINGPG_SPIN_US was given
   // Same-host groups may use the shared-memory ring (RINGPG_TRANSPORT=auto, the
   // default); RINGPG_TRANSPORT=tcp keeps every byte on TCP.
   bool shmAllowed = true;
   // Interface to bind (RINGPG_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME); empty = hostname.
   std::string ifname;
-
-  // Spin before sleeping in the shared-memory ring: RINGPG_SPIN_US when set, else a
-  // short spin when every rank of a `ranksOnHost` group can have a core of its own
-  // (spinning ranks that share cores only steal time from each other).
-  int shmSpinMicros(int ranksOnHost) const;
 
   static const Config& get();
   std::string summary() const;
