@@ -143,7 +143,7 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
         if rank == 0:
             via = "".join(f" {label}:transport={t}" for label, t in transports.items())
             C.emit(f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)} "
-                   f"baseline={cfg.baseline} threads/rank={cfg.threads}{via}", progress)
+                   f"baseline={cfg.baseline} threads/rank={cfg.threads} batch={policy.batch}{via}", progress)
             record({"kind": "transports", "world_size": ws, "transports": transports})
             C.emit(table.header(), progress)
         previous_op = None
@@ -495,6 +495,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g.add_argument("--iters-min", type=int, default=None, help="default 3 (--check: 2)")
     g.add_argument("--iters-max", type=int, default=None, help="default 100 (--check: 2)")
     g.add_argument("--case-time", type=float, default=0.75, help="target seconds of timed rounds per case")
+    g.add_argument("--batch", type=int, default=1,
+                   help="ops per timed iteration (default 1: each op bracketed by a barrier; N > 1: N ops "
+                        "back to back, time = total / N, the nccl-tests loop; outputs then checked in warm-up only)")
     g = ap.add_argument_group("ceiling and network")
     g.add_argument("--probe", dest="probe", action="store_true", default=None,
                    help="raw TCP throughput probe between rank 0 and 1 (default: on, off with --check)")
@@ -503,6 +506,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g.add_argument("--emulate", metavar="RATE", default=None,
                    help="emulated cluster: each rank in its own network namespace, links shaped to RATE "
                         "(tc notation: 1gbit, 100mbit, 10gbit). Needs root and iproute2; skipped otherwise")
+    g.add_argument("--mtu", type=int, default=1500,
+                   help="MTU of the emulated links (default 1500: TCP goodput <= 95.6%% of the rate; "
+                        "9000, jumbo frames: <= 99.3%%)")
     g = ap.add_argument_group("output")
     g.add_argument("--csv", default=None, help="CSV path (default benchmarks/results/bench-<time>.csv)")
     g.add_argument("--json", default=None, help="JSON path (default benchmarks/results/bench-<time>.json)")
@@ -534,6 +540,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         ap.error("world sizes must be >= 2")
     if args.min_bytes > args.max_bytes:
         ap.error("--min-bytes is larger than --max-bytes")
+    if args.batch < 1 or (args.check and args.batch != 1):
+        ap.error("--batch must be >= 1, and 1 with --check (every op is verified)")
     args.backends = _csv_list(args.backends)
     if args.device == "cuda":
         if not torch.cuda.is_available():
@@ -589,7 +597,7 @@ def _config(args: argparse.Namespace, ws: int, cases: List[C.Case], init_method:
         world_size=ws, init_method=init_method, master_addr=master_addr, backends=list(args.backends),
         labels=labels, baseline=C.pick_baseline(labels, args.baseline), device=args.device,
         cases=[(c.op, c.dtype, c.numel) for c in cases],
-        policy=asdict(C.IterationPolicy(args.warmup, args.iters_min, args.iters_max, args.case_time)),
+        policy=asdict(C.IterationPolicy(args.warmup, args.iters_min, args.iters_max, args.case_time, args.batch)),
         op_timeout_s=args.op_timeout, probe=probe, probe_seconds=args.probe_seconds, probe_path=probe_path,
         link_GBps=link_GBps, result_path=result_path,
         threads=args.threads or C.default_threads(ws), progress=not args.quiet,
@@ -658,7 +666,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         _interrupt_on_signals()
         if args.emulate:
-            cluster = netns.EmulatedCluster(max(args.world_sizes), args.rate_bps)
+            cluster = netns.EmulatedCluster(max(args.world_sizes), args.rate_bps, mtu=args.mtu)
             cluster.up()
             _interrupt_on_signals()  # ours, not netns's: finish below with partial results
             print(f"# emulated cluster: {cluster.describe()}", flush=True)

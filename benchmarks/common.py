@@ -435,6 +435,11 @@ class IterationPolicy:
     iters_min: int = 3
     iters_max: int = 100
     case_time_s: float = 0.75
+    # Ops per timed iteration.  1: each op is bracketed by a barrier and timed alone
+    # (latency, with the barrier's exit skew charged to the op).  N > 1: N ops back to
+    # back, time = batch / N, as nccl-tests times its loop; outputs are checked in the
+    # warm-up rounds only (a repeated in-place allreduce changes its own input).
+    batch: int = 1
 
 
 @dataclass
@@ -513,14 +518,16 @@ def measure_case(bufs: CaseBuffers, groups: Mapping[str, Any], ref_group: Any,
             bufs.reset()
             sync()
             dist.barrier(group=ref_group)
+            n_ops = policy.batch if timed else 1
             t0 = time.perf_counter_ns()
             try:
-                bufs.run(groups[lb])
+                for _ in range(n_ops):
+                    bufs.run(groups[lb])
                 sync()
             except Exception as e:  # noqa: BLE001 - reported in the table
                 failed[lb] = _one_line(e)
                 continue
-            dt = time.perf_counter_ns() - t0
+            dt = (time.perf_counter_ns() - t0) // n_ops
             if timed:
                 times[lb].append(dt)
             if verify:
@@ -538,12 +545,12 @@ def measure_case(bufs: CaseBuffers, groups: Mapping[str, Any], ref_group: Any,
         if policy.case_time_s > 0 and last_round_s >= policy.case_time_s / 2:
             break
     if rounds and last_round_s > 0:
-        iters = int(math.ceil(policy.case_time_s / last_round_s))
+        iters = int(math.ceil(policy.case_time_s / (last_round_s * policy.batch)))
     else:
         iters = policy.iters_min
     iters = max(policy.iters_min, min(policy.iters_max, iters))
     for i in range(iters):
-        one_round(rounds, timed=True, verify=verify_all or i == iters - 1 or rounds == 0,
+        one_round(rounds, timed=True, verify=policy.batch == 1 and (verify_all or i == iters - 1 or rounds == 0),
                   snapshot=cross_check and rounds == 0)
         rounds += 1
 
