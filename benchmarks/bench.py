@@ -136,6 +136,9 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
             if rank == 0:
                 progress.update(f"[probe] raw TCP rank 0 <-> rank 1 ({cfg.probe_path})")
             probe = C.tcp_probe(rank, cfg.master_addr, ref, cfg.probe_seconds)
+            ring = C.tcp_ring_probe(rank, cfg.master_addr, ref, cfg.probe_seconds)
+            if probe is not None and ring is not None:
+                probe.update(ring)
             if rank == 0:
                 C.emit(C.format_probe(probe, cfg.probe_path, cfg.link_GBps), progress)
                 record({"kind": "probe", "probe": probe, "path": cfg.probe_path})

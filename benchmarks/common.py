@@ -871,6 +871,64 @@ def tcp_probe(rank: int, bind_addr: str, group: Any, seconds: float = 1.0,
             "both_directions_total_GBps": a + b, "seconds_per_phase": seconds}
 
 
+def _local_address_towards(addr: str) -> str:
+    """This host's address on the route to ``addr`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((addr, 9))
+        return str(s.getsockname()[0])
+
+
+def tcp_ring_probe(rank: int, master_addr: str, group: Any, seconds: float = 1.0,
+                   chunk_bytes: int = 1 << 20) -> Optional[Dict[str, float]]:
+    """Raw TCP ring: every rank streams to rank + 1 and drains rank - 1, all at once.
+
+    The ceiling of a ring collective on this path: all links busy in the same direction,
+    as in a ring's steady state, and a ring moves at the pace of its slowest link.
+    Collective over ``group``; returns, on rank 0, ``{"ring_slowest_GBps",
+    "ring_mean_GBps"}`` (what each rank received per second).
+    """
+    ws = dist.get_world_size(group)
+    if ws < 2:
+        return None
+    me = dist.get_rank(group)
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    rate = torch.zeros(ws, dtype=torch.float64)
+    error = torch.zeros(1)
+    tx: Optional[socket.socket] = None
+    rx: Optional[socket.socket] = None
+    try:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind((_local_address_towards(master_addr), 0))
+        srv.listen(1)
+        srv.settimeout(60)
+        addrs: List[Any] = [None] * ws
+        dist.all_gather_object(addrs, srv.getsockname(), group=group)
+        try:
+            # Connect first (the backlog holds it), then accept the left neighbour.
+            tx = socket.create_connection(tuple(addrs[(me + 1) % ws]), timeout=60)
+            rx, _ = srv.accept()
+            for sock in (tx, rx):
+                sock.settimeout(seconds + 60)
+        except OSError as e:
+            print(f"# tcp ring probe (rank {rank}) failed to connect: {e}", file=sys.stderr)
+            error[0] = 1
+        dist.all_reduce(error, op=dist.ReduceOp.MAX, group=group)
+        if error[0] == 0 and tx is not None and rx is not None:
+            dist.barrier(group=group)
+            sender = threading.Thread(target=_stream, args=(tx, seconds, memoryview(bytes(chunk_bytes))), daemon=True)
+            sender.start()
+            rate[me] = _drain(rx, bytearray(chunk_bytes))
+            sender.join(timeout=seconds + 60)
+    finally:
+        for sock in (tx, rx, srv):
+            if sock is not None:
+                sock.close()
+    dist.all_reduce(rate, group=group)
+    if rank != 0 or error[0] > 0:
+        return None
+    return {"ring_slowest_GBps": float(rate.min()) / 1e9, "ring_mean_GBps": float(rate.mean()) / 1e9}
+
+
 def format_probe(probe: Optional[Mapping[str, float]], path: str, link_GBps: Optional[float] = None) -> str:
     """The ceiling lines printed next to the table."""
     if not probe:
@@ -879,10 +937,15 @@ def format_probe(probe: Optional[Mapping[str, float]], path: str, link_GBps: Opt
          f"one direction {probe['one_direction_GBps']:.3f} GB/s; "
          f"both directions on one socket {probe['both_directions_each_GBps']:.3f} GB/s each way "
          f"({probe['both_directions_total_GBps']:.3f} GB/s total)")
+    if "ring_slowest_GBps" in probe:
+        s += (f"\n# TCP ring ceiling (every rank streams to the next at once): slowest link "
+              f"{probe['ring_slowest_GBps']:.3f} GB/s, mean {probe['ring_mean_GBps']:.3f} GB/s")
     if link_GBps:
         s += (f"\n# emulated link rate {link_GBps:.4f} GB/s per direction; probe reaches "
               f"{probe['one_direction_GBps'] / link_GBps:.0%} one way, "
               f"{probe['both_directions_each_GBps'] / link_GBps:.0%} each way both ways")
+        if "ring_slowest_GBps" in probe:
+            s += f", {probe['ring_slowest_GBps'] / link_GBps:.1%} on the slowest link of a ring"
     return s
 
 
