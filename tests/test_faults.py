@@ -37,7 +37,17 @@ def _init(rank: int, ws: int, port: int, timeout_s: float = 60.0) -> None:
     )
 
 
-def _child(fn: Callable[..., dict], rank: int, ws: int, port: int, args: Any, out: Any) -> None:
+# The ring's two transports: shared memory (same host, the default here) and TCP.
+TRANSPORTS = {"shm": {}, "tcp": {"RINGPG_TRANSPORT": "tcp"}}
+
+
+def _transport() -> str:
+    return str(dist.group.WORLD._get_backend(torch.device("cpu")).transport)
+
+
+def _child(fn: Callable[..., dict], rank: int, ws: int, port: int, args: Any, out: Any,
+           env: dict[str, str]) -> None:
+    os.environ.update(env)
     try:
         res = fn(rank, ws, port, args)
     except BaseException as e:  # noqa: BLE001 - reported to the parent
@@ -51,12 +61,12 @@ def _child(fn: Callable[..., dict], rank: int, ws: int, port: int, args: Any, ou
 
 
 def run_scenario(fn: Callable[..., dict], ws: int, args: Any = None, expect: Optional[set[int]] = None,
-                 timeout: float = 90.0) -> dict[int, dict]:
-    """Runs fn(rank, ws, port, args) on ws ranks; returns results of the ranks in `expect`."""
+                 timeout: float = 90.0, env: Optional[dict[str, str]] = None) -> dict[int, dict]:
+    """Runs fn(rank, ws, port, args) on ws ranks (with `env` set in each); returns results of the ranks in `expect`."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = harness.free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, ws, port, args, out), daemon=True) for r in range(ws)]
+    procs = [ctx.Process(target=_child, args=(fn, r, ws, port, args, out, env or {}), daemon=True) for r in range(ws)]
     for p in procs:
         p.start()
     expect = set(range(ws)) if expect is None else expect
@@ -113,17 +123,21 @@ def _die_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
         except Exception as e:  # noqa: BLE001
             t_err = time.time()
             kind, again, _ = _expect_error(lambda: dist.all_reduce(torch.ones(8)))
-            return {"type": type(e).__name__, "msg": str(e), "t": t_err, "again_type": kind, "again": again}
+            return {"type": type(e).__name__, "msg": str(e), "t": t_err, "again_type": kind, "again": again,
+                    "transport": _transport()}
     return {"type": "", "msg": "no error after 1000 all_reduce calls"}
 
 
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 @pytest.mark.parametrize("victim,how", [(1, "exit"), (2, "sigkill")])
-def test_killed_rank_every_survivor_raises_fast(tmp_path: Any, victim: int, how: str) -> None:
+def test_killed_rank_every_survivor_raises_fast(tmp_path: Any, victim: int, how: str, transport: str) -> None:
     ws = 4  # with victim 2, rank 0 is not a ring neighbour of the dead rank
     stamp = str(tmp_path / "died")
-    res = run_scenario(_die_mid_collective, ws, (victim, how, stamp), expect={r for r in range(ws) if r != victim})
+    res = run_scenario(_die_mid_collective, ws, (victim, how, stamp), expect={r for r in range(ws) if r != victim},
+                       env=TRANSPORTS[transport])
     died = float(open(stamp).read())
     for r, v in res.items():
+        assert v.get("transport") == transport, v
         assert v["type"] in ("DistNetworkError", "DistBackendError"), (r, v)
         assert "ringpg::all_reduce" in v["msg"] and f"rank {r}" in v["msg"], v["msg"]
         assert v["t"] - died < KILL_DETECT_S, (r, v["t"] - died, v["msg"])
@@ -140,13 +154,15 @@ def _freeze_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
     if rank == victim:
         os.kill(os.getpid(), signal.SIGSTOP)
     kind, msg, took = _expect_error(lambda: dist.all_reduce(x))
-    return {"type": kind, "msg": msg, "took": took}
+    return {"type": kind, "msg": msg, "took": took, "transport": _transport()}
 
 
-def test_frozen_rank_gives_timeout_at_the_deadline() -> None:
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_frozen_rank_gives_timeout_at_the_deadline(transport: str) -> None:
     ws = 3
-    res = run_scenario(_freeze_mid_collective, ws, (2,), expect={0, 1})
+    res = run_scenario(_freeze_mid_collective, ws, (2,), expect={0, 1}, env=TRANSPORTS[transport])
     for r, v in res.items():
+        assert v["transport"] == transport, v
         assert v["type"] in ("DistBackendError", "DistNetworkError"), v
         assert "ringpg::all_reduce" in v["msg"], v["msg"]
         # The rank waiting on the frozen one times out; the other may learn it from its abort.
@@ -199,18 +215,22 @@ def test_bad_input_is_refused_before_taking_a_sequence_number() -> None:
 def _mismatch(rank: int, ws: int, port: int, args: Any) -> dict:
     (what,) = args
     _init(rank, ws, port, timeout_s=20.0)
-    if what == "numel":
+    if what == "numel":  # small: the one-shot exchange
         x = torch.ones(1000 if rank == 0 else 3000)
+    elif what == "numel-ring":  # large: the pipelined ring
+        x = torch.ones((1 << 20) if rank == 0 else (3 << 20))
     else:
         x = torch.ones(1000, dtype=torch.float32 if rank == 0 else torch.float64)
     kind, msg, took = _expect_error(lambda: dist.all_reduce(x))
-    return {"type": kind, "msg": msg, "took": took}
+    return {"type": kind, "msg": msg, "took": took, "transport": _transport()}
 
 
-@pytest.mark.parametrize("what", ["numel", "dtype"])
-def test_ranks_calling_different_sizes_raise_instead_of_overrunning(what: str) -> None:
-    res = run_scenario(_mismatch, 2, (what,))
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+@pytest.mark.parametrize("what", ["numel", "numel-ring", "dtype"])
+def test_ranks_calling_different_sizes_raise_instead_of_overrunning(what: str, transport: str) -> None:
+    res = run_scenario(_mismatch, 2, (what,), env=TRANSPORTS[transport])
     for r, v in res.items():
+        assert v["transport"] == transport, v
         assert v["type"] in ("DistBackendError", "DistNetworkError"), v
         assert "mismatch" in v["msg"] or "aborted" in v["msg"], v["msg"]
         assert v["took"] < KILL_DETECT_S, v
@@ -316,7 +336,12 @@ def _hostile_frames(rank: int, ws: int, port: int, args: Any) -> dict:
             time.sleep(0.5)
             os._exit(0)  # a truncated frame, then the connection closes
     kind, msg, took = _expect_error(lambda: dist.all_reduce(x))
-    return {"type": kind, "msg": msg, "took": took, "x0": float(x[0])}
+    res = {"type": kind, "msg": msg, "took": took, "x0": float(x[0]), "transport": _transport()}
+    if rank == 0 and not kind:
+        # The op's data took the shared-memory ring, untouched by the garbage on the
+        # socket; the group must still break on it, so the next op raises.
+        res["next_type"], res["next_msg"], res["next_took"] = _expect_error(lambda: dist.all_reduce(x))
+    return res
 
 
 @pytest.mark.parametrize(
@@ -329,9 +354,18 @@ def _hostile_frames(rank: int, ws: int, port: int, args: Any) -> dict:
         ("truncated", b"RPG1\x01"),
     ],
 )
-def test_corrupt_frames_raise_instead_of_crashing(name: str, payload: bytes) -> None:
-    res = run_scenario(_hostile_frames, 2, (payload,), expect={0})
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_corrupt_frames_raise_instead_of_crashing(name: str, payload: bytes, transport: str) -> None:
+    res = run_scenario(_hostile_frames, 2, (payload,), expect={0}, env=TRANSPORTS[transport])
     v = res[0]
+    assert v["transport"] == transport, v
+    if transport == "shm" and not v["type"]:
+        # Over shared memory the op may finish before the socket is read: then its result
+        # must be right (2 ranks x 1.0 x 2 ops) and the next op must raise.
+        assert v["x0"] == 4.0, v
+        assert v["next_type"] in ("DistNetworkError", "DistBackendError"), v
+        assert "ringpg::all_reduce" in v["next_msg"] and v["next_took"] < KILL_DETECT_S, v
+        return
     assert v["type"] in ("DistNetworkError", "DistBackendError"), v
     assert "ringpg::all_reduce" in v["msg"], v["msg"]
     assert v["took"] < KILL_DETECT_S, v

@@ -116,15 +116,20 @@ std::string Engine::peerLostReason(int p, const char* how) {
                   " (the peer process probably exited, crashed or was killed)");
 }
 
-RequestPtr Engine::postSend(int peer, const FrameHeader& hdr, const void* data, size_t len,
-                            std::function<void(Request&)> onComplete) {
+RequestPtr makeRequest(const FrameHeader& hdr, const void* buf, size_t len, int peer) {
   auto req = std::make_shared<Request>();
   req->hdr = hdr;
-  req->hdr.magic = kFrameMagic;
   req->hdr.nbytes = len;
-  req->buf = static_cast<char*>(const_cast<void*>(data));
+  req->buf = static_cast<char*>(const_cast<void*>(buf));
   req->len = len;
   req->peer = peer;
+  return req;
+}
+
+RequestPtr Engine::postSend(int peer, const FrameHeader& hdr, const void* data, size_t len,
+                            std::function<void(Request&)> onComplete) {
+  RequestPtr req = makeRequest(hdr, data, len, peer);
+  req->hdr.magic = kFrameMagic;
   req->onComplete = std::move(onComplete);
   Completions done;
   bool needWake = false;
@@ -155,12 +160,7 @@ RequestPtr Engine::postSend(int peer, const FrameHeader& hdr, const void* data, 
 
 RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, size_t len,
                             std::function<void(Request&)> onComplete) {
-  auto req = std::make_shared<Request>();
-  req->hdr = expect;
-  req->hdr.nbytes = len;
-  req->buf = static_cast<char*>(data);
-  req->len = len;
-  req->peer = peer;
+  RequestPtr req = makeRequest(expect, data, len, peer);
   req->onComplete = std::move(onComplete);
   Completions done;
   bool needWake = false;

@@ -77,6 +77,10 @@ struct Request {
 };
 using RequestPtr = std::shared_ptr<Request>;
 
+// A pending request for `len` bytes at `buf` to / from `peer`, with `hdr` (its nbytes
+// set to `len`): what a send writes, or what a receive expects.
+RequestPtr makeRequest(const FrameHeader& hdr, const void* buf, size_t len, int peer);
+
 // A collective frame belongs to the receive posted for it only if every field agrees.
 bool sameCollective(const FrameHeader& expected, const FrameHeader& got);
 std::string collectiveMismatch(int rank, int peer, const FrameHeader& expected, const FrameHeader& got);

@@ -285,13 +285,8 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, const std::string&
 }
 
 RequestPtr ShmRing::postSend(const FrameHeader& hdr, const void* data, size_t len) {
-  auto req = std::make_shared<Request>();
-  req->hdr = hdr;
+  RequestPtr req = makeRequest(hdr, data, len, right_);
   req->hdr.magic = kFrameMagic;
-  req->hdr.nbytes = len;
-  req->buf = static_cast<char*>(const_cast<void*>(data));
-  req->len = len;
-  req->peer = right_;
   req->viaShm = true;
   sends_.push_back(req);
   pushSends(); // eager: the first fragments leave now if there is room
@@ -299,12 +294,7 @@ RequestPtr ShmRing::postSend(const FrameHeader& hdr, const void* data, size_t le
 }
 
 RequestPtr ShmRing::postRecv(const FrameHeader& expect, void* data, size_t len) {
-  auto req = std::make_shared<Request>();
-  req->hdr = expect;
-  req->hdr.nbytes = len;
-  req->buf = static_cast<char*>(data);
-  req->len = len;
-  req->peer = left_;
+  RequestPtr req = makeRequest(expect, data, len, left_);
   req->sourceRank = left_;
   req->viaShm = true;
   recvs_.push_back(Recv{req, nullptr});
@@ -422,15 +412,16 @@ bool ShmRing::waitUntil(Engine& engine, const RequestPtr& req, Deadline deadline
   const auto spinEnd = Clock::now() + microseconds(spinMicros_);
   Bell& bell = own_->bell();
   while (true) {
-    progress(engine);
-    if (req->state.load(std::memory_order_acquire) != Request::State::Pending) {
-      return true;
-    }
     if (engine.isBroken()) {
       // A peer died or the group failed elsewhere (we hear it through the sockets).
+      // Checked first: a broken group moves no byte into or out of a user buffer.
       bool network = true;
       const std::string why = engine.brokenReason(&network);
       failAll(why, network);
+      return true;
+    }
+    progress(engine);
+    if (req->state.load(std::memory_order_acquire) != Request::State::Pending) {
       return true;
     }
     const auto now = Clock::now();
