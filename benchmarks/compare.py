@@ -84,6 +84,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     gloo = dist.new_group(backend="gloo", timeout=timeout)
     under_test = args.backend if args.backend != "gloo" else "gloo(default)"
     groups = {under_test: dist.group.WORLD, "gloo": gloo}
+    transport = C.transport_of(dist.group.WORLD, "cpu")
     policy = C.IterationPolicy(warmup=args.warmup, iters_min=args.iters, iters_max=args.iters, case_time_s=0.0)
 
     results: List[C.CaseResult] = []
@@ -99,7 +100,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     failed = False
     lines = [
-        f"# compare: {under_test} [{how}] vs gloo, world_size={ws}, {args.dtype}, "
+        f"# compare: {under_test} [{how}{', transport ' + transport if transport else ''}] vs gloo, "
+        f"world_size={ws}, {args.dtype}, "
         f"size {C.format_bytes(results[0].case.size_bytes) if results else '-'}, "
         f"median of {args.iters} iterations (max over ranks), torch {torch.__version__}, "
         f"{C.machine_facts({}, 'cpu')['cpu']} x{os.cpu_count()}",
