@@ -24,7 +24,10 @@ def _data(dtype: torch.dtype, n: int, seed: int) -> torch.Tensor:
     if dtype.is_floating_point:
         x = torch.randn(n, generator=g, dtype=torch.float64) * 100
         if n > 3:
-            x[3] = float("nan")
+            x[3] = float("nan")  # NaN on both sides
+        if n > 20:
+            x[16 + seed] = float("nan")  # NaN on one side only, inside a vector block
+            x[17 + seed] = float("inf") if seed == 1 else -float("inf")
         return x.to(dtype)
     info = torch.iinfo(dtype)
     lo, hi = max(info.min, -(2**62)), min(info.max, 2**62)

@@ -4,6 +4,7 @@
 #include "reduce/reduce.h"
 
 #include <c10/util/Exception.h>
+#include <immintrin.h>
 
 #include <cstring>
 #include <type_traits>
@@ -23,9 +24,13 @@ namespace isa_avx2 {
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2")
+// Target pragmas do not define __AVX512BW__, so the hand-vectorized paths of
+// kernels.inc are switched on by name for this copy only.
+#define RINGPG_KERNELS_AVX512 1
 namespace isa_avx512 {
 #include "reduce/kernels.inc"
 } // namespace isa_avx512
+#undef RINGPG_KERNELS_AVX512
 #pragma GCC pop_options
 
 namespace {
