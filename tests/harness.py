@@ -390,6 +390,8 @@ class InitSpec:
     # Extra environment for the workers, set before torch.distributed starts (for
     # example {"RINGPG_TRANSPORT": "tcp"}); ringpg reads its RINGPG_* knobs once.
     env: tuple[tuple[str, str], ...] = ()
+    # Extra environment for rank 0 only (ranks that disagree, e.g. on the transport).
+    rank0_env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -412,6 +414,8 @@ class _Rendezvous:
 def _init_child(rank: int, ws: int, rdv: _Rendezvous) -> Groups:
     torch.set_num_threads(1)
     os.environ.update(dict(rdv.spec.env))
+    if rank == 0:
+        os.environ.update(dict(rdv.spec.rank0_env))
     if rdv.backend == "ringpg" or (rdv.spec.default_backend == "ringpg"):
         import ringpg  # noqa: F401  (registers the backend; harmless if the entry point did)
     default_backend = rdv.spec.default_backend or rdv.backend

@@ -7,7 +7,9 @@
   each in flight), next to gloo;
 * subgroups via ``dist.new_group(ranks=..., backend=...)`` at world size 4 with
   non-member ranks: two disjoint pairs working concurrently, a 3-rank group and a
-  non-contiguous pair, each compared with the gloo subgroup of the same ranks.
+  non-contiguous pair, each compared with the gloo subgroup of the same ranks;
+* ranks that disagree on the transport (one sets RINGPG_TRANSPORT=tcp): the group
+  agrees through the Store and uses TCP on every rank.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from harness import (
     InitSpec,
     WorkerPool,
     assert_reports_ok,
+    backend_under_test,
     make_data,
     ref_all_reduce,
     run_workers,
@@ -93,3 +96,18 @@ def test_two_groups_of_backend_coexist(pool: WorkerPool) -> None:
 @pytest.mark.parametrize("world_size", [4], ids=lambda ws: f"ws{ws}", scope="module")
 def test_subgroups_with_non_members(pool: WorkerPool) -> None:
     assert_reports_ok(pool.run(subgroups_worker))
+
+
+def disagreeing_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    chk = Checker(rank)
+    transport = getattr(groups.test._get_backend(torch.device("cpu")), "transport", None)
+    chk.true("transport", transport == "tcp", f"rank {rank} uses {transport!r}; one rank opted out of shm")
+    smoke_checks(chk, "one rank opted out of shm", groups.test, groups.ref, numel=100_003)
+    return chk.report()
+
+
+@pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringpg's transport choice")
+def test_one_rank_opting_out_of_shm_keeps_the_whole_group_on_tcp() -> None:
+    """Both ends of every link must use the same transport, whatever each rank was told."""
+    spec = InitSpec(rank0_env=(("RINGPG_TRANSPORT", "tcp"),))
+    assert_reports_ok(run_workers(disagreeing_worker, 3, spec=spec))
