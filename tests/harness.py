@@ -73,6 +73,11 @@ def backend_under_test() -> str:
     return os.environ.get(BACKEND_ENV, "ringpg")
 
 
+def transport_of(group: Any) -> Optional[str]:
+    """How ``group``'s ring moves its bytes: ringpg says "shm" or "tcp"; None for other backends."""
+    return getattr(group._get_backend(torch.device("cpu")), "transport", None)
+
+
 def entry_point_installed(name: str = "ringpg") -> bool:
     """Whether a ``torch.backends`` entry point named ``name`` is installed (pip install)."""
     from importlib.metadata import entry_points

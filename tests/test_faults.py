@@ -41,10 +41,6 @@ def _init(rank: int, ws: int, port: int, timeout_s: float = 60.0) -> None:
 TRANSPORTS = {"shm": {}, "tcp": {"RINGPG_TRANSPORT": "tcp"}}
 
 
-def _transport() -> str:
-    return str(dist.group.WORLD._get_backend(torch.device("cpu")).transport)
-
-
 def _child(fn: Callable[..., dict], rank: int, ws: int, port: int, args: Any, out: Any,
            env: dict[str, str]) -> None:
     os.environ.update(env)
@@ -124,7 +120,7 @@ def _die_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
             t_err = time.time()
             kind, again, _ = _expect_error(lambda: dist.all_reduce(torch.ones(8)))
             return {"type": type(e).__name__, "msg": str(e), "t": t_err, "again_type": kind, "again": again,
-                    "transport": _transport()}
+                    "transport": harness.transport_of(dist.group.WORLD)}
     return {"type": "", "msg": "no error after 1000 all_reduce calls"}
 
 
@@ -154,7 +150,7 @@ def _freeze_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
     if rank == victim:
         os.kill(os.getpid(), signal.SIGSTOP)
     kind, msg, took = _expect_error(lambda: dist.all_reduce(x))
-    return {"type": kind, "msg": msg, "took": took, "transport": _transport()}
+    return {"type": kind, "msg": msg, "took": took, "transport": harness.transport_of(dist.group.WORLD)}
 
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
@@ -222,7 +218,7 @@ def _mismatch(rank: int, ws: int, port: int, args: Any) -> dict:
     else:
         x = torch.ones(1000, dtype=torch.float32 if rank == 0 else torch.float64)
     kind, msg, took = _expect_error(lambda: dist.all_reduce(x))
-    return {"type": kind, "msg": msg, "took": took, "transport": _transport()}
+    return {"type": kind, "msg": msg, "took": took, "transport": harness.transport_of(dist.group.WORLD)}
 
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
@@ -336,7 +332,7 @@ def _hostile_frames(rank: int, ws: int, port: int, args: Any) -> dict:
             time.sleep(0.5)
             os._exit(0)  # a truncated frame, then the connection closes
     kind, msg, took = _expect_error(lambda: dist.all_reduce(x))
-    res = {"type": kind, "msg": msg, "took": took, "x0": float(x[0]), "transport": _transport()}
+    res = {"type": kind, "msg": msg, "took": took, "x0": float(x[0]), "transport": harness.transport_of(dist.group.WORLD)}
     if rank == 0 and not kind:
         # The op's data took the shared-memory ring, untouched by the garbage on the
         # socket; the group must still break on it, so the next op raises.

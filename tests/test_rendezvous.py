@@ -31,6 +31,7 @@ from harness import (
     ref_all_reduce,
     run_workers,
     smoke_checks,
+    transport_of,
 )
 
 
@@ -100,7 +101,7 @@ def test_subgroups_with_non_members(pool: WorkerPool) -> None:
 
 def disagreeing_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
     chk = Checker(rank)
-    transport = getattr(groups.test._get_backend(torch.device("cpu")), "transport", None)
+    transport = transport_of(groups.test)
     chk.true("transport", transport == "tcp", f"rank {rank} uses {transport!r}; one rank opted out of shm")
     smoke_checks(chk, "one rank opted out of shm", groups.test, groups.ref, numel=100_003)
     return chk.report()

@@ -38,6 +38,7 @@ from harness import (
     ref_broadcast,
     ref_reduce_scatter,
     sentinel_like,
+    transport_of,
 )
 
 SMALL_SLOT = 65536
@@ -71,10 +72,9 @@ def tpool(world_size: int, config: tuple[str, tuple[tuple[str, str], ...], str])
 
 
 def transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
-    backend = groups.test._get_backend(torch.device("cpu"))
     prefix = f"ringpg-{os.getpid()}-"
     leftover = [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] if os.path.isdir("/dev/shm") else []
-    return {"transport": getattr(backend, "transport", None), "leftover": leftover}
+    return {"transport": transport_of(groups.test), "leftover": leftover}
 
 
 def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:

@@ -205,10 +205,14 @@ struct ShmRing::Segment {
 };
 
 ShmRing::ShmRing(int rank, int size, size_t slotBytes, int spinMicros)
-    : rank_(rank), size_(size), left_((rank + size - 1) % size), right_((rank + 1) % size),
+    : rank_(rank), left_((rank + size - 1) % size), right_((rank + 1) % size),
       slotBytes_(slotBytes), spinMicros_(spinMicros) {}
 
 ShmRing::~ShmRing() = default;
+
+ShmRing::Segment& ShmRing::toRight() {
+  return fromRight_ ? *fromRight_ : *fromLeft_;
+}
 
 std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, const std::string& prefix, int rank, int size,
                                           bool wanted, size_t slotBytes, int spinMicros, Deadline deadline) {
@@ -249,14 +253,9 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, const std::string&
     self->fromLeft_ = mapPeer(self->left_);
     ok = self->fromLeft_ != nullptr;
   }
-  if (ok) {
-    if (self->right_ == self->left_) {
-      self->toRight_ = self->fromLeft_.get();
-    } else {
-      self->rightOwned_ = mapPeer(self->right_);
-      self->toRight_ = self->rightOwned_.get();
-      ok = self->toRight_ != nullptr;
-    }
+  if (ok && self->right_ != self->left_) {
+    self->fromRight_ = mapPeer(self->right_);
+    ok = self->fromRight_ != nullptr;
   }
 
   // Agreement: count the ranks that succeeded; the last to arrive publishes "done".
@@ -330,7 +329,7 @@ bool ShmRing::pushSends() {
     std::memcpy(slot + kLine, req->buf + req->progress, n);
     // Release: header and payload are visible before the slot is.
     L.head.store(head + 1, std::memory_order_release);
-    ring(toRight_->bell());
+    ring(toRight().bell());
     req->progress += n;
     moved = true;
     // One fragment per pass, so a message of 0 bytes still sends its one (empty) fragment.

@@ -58,7 +58,6 @@ class ShmRing {
 
   int left() const { return left_; }
   int right() const { return right_; }
-  size_t slotBytes() const { return slotBytes_; }
 
   // Collective frames to the right neighbour / from the left one, matched in order.
   RequestPtr postSend(const FrameHeader& hdr, const void* data, size_t len);
@@ -85,15 +84,17 @@ class ShmRing {
   bool pullRecvs(Engine& engine);
   void failAll(const std::string& reason, bool network);
   void finish(const RequestPtr& req);
+  // The right neighbour's segment, whose bell we ring: the left one's when they are
+  // the same rank (world size 2).
+  Segment& toRight();
 
-  const int rank_, size_;
+  const int rank_;
   const int left_, right_;
   const size_t slotBytes_;
   const int spinMicros_;
   std::unique_ptr<Segment> own_;   // we send into it; our bell is in it
   std::unique_ptr<Segment> fromLeft_;  // we receive from it and ring the left's bell
-  Segment* toRight_ = nullptr;     // the right neighbour's bell (== fromLeft_ when size 2)
-  std::unique_ptr<Segment> rightOwned_;
+  std::unique_ptr<Segment> fromRight_; // mapped for its bell only; null when right == left
   std::deque<RequestPtr> sends_;
   std::deque<Recv> recvs_;
 };
