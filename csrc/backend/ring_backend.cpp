@@ -388,9 +388,9 @@ void RingBackend::execute(Queued& q) {
       const std::string msg = c10::str(describe(q.tag), ": not run, the group failed earlier: ", broken);
       network ? throwNetwork(msg) : throwBackend(msg);
     }
-    engine_->setCurrentCollective(q.tag.seq);
     OpContext ctx(*engine_, cfg_, q.tag, getSize(), q.opcode, q.dtype, q.numel, Clock::now() + q.timeout,
                   scratch_, shm_.get());
+    engine_->setCurrentCollective(ctx.header());
     q.fn(ctx);
   } catch (const c10::Error& e) {
     error = std::current_exception();

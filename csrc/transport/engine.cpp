@@ -11,6 +11,7 @@
 #include <c10/util/irange.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "common/errors.h"
@@ -64,10 +65,12 @@ bool sameCollective(const FrameHeader& expected, const FrameHeader& got) {
       expected.opNumel == got.opNumel && expected.nbytes == got.nbytes;
 }
 
+constexpr const char* kSameCollectivesHint =
+    ". All ranks must call the same collectives, in the same order, with the same sizes and dtypes";
+
 std::string collectiveMismatch(int rank, int peer, const FrameHeader& expected, const FrameHeader& got) {
   return c10::str("ringpg: collective mismatch between ranks: rank ", rank, " expected ", describeFrame(expected),
-                  " from rank ", peer, " but received ", describeFrame(got),
-                  ". All ranks must call the same collectives, in the same order, with the same sizes and dtypes");
+                  " from rank ", peer, " but received ", describeFrame(got), kSameCollectivesHint);
 }
 
 Engine::Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int socketBuffer, int spinMicros)
@@ -114,6 +117,102 @@ void Engine::wake() {
 std::string Engine::peerLostReason(int p, const char* how) {
   return c10::str("ringpg: rank ", rank_, " lost its connection to rank ", p, ": ", how,
                   " (the peer process probably exited, crashed or was killed)");
+}
+
+// The connection to peer p failed (`how`) while this group was healthy.  Before
+// blaming the network, reads what p still had in flight and looks for the real cause:
+//   - an Abort frame: p's group failed first and p said why before closing;
+//   - a frame of the op running here with another op/dtype/size: the ranks called
+//     different collectives, p saw it first and closed (its Abort could not follow a
+//     frame it was half-way through writing).
+// Without this, the rank whose *write* fails first reports "broken pipe" although the
+// reason is sitting, unread, in its receive buffer.  The group is about to fail, so the
+// bytes consumed here are never delivered to anyone.  Bounded in time (a peer that is
+// really gone gives end-of-stream at once) and in bytes; best effort.
+void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<std::mutex>& lk, Completions& done) {
+  Peer& P = peers_[p];
+  if (!broken_.empty() || P.rxBusy || !P.rx.valid()) {
+    failLocked(peerLostReason(p, how.c_str()), done);
+    return;
+  }
+  // The receive state machine as it stands; only the rxBusy holder touches it.
+  FrameHeader h = P.hdr;
+  size_t hdrGot = P.headerReady && !P.inPayload ? sizeof(FrameHeader) : P.hdrGot;
+  size_t skip = P.inPayload ? P.hdr.nbytes - P.payloadGot : 0; // payload left of the current frame
+  std::string abortWhy;
+  bool inAbort = P.inPayload && P.stashTarget && P.hdr.kind == static_cast<uint8_t>(FrameKind::Abort);
+  if (inAbort) {
+    abortWhy.assign(P.stashing.data.data(), P.payloadGot);
+  }
+  const bool haveOp = haveCurrent_;
+  const FrameHeader op = currentOp_;
+  const int fd = P.rx.get();
+
+  std::string reason;
+  bool network = true;
+  P.rxBusy = true;
+  lk.unlock();
+  {
+    constexpr auto kPatience = std::chrono::milliseconds(200);
+    constexpr size_t kMaxDrainBytes = size_t(256) << 20;
+    const auto until = std::chrono::steady_clock::now() + kPatience;
+    std::vector<char> sink(64 << 10);
+    size_t drained = 0;
+    while (reason.empty() && drained < kMaxDrainBytes) {
+      if (hdrGot == sizeof(FrameHeader)) { // a whole header: what does it say?
+        hdrGot = 0;
+        if (h.magic != kFrameMagic) {
+          break;
+        }
+        skip = h.nbytes;
+        inAbort = h.kind == static_cast<uint8_t>(FrameKind::Abort);
+        if (inAbort && h.nbytes > kMaxAbortBytes) {
+          break;
+        }
+        if (h.kind == static_cast<uint8_t>(FrameKind::Collective) && haveOp && h.key == op.key &&
+            (h.opcode != op.opcode || h.dtype != op.dtype || h.opNumel != op.opNumel)) {
+          reason = c10::str("ringpg: collective mismatch between ranks: rank ", rank_, " runs seq ", op.key,
+                            " (op=", int(op.opcode), ", dtype=", int(op.dtype), ", op_numel=", op.opNumel,
+                            ") but rank ", p, " sent ", describeFrame(h), " and closed", kSameCollectivesHint);
+          network = false;
+          break;
+        }
+      }
+      if (inAbort && skip == 0) {
+        reason = c10::str("ringpg: rank ", p, " aborted the group: ", abortWhy);
+        break;
+      }
+      char* dst = skip > 0 ? sink.data() : reinterpret_cast<char*>(&h) + hdrGot;
+      const size_t want = skip > 0 ? std::min(skip, sink.size()) : sizeof(FrameHeader) - hdrGot;
+      const ssize_t r = ::recv(fd, dst, want, MSG_DONTWAIT);
+      if (r > 0) {
+        drained += static_cast<size_t>(r);
+        if (skip > 0) {
+          skip -= static_cast<size_t>(r);
+          if (inAbort) {
+            abortWhy.append(dst, static_cast<size_t>(r));
+          }
+        } else {
+          hdrGot += static_cast<size_t>(r);
+        }
+        continue;
+      }
+      if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        break; // end of stream or a dead socket: nothing more to learn
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        break;
+      }
+      pollfd pfd{fd, POLLIN, 0};
+      (void)::poll(&pfd, 1, static_cast<int>(left.count()));
+    }
+  }
+  lk.lock();
+  P.rxBusy = false;
+  // Whatever was consumed left the state machine behind: nothing reads this socket
+  // again, because the group fails now (first reason wins if another thread was first).
+  failLocked(reason.empty() ? peerLostReason(p, how.c_str()) : reason, done, network);
 }
 
 RequestPtr makeRequest(const FrameHeader& hdr, const void* buf, size_t len, int peer) {
@@ -212,10 +311,10 @@ bool Engine::waitUntil(const RequestPtr& req, Deadline deadline) {
   });
 }
 
-void Engine::setCurrentCollective(uint64_t seq) {
+void Engine::setCurrentCollective(const FrameHeader& op) {
   std::lock_guard<std::mutex> lk(mu_);
   haveCurrent_ = true;
-  currentSeq_ = seq;
+  currentOp_ = op;
 }
 
 void Engine::fail(const std::string& reason, bool network) {
@@ -476,7 +575,7 @@ bool Engine::writePeer(int p, std::unique_lock<std::mutex>& lk, Completions& don
       if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) {
         return true;
       }
-      failLocked(peerLostReason(p, std::strerror(err)), done);
+      failLostPeerLocked(p, std::strerror(err), lk, done);
       return false;
     }
     req->progress += static_cast<size_t>(w);
@@ -535,14 +634,14 @@ bool Engine::readPeer(int p, std::unique_lock<std::mutex>& lk, Completions& done
       if (!P.inPayload && P.hdrGot == 0 && P.gone) {
         return true;
       }
-      failLocked(peerLostReason(p, "connection closed by peer"), done);
+      failLostPeerLocked(p, "connection closed by peer", lk, done);
       return false;
     }
     if (r < 0) {
       if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) {
         return true;
       }
-      failLocked(peerLostReason(p, std::strerror(err)), done);
+      failLostPeerLocked(p, std::strerror(err), lk, done);
       return false;
     }
     budget -= std::min(budget, static_cast<size_t>(r));
@@ -608,13 +707,13 @@ bool Engine::routeHeader(int p, Completions& done) {
         }
         P.cur = want;
         P.collPosted.pop_front();
-      } else if (haveCurrent_ && h.key == currentSeq_) {
+      } else if (haveCurrent_ && h.key == currentOp_.key) {
         return false; // pause: the running op will post this receive next
-      } else if (!haveCurrent_ || h.key > currentSeq_) {
+      } else if (!haveCurrent_ || h.key > currentOp_.key) {
         P.stashTarget = true;
       } else {
         failLocked(c10::str("ringpg: rank ", rank_, " received ", describeFrame(h), " from rank ", p,
-                            " for an op that already finished here (seq ", currentSeq_,
+                            " for an op that already finished here (seq ", currentOp_.key,
                             " is running): the ranks disagree on the collectives they called"),
                    done, /*network=*/false);
         return false;

@@ -108,9 +108,10 @@ class Engine {
   // spinMicros are spent polling the request's state before sleeping.
   bool waitUntil(const RequestPtr& req, Deadline deadline);
 
-  // The collective the worker is running; frames of this op that arrive before
-  // their receive is posted wait in the socket instead of being copied aside.
-  void setCurrentCollective(uint64_t seq);
+  // The collective the worker is running (`op`: the header its frames carry, any
+  // fragment); frames of this op that arrive before their receive is posted wait in
+  // the socket instead of being copied aside.
+  void setCurrentCollective(const FrameHeader& op);
 
   // Marks the engine broken with `reason` (first reason wins) and fails everything.
   // `network`: a peer or connection failure, as opposed to a mismatch or a timeout.
@@ -180,6 +181,9 @@ class Engine {
   void failRequest(const RequestPtr& req, const std::string& why, Completions& done, bool network = true);
   void runCallbacks(Completions& done);
   std::string peerLostReason(int p, const char* how);
+  // The connection to p failed (`how`): reads what p still had in flight for the
+  // real cause and fails the group with it (see the definition).
+  void failLostPeerLocked(int p, const std::string& how, std::unique_lock<std::mutex>& lk, Completions& done);
   void broadcastAbortLocked();
 
   const int rank_;
@@ -191,14 +195,14 @@ class Engine {
   Fd wake_;                           // eventfd that interrupts poll()
 
   // mu_ guards every field above that changes after construction (queues, receive
-  // state, stashes) and broken_/currentSeq_; the poll() call itself runs unlocked.
+  // state, stashes) and broken_/currentOp_; the poll() call itself runs unlocked.
   std::mutex mu_;
   std::condition_variable cv_; // signalled when any request completes or fails
   std::string broken_;
   std::atomic<bool> brokenFlag_{false}; // broken_ is non-empty (set once, under mu_)
   bool brokenNetwork_ = true;
   bool haveCurrent_ = false;
-  uint64_t currentSeq_ = 0;
+  FrameHeader currentOp_; // valid when haveCurrent_; key = its sequence number
   bool stop_ = false;
   std::thread thread_;
 };
