@@ -1,4 +1,4 @@
-// Runtime-dispatched reduction kernels (see reduce.h).  kernels.inc is compiled three
+// Runtime-dispatched reduction kernels (see reduce.h).  kernels.inc is compiled four
 // times, each copy inside a `#pragma GCC target` region, and reduce() jumps to the
 // best copy the running CPU supports (chosen once).
 #include "reduce/reduce.h"
@@ -30,6 +30,16 @@ namespace isa_avx2 {
 namespace isa_avx512 {
 #include "reduce/kernels.inc"
 } // namespace isa_avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,bmi,bmi2")
+// The AVX-512 copy again, plus the CPU's bfloat16 converter for the bf16 kernels.
+#define RINGPG_KERNELS_AVX512_BF16 1
+namespace isa_avx512bf16 {
+#include "reduce/kernels.inc"
+} // namespace isa_avx512bf16
+#undef RINGPG_KERNELS_AVX512_BF16
 #undef RINGPG_KERNELS_AVX512
 #pragma GCC pop_options
 
@@ -46,6 +56,9 @@ Dispatch choose() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    if (__builtin_cpu_supports("avx512bf16")) {
+      return {&isa_avx512bf16::detail::reduceImpl, "avx512+bf16"};
+    }
     return {&isa_avx512::detail::reduceImpl, "avx512"};
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
