@@ -88,6 +88,8 @@ class WorkerConfig:
     progress_offset: int = 0
     progress_total: int = 0
     launcher_pid: Optional[int] = None  # ranks die with it (None under torchrun)
+    # --pair-dtypes: these dtypes run side by side in each case (cases carry the first).
+    pair_dtypes: List[str] = field(default_factory=list)
     extra_env: Dict[str, str] = field(default_factory=dict)
 
 
@@ -127,8 +129,15 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
             out.write(json.dumps(obj) + "\n")
             out.flush()
 
+    # Table columns: a backend each, or with paired dtypes a backend:dtype each.
+    pairs = cfg.pair_dtypes
+    columns = {f"{lb}:{dt}": (lb, dt) for lb in cfg.labels for dt in pairs} if pairs else \
+        {lb: (lb, None) for lb in cfg.labels}
+    baseline = f"{cfg.baseline}:{pairs[0]}" if pairs else cfg.baseline
+    col_groups = {col: groups[lb] for col, (lb, _) in columns.items()}
+
     progress = C.Progress(enabled=rank == 0 and cfg.progress)
-    table = C.TableFormatter(cfg.labels, cfg.baseline, cfg.link_GBps)
+    table = C.TableFormatter(list(columns), baseline, cfg.link_GBps)
     policy = C.IterationPolicy(**cfg.policy)
     status = 0
     try:
@@ -146,7 +155,7 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
         if rank == 0:
             via = "".join(f" {label}:transport={t}" for label, t in transports.items())
             C.emit(f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)} "
-                   f"baseline={cfg.baseline} threads/rank={cfg.threads} batch={policy.batch}{via}", progress)
+                   f"baseline={baseline} threads/rank={cfg.threads} batch={policy.batch}{via}", progress)
             record({"kind": "transports", "world_size": ws, "transports": transports})
             C.emit(table.header(), progress)
         previous_op = None
@@ -158,8 +167,15 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
                 progress.update(f"[{cfg.progress_offset + i + 1}/{cfg.progress_total or len(cfg.cases)}] "
                                 f"{case.describe()}")
             previous_op = op
-            bufs = C.CaseBuffers(case, rank, device)
-            res = C.measure_case(bufs, groups, ref, policy, sync=sync)
+            bufs: Any = C.CaseBuffers(case, rank, device)
+            if pairs:
+                # The same bytes in each dtype (counts scale with the element size).
+                by_dtype = {dtype: bufs}
+                for dt in pairs[1:]:
+                    numel_dt = case.size_bytes // C.Case(op, dt, 1, ws).itemsize
+                    by_dtype[dt] = C.CaseBuffers(C.Case(op, dt, numel_dt, ws), rank, device)
+                bufs = {col: by_dtype[dt] for col, (_, dt) in columns.items()}
+            res = C.measure_case(bufs, col_groups, ref, policy, sync=sync)
             del bufs
             if any(r.wrong or r.error for r in res.backends.values()):
                 status = 1
@@ -486,6 +502,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g.add_argument("--baseline", default="gloo", help="label the ratio column divides by (default gloo)")
     g.add_argument("--ops", default=",".join(C.OPS), help="comma list (aliases ar,rs,ag,bc,a2a)")
     g.add_argument("--dtypes", default="float32,bfloat16")
+    g.add_argument("--pair-dtypes", action="store_true",
+                   help="measure the dtypes side by side in each case (alternating, same size in bytes) "
+                        "instead of one sweep after another; columns become backend:dtype and the ratio is "
+                        "against the baseline backend's first dtype (e.g. --backends ringpg --dtypes "
+                        "float32,bfloat16: bf16 busbw / fp32 busbw)")
     g.add_argument("--world-sizes", default=None, help="comma list (default 2,3,4,8; --check: 2,3)")
     g.add_argument("--min-bytes", default="1KiB")
     g.add_argument("--max-bytes", default="256MiB")
@@ -543,6 +564,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         ap.error("world sizes must be >= 2")
     if args.min_bytes > args.max_bytes:
         ap.error("--min-bytes is larger than --max-bytes")
+    if args.pair_dtypes and (args.check or len(args.dtypes) < 2):
+        ap.error("--pair-dtypes needs two or more --dtypes, and no --check")
     if args.batch < 1 or (args.check and args.batch != 1):
         ap.error("--batch must be >= 1, and 1 with --check (every op is verified)")
     args.backends = _csv_list(args.backends)
@@ -570,7 +593,9 @@ def build_cases(args: argparse.Namespace, ws: int) -> Tuple[List[C.Case], Option
     if args.check:
         cases = C.check_cases(args.ops, args.dtypes, ws)
     else:
-        cases = C.sweep_cases(args.ops, args.dtypes, ws, args.min_bytes, args.max_bytes)
+        # Paired dtypes share a case: it names the first, the worker derives the others.
+        dtypes = args.dtypes[:1] if args.pair_dtypes else args.dtypes
+        cases = C.sweep_cases(args.ops, dtypes, ws, args.min_bytes, args.max_bytes)
     avail = _mem_available()
     if avail and args.device == "cpu":
         limit = int(avail * 0.75) // (MEMORY_FACTOR * ws)
@@ -606,6 +631,7 @@ def _config(args: argparse.Namespace, ws: int, cases: List[C.Case], init_method:
         threads=args.threads or C.default_threads(ws), progress=not args.quiet,
         progress_offset=offset, progress_total=total, extra_env=extra_env,
         launcher_pid=None if C.torchrun_env() else os.getpid(),
+        pair_dtypes=list(args.dtypes) if args.pair_dtypes else [],
     )
 
 

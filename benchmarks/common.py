@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -464,15 +464,18 @@ class CaseResult:
 
     case: Case
     backends: Dict[str, BackendResult] = field(default_factory=dict)
+    # Per-label case where the labels ran different dtypes of one size (--pair-dtypes).
+    variants: Dict[str, Case] = field(default_factory=dict)
 
     def to_records(self, link_GBps: Optional[float] = None) -> List[Dict[str, Any]]:
         """Flat rows (one per backend) for CSV/JSON."""
         rows = []
         for label, r in self.backends.items():
+            case = self.variants.get(label, self.case)
             row: Dict[str, Any] = {
-                "world_size": self.case.world_size, "op": self.case.op, "dtype": self.case.dtype,
-                "size_bytes": self.case.size_bytes, "count": self.case.numel,
-                "redop": self.case.redop, "backend": label,
+                "world_size": case.world_size, "op": case.op, "dtype": case.dtype,
+                "size_bytes": case.size_bytes, "count": case.numel,
+                "redop": case.redop, "backend": label,
             }
             fields = asdict(r)
             fields.pop("label")
@@ -490,11 +493,13 @@ def _allreduce(values: Sequence[float], op: Any, group: Any, dtype: torch.dtype 
     return t.tolist()
 
 
-def measure_case(bufs: CaseBuffers, groups: Mapping[str, Any], ref_group: Any,
+def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Mapping[str, Any], ref_group: Any,
                  policy: IterationPolicy, *, sync: Callable[[], None] = lambda: None,
                  cross_check: bool = False, baseline: Optional[str] = None) -> CaseResult:
     """Time ``bufs.case`` on every backend of ``groups``, alternating, and verify results.
 
+    ``bufs`` may also map each label of ``groups`` to its own buffers: cases of one size
+    in bytes and different dtypes, measured side by side (``--pair-dtypes``).
     Must be called by every rank of ``ref_group`` (a gloo group spanning the same ranks)
     with the same arguments.  A backend whose op raises is skipped for the rest of the
     case and reported with its error (this stays consistent across ranks when the error
@@ -503,7 +508,10 @@ def measure_case(bufs: CaseBuffers, groups: Mapping[str, Any], ref_group: Any,
     ``baseline``'s (``differs_from_baseline``).
     """
     labels = list(groups)
-    case = bufs.case
+    per: Mapping[str, CaseBuffers] = bufs if isinstance(bufs, Mapping) else {lb: bufs for lb in labels}
+    case = per[labels[0]].case
+    assert all(b.case.size_bytes == case.size_bytes and b.case.op == case.op for b in per.values()), \
+        "paired cases must have one op and one size in bytes (list the widest dtype first)"
     failed: Dict[str, str] = {}
     wrong = {lb: 0 for lb in labels}
     times: Dict[str, List[int]] = {lb: [] for lb in labels}
@@ -515,14 +523,15 @@ def measure_case(bufs: CaseBuffers, groups: Mapping[str, Any], ref_group: Any,
         for lb in order:
             if lb in failed:
                 continue
-            bufs.reset()
+            b = per[lb]
+            b.reset()
             sync()
             dist.barrier(group=ref_group)
             n_ops = policy.batch if timed else 1
             t0 = time.perf_counter_ns()
             try:
                 for _ in range(n_ops):
-                    bufs.run(groups[lb])
+                    b.run(groups[lb])
                 sync()
             except Exception as e:  # noqa: BLE001 - reported in the table
                 failed[lb] = _one_line(e)
@@ -531,9 +540,9 @@ def measure_case(bufs: CaseBuffers, groups: Mapping[str, Any], ref_group: Any,
             if timed:
                 times[lb].append(dt)
             if verify:
-                wrong[lb] = max(wrong[lb], bufs.count_wrong())
+                wrong[lb] = max(wrong[lb], b.count_wrong())
             if snapshot:
-                snapshots[lb] = bufs.result().clone()
+                snapshots[lb] = b.result().clone()
 
     rounds = 0
     last_round_s = 0.0
@@ -576,7 +585,7 @@ def measure_case(bufs: CaseBuffers, groups: Mapping[str, Any], ref_group: Any,
         sums = _allreduce([max(0.0, v) for v in local], dist.ReduceOp.SUM, ref_group)
         diffs = [s if lo >= 0 else -1.0 for s, lo in zip(sums, lows)]
 
-    result = CaseResult(case)
+    result = CaseResult(case, variants={lb: b.case for lb, b in per.items()} if per is bufs else {})
     factor = bus_factor(case.op, case.world_size)
     for k, lb in enumerate(labels):
         r = BackendResult(label=lb, wrong=int(wrong_sum[k]), iters=iters)
@@ -980,7 +989,9 @@ class TableFormatter:
 
     def row(self, res: CaseResult) -> str:
         c = res.case
-        s = f"{c.size_bytes:>12} {c.numel:>12} {c.dtype:>9} {c.op:>22} {c.redop:>5}"
+        paired = len({v.dtype for v in res.variants.values()}) > 1
+        # Paired dtypes: the count is the first label's, the type column says "paired".
+        s = f"{c.size_bytes:>12} {c.numel:>12} {'paired' if paired else c.dtype:>9} {c.op:>22} {c.redop:>5}"
         for lb in self.labels:
             r = res.backends.get(lb)
             if r is None or r.error is not None or r.time_us is None:

@@ -1,0 +1,47 @@
+"""The benchmark tool's own modes, run for real (tiny sizes, two ranks, loopback).
+
+CI runs ``benchmarks.bench --check`` after the suite; this covers what that does not:
+``--pair-dtypes``, where one case holds several dtypes of the same size in bytes and
+each backend:dtype column is verified and reported on its own row of the JSON.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _bench(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks.bench", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=240)
+
+
+def test_pair_dtypes_measures_each_dtype_at_the_same_byte_size(tmp_path: Path) -> None:
+    out = tmp_path / "pair.json"
+    p = _bench("--backends", "ringpg,gloo", "--pair-dtypes", "--dtypes", "float32,bfloat16", "--ops", "ar,rs",
+               "--world-sizes", "2", "--min-bytes", "1KiB", "--max-bytes", "64KiB", "--no-probe", "--quiet",
+               "--iters-max", "3", "--json", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = json.loads(out.read_text())["results"]
+    labels = {r["backend"] for r in rows}
+    assert labels == {"ringpg:float32", "ringpg:bfloat16", "gloo:float32", "gloo:bfloat16"}, labels
+    by_case: dict = {}
+    for r in rows:
+        assert r["wrong"] == 0 and r["error"] is None, r
+        assert r["backend"].endswith(":" + r["dtype"]), r  # each column ran its own dtype
+        by_case.setdefault((r["op"], r["size_bytes"]), {})[r["dtype"]] = r["count"]
+    assert len(by_case) == 2 * 7  # 1 KiB .. 64 KiB for each op
+    for (op, size), counts in by_case.items():
+        assert counts["float32"] * 4 == size and counts["bfloat16"] * 2 == size, (op, size, counts)
+    assert "paired" in p.stdout and "ringpg:bfloat16/gloo:float32" in p.stdout
+
+
+@pytest.mark.parametrize("extra", [["--check"], ["--dtypes", "float32"]])
+def test_pair_dtypes_refuses_what_it_cannot_pair(extra: list) -> None:
+    p = _bench("--pair-dtypes", *extra)
+    assert p.returncode == 2 and "--pair-dtypes needs" in p.stderr, p.stderr
