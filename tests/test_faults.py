@@ -367,6 +367,44 @@ def test_corrupt_frames_raise_instead_of_crashing(name: str, payload: bytes, tra
     assert v["took"] < KILL_DETECT_S, v
 
 
+def _frame(key: int, op_numel: int, nbytes: int) -> bytes:
+    """A collective all_reduce/float32 frame header as the wire format spells it."""
+    return ((0x31475052).to_bytes(4, "little") + bytes([1, 1, 6, 0]) + key.to_bytes(8, "little")
+            + op_numel.to_bytes(8, "little") + nbytes.to_bytes(8, "little"))
+
+
+def _hostile_running_op(rank: int, ws: int, port: int, args: Any) -> dict:
+    (payload,) = args
+    _init(rank, ws, port, timeout_s=20.0)
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    side = dist.new_group(backend="gloo")
+    x = torch.ones(4096)
+    dist.all_reduce(x)  # seq 1
+    dist.barrier(group=side)
+    if rank == 1:
+        # Rank 0 is inside seq 2 by now; rank 1 never joins it, it only sends this header
+        # (which rank 0's engine must judge while the op waits), then stays silent.
+        time.sleep(0.5)
+        backend._debug_send_raw(0, payload)
+        time.sleep(6.0)
+        os._exit(0)
+    kind, msg, took = _expect_error(lambda: dist.all_reduce(x))
+    return {"type": kind, "msg": msg, "took": took, "transport": harness.transport_of(dist.group.WORLD)}
+
+
+@pytest.mark.parametrize("name,payload", [("oversized", _frame(2, 4096, 1 << 40)), ("other numel", _frame(2, 999, 64))])
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_a_bad_header_for_the_running_op_fails_it_at_once(name: str, payload: bytes, transport: str) -> None:
+    # Over shared memory the running op never posts a socket receive for this frame, so
+    # the frame must be judged when it arrives, not when (never) a receive is posted.
+    v = run_scenario(_hostile_running_op, 2, (payload,), expect={0}, env=TRANSPORTS[transport])[0]
+    assert v["transport"] == transport, v
+    assert v["type"] in ("DistNetworkError", "DistBackendError"), v
+    assert "ringpg::all_reduce (seq 2" in v["msg"], v["msg"]
+    assert "implausible" in v["msg"] or "mismatch" in v["msg"], v["msg"]
+    assert v["took"] < 3.0, v  # before rank 1 exits: the header itself was the cause
+
+
 # ------------------------------------------------------------------ load and lifecycle
 
 

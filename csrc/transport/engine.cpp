@@ -73,6 +73,22 @@ std::string collectiveMismatch(int rank, int peer, const FrameHeader& expected, 
                   " from rank ", peer, " but received ", describeFrame(got), kSameCollectivesHint);
 }
 
+namespace {
+
+// Does `got` (any fragment) belong to the op whose header is `op`?  The payload length
+// differs between fragments, everything else must not.
+bool ofSameOp(const FrameHeader& op, const FrameHeader& got) {
+  return op.key == got.key && op.opcode == got.opcode && op.dtype == got.dtype && op.opNumel == got.opNumel;
+}
+
+std::string runningOpMismatch(int rank, int peer, const FrameHeader& op, const FrameHeader& got) {
+  return c10::str("ringpg: collective mismatch between ranks: rank ", rank, " runs seq ", op.key,
+                  " (op=", int(op.opcode), ", dtype=", int(op.dtype), ", op_numel=", op.opNumel, ") but rank ",
+                  peer, " sent ", describeFrame(got), kSameCollectivesHint);
+}
+
+} // namespace
+
 Engine::Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int socketBuffer, int spinMicros)
     : rank_(rank), size_(size), spinMicros_(spinMicros), peers_(size) {
   for (const auto q : c10::irange(size)) {
@@ -170,10 +186,8 @@ void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<
           break;
         }
         if (h.kind == static_cast<uint8_t>(FrameKind::Collective) && haveOp && h.key == op.key &&
-            (h.opcode != op.opcode || h.dtype != op.dtype || h.opNumel != op.opNumel)) {
-          reason = c10::str("ringpg: collective mismatch between ranks: rank ", rank_, " runs seq ", op.key,
-                            " (op=", int(op.opcode), ", dtype=", int(op.dtype), ", op_numel=", op.opNumel,
-                            ") but rank ", p, " sent ", describeFrame(h), " and closed", kSameCollectivesHint);
+            !ofSameOp(op, h)) {
+          reason = runningOpMismatch(rank_, p, op, h);
           network = false;
           break;
         }
@@ -708,7 +722,14 @@ bool Engine::routeHeader(int p, Completions& done) {
         P.cur = want;
         P.collPosted.pop_front();
       } else if (haveCurrent_ && h.key == currentOp_.key) {
-        return false; // pause: the running op will post this receive next
+        // Pause: the running op will post this receive next.  Whatever can be checked
+        // is checked now, because an op that runs over shared memory may never post it.
+        if (!ofSameOp(currentOp_, h)) {
+          failLocked(runningOpMismatch(rank_, p, currentOp_, h), done, /*network=*/false);
+        } else if (h.nbytes > kMaxStashBytes) {
+          failLocked(c10::str("ringpg: rank ", p, " announced an implausible ", describeFrame(h)), done);
+        }
+        return false;
       } else if (!haveCurrent_ || h.key > currentOp_.key) {
         P.stashTarget = true;
       } else {
