@@ -317,15 +317,27 @@ def test_hostile_connections_during_rendezvous_are_dropped() -> None:
         assert v["leftover"] == [], f"rank {r} still listens on {v['leftover']}"
 
 
-def _hostile_frames(rank: int, ws: int, port: int, args: Any) -> dict:
-    (payload,) = args
+def _frame(key: int, op_numel: int, nbytes: int) -> bytes:
+    """A collective all_reduce/float32 frame header as the wire format spells it."""
+    return ((0x31475052).to_bytes(4, "little") + bytes([1, 1, 6, 0]) + key.to_bytes(8, "little")
+            + op_numel.to_bytes(8, "little") + nbytes.to_bytes(8, "little"))
+
+
+def _healthy_start(rank: int, ws: int, port: int) -> tuple[Any, torch.Tensor]:
+    """Init (20 s timeout), one healthy all_reduce (seq 1) finished on both ranks; then
+    returns the backend (for its raw-send test hook) and the op's 4096 floats."""
     _init(rank, ws, port, timeout_s=20.0)
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     side = dist.new_group(backend="gloo")
     x = torch.ones(4096)
     dist.all_reduce(x)
-    # Both ranks have finished the healthy op before rank 1 turns hostile.
     dist.barrier(group=side)
+    return backend, x
+
+
+def _hostile_frames(rank: int, ws: int, port: int, args: Any) -> dict:
+    (payload,) = args
+    backend, x = _healthy_start(rank, ws, port)
     if rank == 1:
         backend._debug_send_raw(0, payload)  # rank 1 turns hostile towards rank 0
         if len(payload) < 32:
@@ -345,8 +357,7 @@ def _hostile_frames(rank: int, ws: int, port: int, args: Any) -> dict:
     [
         ("bad magic", b"\xde\xad\xbe\xef" * 8),
         # A valid-looking collective header for the next op announcing 1 TiB: never trusted.
-        ("oversized", (0x31475052).to_bytes(4, "little") + bytes([1, 1, 6, 0]) + (3).to_bytes(8, "little")
-         + (4096).to_bytes(8, "little") + (1 << 40).to_bytes(8, "little")),
+        ("oversized", _frame(3, 4096, 1 << 40)),
         ("truncated", b"RPG1\x01"),
     ],
 )
@@ -367,20 +378,9 @@ def test_corrupt_frames_raise_instead_of_crashing(name: str, payload: bytes, tra
     assert v["took"] < KILL_DETECT_S, v
 
 
-def _frame(key: int, op_numel: int, nbytes: int) -> bytes:
-    """A collective all_reduce/float32 frame header as the wire format spells it."""
-    return ((0x31475052).to_bytes(4, "little") + bytes([1, 1, 6, 0]) + key.to_bytes(8, "little")
-            + op_numel.to_bytes(8, "little") + nbytes.to_bytes(8, "little"))
-
-
 def _hostile_running_op(rank: int, ws: int, port: int, args: Any) -> dict:
     (payload,) = args
-    _init(rank, ws, port, timeout_s=20.0)
-    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
-    side = dist.new_group(backend="gloo")
-    x = torch.ones(4096)
-    dist.all_reduce(x)  # seq 1
-    dist.barrier(group=side)
+    backend, x = _healthy_start(rank, ws, port)
     if rank == 1:
         # Rank 0 is inside seq 2 by now; rank 1 never joins it, it only sends this header
         # (which rank 0's engine must judge while the op waits), then stays silent.
