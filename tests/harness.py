@@ -397,6 +397,9 @@ class InitSpec:
     env: tuple[tuple[str, str], ...] = ()
     # Extra environment for rank 0 only (ranks that disagree, e.g. on the transport).
     rank0_env: tuple[tuple[str, str], ...] = ()
+    # Called in rank 0's process before torch.distributed starts (a module-level
+    # function, so it pickles): gives that rank a different machine view.
+    rank0_setup: Optional[Callable[[], None]] = None
 
 
 @dataclass
@@ -421,6 +424,8 @@ def _init_child(rank: int, ws: int, rdv: _Rendezvous) -> Groups:
     os.environ.update(dict(rdv.spec.env))
     if rank == 0:
         os.environ.update(dict(rdv.spec.rank0_env))
+        if rdv.spec.rank0_setup is not None:
+            rdv.spec.rank0_setup()
     if rdv.backend == "ringpg" or (rdv.spec.default_backend == "ringpg"):
         import ringpg  # noqa: F401  (registers the backend; harmless if the entry point did)
     default_backend = rdv.spec.default_backend or rdv.backend

@@ -9,10 +9,17 @@
   non-member ranks: two disjoint pairs working concurrently, a 3-rank group and a
   non-contiguous pair, each compared with the gloo subgroup of the same ranks;
 * ranks that disagree on the transport (one sets RINGPG_TRANSPORT=tcp): the group
-  agrees through the Store and uses TCP on every rank.
+  agrees through the Store and uses TCP on every rank;
+* a rank whose /dev/shm is a tiny one of its own (a container's): no segment fits and
+  its neighbours' are invisible, so the group falls back to TCP without a crash and
+  leaves no names behind.
 """
 from __future__ import annotations
 
+import ctypes
+import os
+import shutil
+import subprocess
 from typing import Any, Optional
 
 import pytest
@@ -112,3 +119,38 @@ def test_one_rank_opting_out_of_shm_keeps_the_whole_group_on_tcp() -> None:
     """Both ends of every link must use the same transport, whatever each rank was told."""
     spec = InitSpec(rank0_env=(("RINGPG_TRANSPORT", "tcp"),))
     assert_reports_ok(run_workers(disagreeing_worker, 3, spec=spec))
+
+
+def _tiny_private_dev_shm() -> None:
+    """Gives this process a 256 KiB /dev/shm of its own (a new mount namespace), as a
+    container with a small, unshared /dev/shm has.  Runs before any thread starts."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    CLONE_NEWNS, MS_REC, MS_PRIVATE = 0x00020000, 0x4000, 0x40000
+    if (libc.unshare(CLONE_NEWNS) != 0
+            or libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0
+            or libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, b"size=256k") != 0):
+        err = ctypes.get_errno()
+        raise OSError(err, f"private /dev/shm: {os.strerror(err)}")
+
+
+def small_shm_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    chk = Checker(rank)
+    transport = transport_of(groups.test)
+    chk.true("transport", transport == "tcp", f"rank {rank} uses {transport!r}; rank 0's /dev/shm is tiny")
+    smoke_checks(chk, "rank 0 with a tiny /dev/shm", groups.test, groups.ref, numel=100_003)
+    mine = [n for n in os.listdir("/dev/shm") if n.startswith(f"ringpg-{os.getpid()}-")]
+    chk.true("no names left in /dev/shm", not mine, repr(mine))
+    return chk.report()
+
+
+def _can_make_mount_namespaces() -> bool:
+    tool = shutil.which("unshare")
+    return (os.geteuid() == 0 and tool is not None
+            and subprocess.run([tool, "-m", "true"], capture_output=True).returncode == 0)
+
+
+@pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringpg's transport choice")
+@pytest.mark.skipif(not _can_make_mount_namespaces(), reason="needs root and mount namespaces")
+def test_a_rank_with_a_tiny_private_dev_shm_keeps_the_group_on_tcp() -> None:
+    spec = InitSpec(rank0_setup=_tiny_private_dev_shm)
+    assert_reports_ok(run_workers(small_shm_worker, 3, spec=spec))
