@@ -585,7 +585,7 @@ def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Ma
         sums = _allreduce([max(0.0, v) for v in local], dist.ReduceOp.SUM, ref_group)
         diffs = [s if lo >= 0 else -1.0 for s, lo in zip(sums, lows)]
 
-    result = CaseResult(case, variants={lb: b.case for lb, b in per.items()} if per is bufs else {})
+    result = CaseResult(case, variants={lb: b.case for lb, b in per.items()} if isinstance(bufs, Mapping) else {})
     factor = bus_factor(case.op, case.world_size)
     for k, lb in enumerate(labels):
         r = BackendResult(label=lb, wrong=int(wrong_sum[k]), iters=iters)

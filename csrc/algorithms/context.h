@@ -52,11 +52,10 @@ class OpContext {
   // A reusable scratch area of at least `bytes` (owned by the backend's worker).
   char* scratch(size_t bytes);
 
- // The header every frame of this op carries (the payload length aside).
+  // The header every frame of this op carries (the payload length aside).
   FrameHeader header() const;
 
  private:
-
   Engine& engine_;
   const Config& cfg_;
   OpTag tag_;

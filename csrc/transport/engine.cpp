@@ -60,9 +60,12 @@ RequestPtr takeByTag(std::deque<RequestPtr>& q, uint64_t key) {
 
 } // namespace
 
+bool ofSameOp(const FrameHeader& op, const FrameHeader& got) {
+  return op.key == got.key && op.opcode == got.opcode && op.dtype == got.dtype && op.opNumel == got.opNumel;
+}
+
 bool sameCollective(const FrameHeader& expected, const FrameHeader& got) {
-  return expected.key == got.key && expected.opcode == got.opcode && expected.dtype == got.dtype &&
-      expected.opNumel == got.opNumel && expected.nbytes == got.nbytes;
+  return ofSameOp(expected, got) && expected.nbytes == got.nbytes;
 }
 
 constexpr const char* kSameCollectivesHint =
@@ -75,10 +78,12 @@ std::string collectiveMismatch(int rank, int peer, const FrameHeader& expected, 
 
 namespace {
 
-// Does `got` (any fragment) belong to the op whose header is `op`?  The payload length
-// differs between fragments, everything else must not.
-bool ofSameOp(const FrameHeader& op, const FrameHeader& got) {
-  return op.key == got.key && op.opcode == got.opcode && op.dtype == got.dtype && op.opNumel == got.opNumel;
+std::string abortedBy(int peer, const std::string& why) {
+  return c10::str("ringpg: rank ", peer, " aborted the group: ", why);
+}
+
+std::string implausibleFrame(int peer, const FrameHeader& h) {
+  return c10::str("ringpg: rank ", peer, " announced an implausible ", describeFrame(h));
 }
 
 std::string runningOpMismatch(int rank, int peer, const FrameHeader& op, const FrameHeader& got) {
@@ -193,7 +198,7 @@ void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<
         }
       }
       if (inAbort && skip == 0) {
-        reason = c10::str("ringpg: rank ", p, " aborted the group: ", abortWhy);
+        reason = abortedBy(p, abortWhy);
         break;
       }
       char* dst = skip > 0 ? sink.data() : reinterpret_cast<char*>(&h) + hdrGot;
@@ -477,10 +482,14 @@ void Engine::complete(const RequestPtr& req, Completions& done) {
   done.push_back(req);
 }
 
+void markFailed(Request& req, const std::string& why, bool network) {
+  req.error = why;
+  req.networkError = network;
+  req.state.store(Request::State::Failed, std::memory_order_release);
+}
+
 void Engine::failRequest(const RequestPtr& req, const std::string& why, Completions& done, bool network) {
-  req->error = why;
-  req->networkError = network;
-  req->state.store(Request::State::Failed, std::memory_order_release);
+  markFailed(*req, why, network);
   done.push_back(req);
 }
 
@@ -727,7 +736,7 @@ bool Engine::routeHeader(int p, Completions& done) {
         if (!ofSameOp(currentOp_, h)) {
           failLocked(runningOpMismatch(rank_, p, currentOp_, h), done, /*network=*/false);
         } else if (h.nbytes > kMaxStashBytes) {
-          failLocked(c10::str("ringpg: rank ", p, " announced an implausible ", describeFrame(h)), done);
+          failLocked(implausibleFrame(p, h), done);
         }
         return false;
       } else if (!haveCurrent_ || h.key > currentOp_.key) {
@@ -765,7 +774,7 @@ bool Engine::routeHeader(int p, Completions& done) {
     // Whatever is read aside (stashed, discarded or an abort reason) is bounded before
     // anything is allocated for it: a peer's length is never trusted with memory.
     if (P.hdr.nbytes > kMaxStashBytes) {
-      failLocked(c10::str("ringpg: rank ", p, " announced an implausible ", describeFrame(P.hdr)), done);
+      failLocked(implausibleFrame(p, P.hdr), done);
       return false;
     }
     try {
@@ -811,7 +820,7 @@ void Engine::finishPayload(int p, Completions& done) {
       drainStash(p, done);
       break;
     case FrameKind::Abort:
-      failLocked(c10::str("ringpg: rank ", p, " aborted the group: ", std::string(s.data.begin(), s.data.end())),
+      failLocked(abortedBy(p, std::string(s.data.begin(), s.data.end())),
                  done, /*network=*/true);
       break;
     default:

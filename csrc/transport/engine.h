@@ -81,6 +81,13 @@ using RequestPtr = std::shared_ptr<Request>;
 // set to `len`): what a send writes, or what a receive expects.
 RequestPtr makeRequest(const FrameHeader& hdr, const void* buf, size_t len, int peer);
 
+// Ends a pending request with `why` (`network`: a peer/connection failure); the
+// state is published last, so a waiter that sees Failed also sees the reason.
+void markFailed(Request& req, const std::string& why, bool network);
+
+// Does `got` (any fragment) belong to the op whose header is `op`?  The payload length
+// differs between fragments, everything else must not.
+bool ofSameOp(const FrameHeader& op, const FrameHeader& got);
 // A collective frame belongs to the receive posted for it only if every field agrees.
 bool sameCollective(const FrameHeader& expected, const FrameHeader& got);
 std::string collectiveMismatch(int rank, int peer, const FrameHeader& expected, const FrameHeader& got);

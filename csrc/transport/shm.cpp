@@ -356,9 +356,9 @@ bool ShmRing::pullRecvs(Engine& engine) {
     SlotHeader sh;
     std::memcpy(&sh, slot, sizeof(sh));
     const size_t want = std::min(slotBytes_, req.len - req.progress);
-    if (!sameCollective(req.hdr, sh.frame) || sh.frame.kind != req.hdr.kind || sh.offset != req.progress ||
-        sh.length != want) {
-      std::string msg = sameCollective(req.hdr, sh.frame)
+    const bool ofThisReceive = sameCollective(req.hdr, sh.frame);
+    if (!ofThisReceive || sh.frame.kind != req.hdr.kind || sh.offset != req.progress || sh.length != want) {
+      std::string msg = ofThisReceive
           ? c10::str("ringpg: rank ", rank_, " received a corrupt shared-memory fragment from rank ", left_,
                      " (offset ", sh.offset, ", length ", sh.length, "; expected ", req.progress, ", ", want, ")")
           : collectiveMismatch(rank_, left_, req.hdr, sh.frame);
@@ -391,16 +391,11 @@ bool ShmRing::progress(Engine& engine) {
 }
 
 void ShmRing::failAll(const std::string& reason, bool network) {
-  auto failOne = [&](Request& r) {
-    r.error = reason;
-    r.networkError = network;
-    r.state.store(Request::State::Failed, std::memory_order_release);
-  };
   for (auto& s : sends_) {
-    failOne(*s);
+    markFailed(*s, reason, network);
   }
   for (auto& r : recvs_) {
-    failOne(*r.req);
+    markFailed(*r.req, reason, network);
   }
   sends_.clear();
   recvs_.clear();
