@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "common/errors.h"
 
@@ -283,7 +284,7 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
   Completions done;
   bool needWake = false;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::unique_lock<std::mutex> lk(mu_);
     if (!broken_.empty()) {
       failRequest(req, broken_, done, brokenNetwork_);
     } else if (peer >= 0 && peers_[peer].gone) {
@@ -295,7 +296,12 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
       // A paused header may be waiting for exactly this receive.
       if (P.headerReady && !P.inPayload && !P.collPosted.empty()) {
         if (routeHeader(peer, done)) {
-          needWake = true; // the progress thread must poll this socket again
+          // Its payload is most likely in the socket already (the peer was ahead of
+          // us): read it from this thread, as postSend writes eagerly, instead of
+          // waking the progress thread to read it and then wake us.  The progress
+          // thread is still woken: it stopped polling this socket while paused.
+          readPeer(peer, lk, done);
+          needWake = true;
         }
       }
     } else if (!matchP2PStash(req, done)) {
@@ -315,10 +321,16 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
 }
 
 bool Engine::waitUntil(const RequestPtr& req, Deadline deadline) {
-  if (spinMicros_ > 0) {
-    // Spin on the request's state only; the sockets stay the progress thread's.
+  if (spinMicros_ > 0 && req->peer >= 0) {
+    // Spin phase: the waiting thread moves its peer's bytes itself, so a frame that
+    // arrives now completes the request here, without the progress thread waking up
+    // and then waking us (two scheduler hand-offs, most of a small op's latency).  It
+    // yields between looks: on a host with more busy threads than cores, the thread
+    // it would otherwise starve may be the very peer rank it waits for.
     const auto spinEnd = std::min(deadline, Clock::now() + std::chrono::microseconds(spinMicros_));
     while (req->state.load(std::memory_order_acquire) == Request::State::Pending && Clock::now() < spinEnd) {
+      pollPeer(req->peer);
+      std::this_thread::yield();
     }
   }
   if (req->state.load(std::memory_order_acquire) != Request::State::Pending) {
@@ -328,6 +340,23 @@ bool Engine::waitUntil(const RequestPtr& req, Deadline deadline) {
   return cv_.wait_until(lk, deadline, [&] {
     return req->state.load(std::memory_order_acquire) != Request::State::Pending;
   });
+}
+
+void Engine::pollPeer(int p) {
+  Completions done;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    Peer& P = peers_[p];
+    if (broken_.empty() && !stop_ && !P.gone) {
+      if (!P.txq.empty() && !P.txBusy) {
+        writePeer(p, lk, done);
+      }
+      if (broken_.empty() && P.rx.valid()) {
+        readPeer(p, lk, done); // returns at once when paused, busy elsewhere or empty
+      }
+    }
+  }
+  runCallbacks(done);
 }
 
 void Engine::setCurrentCollective(const FrameHeader& op) {

@@ -111,8 +111,9 @@ class Engine {
                       std::function<void(Request&)> onComplete = nullptr);
 
   // Waits until `req` is no longer pending or `deadline` passes.  Returns false on
-  // timeout (the request is still pending); true when done or failed.  The first
-  // spinMicros are spent polling the request's state before sleeping.
+  // timeout (the request is still pending); true when done or failed.  For the first
+  // spinMicros the caller polls the request's peer itself, yielding between looks,
+  // before it sleeps.
   bool waitUntil(const RequestPtr& req, Deadline deadline);
 
   // The collective the worker is running (`op`: the header its frames carry, any
@@ -177,6 +178,9 @@ class Engine {
   bool routeHeader(int p, Completions& done);
   void finishPayload(int p, Completions& done);
   bool writePeer(int p, std::unique_lock<std::mutex>& lk, Completions& done);
+  // Without mu_ held: moves what peer p's sockets take or hold right now, never
+  // blocking (a waiting thread's turn at the progress thread's work).
+  void pollPeer(int p);
   void drainStash(int p, Completions& done);
   // The first receive waiting for p2p tag `tag` from peer p (its own, then any-source).
   RequestPtr takeP2PReceiver(int p, uint64_t tag);

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "transport/rendezvous.h"
 
@@ -65,12 +66,6 @@ size_t slotStride(size_t slotBytes) {
 
 size_t segmentBytes(size_t slotBytes) {
   return kSlotsOffset + kSlots * slotStride(slotBytes);
-}
-
-void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
 }
 
 void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
@@ -423,7 +418,9 @@ bool ShmRing::waitUntil(Engine& engine, const RequestPtr& req, Deadline deadline
       return false;
     }
     if (now < spinEnd) {
-      cpuRelax();
+      // Yield rather than pause: with more busy threads than cores, the thread this
+      // spin would starve may be the neighbour rank it waits for.
+      std::this_thread::yield();
       continue;
     }
     // Announce the sleep, then look once more: a neighbour that moved a slot after our
