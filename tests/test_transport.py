@@ -5,7 +5,11 @@ shared memory by default (csrc/transport/shm.h); ``RINGPG_TRANSPORT=tcp`` keeps 
 on TCP sockets, the path ranks on different hosts take.  Both run here, and the
 shared-memory ring also with ``RINGPG_SEGMENT_BYTES=65536`` (64 KiB slots), so that
 segments, whole-buffer messages of the direct algorithms and the one-shot allreduce
-all span several slot fragments and wrap the slot ring many times.
+all span several slot fragments and wrap the slot ring many times.  Both transports
+also run with a long ``RINGPG_SPIN_US``, so that waits end while their thread polls
+(over TCP the waiting thread then reads its peer's socket itself, beside the engine's
+progress thread; over shared memory ws 3 and 4 spin on more ranks than this machine
+may have cores).
 
 Each configuration checks which transport the group really uses, that no named
 shared-memory segment is left behind once the group is up, and every collective
@@ -42,12 +46,29 @@ from harness import (
 )
 
 SMALL_SLOT = 65536
+# A spin longer than a small op, so that many waits end while their thread still polls
+# (over TCP: the waiting thread reads its peer's socket itself, alongside the engine's).
+SPIN = "500"
 # (name, environment, expected transport)
 CONFIGS = [
     ("shm", (), "shm"),
     ("tcp", (("RINGPG_TRANSPORT", "tcp"),), "tcp"),
     ("shm-64k-slots", (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)),), "shm"),
+    ("shm-spin", (("RINGPG_SPIN_US", SPIN),), "shm"),
+    ("tcp-spin", (("RINGPG_TRANSPORT", "tcp"), ("RINGPG_SPIN_US", SPIN)), "tcp"),
 ]
+AUTO_SHM_SPIN_US = 100  # Config::kAutoShmSpinMicros
+
+
+def expected_spin_us(env: tuple[tuple[str, str], ...], transport: str, ws: int) -> int:
+    """README's rule for RINGPG_SPIN_US: a set value everywhere; auto spins only over
+    shared memory, and only when the group's ranks do not outnumber this process's CPUs."""
+    given = dict(env).get("RINGPG_SPIN_US", os.environ.get("RINGPG_SPIN_US", "auto"))
+    if given != "auto":
+        return int(given)
+    if transport == "tcp":
+        return 0
+    return AUTO_SHM_SPIN_US if ws <= len(os.sched_getaffinity(0)) else 0
 DTYPES = (torch.float32, torch.bfloat16, torch.int32, torch.int8)
 REDUCE_OPS = ("SUM", "AVG", "MAX")
 
@@ -74,7 +95,9 @@ def tpool(world_size: int, config: tuple[str, tuple[tuple[str, str], ...], str])
 def transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
     prefix = f"ringpg-{os.getpid()}-"
     leftover = [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] if os.path.isdir("/dev/shm") else []
-    return {"transport": transport_of(groups.test), "leftover": leftover}
+    backend = groups.test._get_backend(torch.device("cpu"))
+    return {"transport": transport_of(groups.test), "leftover": leftover,
+            "spin": getattr(backend, "wait_spin_us", None)}
 
 
 def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
@@ -121,11 +144,14 @@ def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRe
     return chk.report()
 
 
-def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str]) -> None:
-    """The group runs on the transport its configuration asks for, and leaves no names in /dev/shm."""
+def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world_size: int) -> None:
+    """The group runs on the transport its configuration asks for, waits spin as the
+    README says, and the group leaves no names in /dev/shm."""
     results = tpool.run(transport_worker)
     if backend_under_test() == "ringpg":
         assert [r["transport"] for r in results] == [config[2]] * len(results)
+        spin = expected_spin_us(config[1], config[2], world_size)
+        assert [r["spin"] for r in results] == [spin] * len(results)
     assert all(not r["leftover"] for r in results), results
 
 

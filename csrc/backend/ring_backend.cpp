@@ -4,9 +4,11 @@
 #include <c10/util/irange.h>
 #include <c10/util/Logging.h>
 #include <pybind11/pybind11.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "algorithms/direct.h"
 #include "algorithms/ring.h"
@@ -232,6 +234,16 @@ void ringAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& outp
   ringCollective(c, job, RingBuffers{nullptr, bytes(output), nullptr});
 }
 
+// CPUs this process may run on (its affinity mask: taskset, cpusets), at least 1.
+int usableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    return std::max(1, CPU_COUNT(&set));
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 std::vector<at::Tensor> flatCat(const std::vector<at::Tensor>& ts) {
   std::vector<at::Tensor> flat;
   flat.reserve(ts.size());
@@ -252,16 +264,19 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   Mesh mesh = connectMesh(*store, rank, size, cfg_.ifname, timeout);
   localAddress_ = mesh.localAddress;
   engine_ = std::make_unique<Engine>(rank, size, std::move(mesh.tx), std::move(mesh.rx), cfg_.socketBuffer,
-                                     cfg_.spinMicros);
+                                     cfg_.engineSpinMicros());
   // Same-host groups move ring traffic through shared memory (transport/shm.h).  A
   // slot holds one default-sized segment; larger segments travel as fragments.
   const size_t slotBytes = std::clamp<size_t>(cfg_.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
-  shm_ = ShmRing::connect(*store, mesh.keyPrefix, rank, size, cfg_.shmAllowed, slotBytes, cfg_.spinMicros,
+  // A shared-memory group has all its ranks on this host.
+  shmSpinMicros_ = cfg_.shmSpinMicros(size, usableCpus());
+  shm_ = ShmRing::connect(*store, mesh.keyPrefix, rank, size, cfg_.shmAllowed, slotBytes, shmSpinMicros_,
                           Clock::now() + timeout);
   worker_ = std::thread([this] { workerLoop(); });
   if (rank == 0) {
     LOG(INFO) << "ringpg: group '" << groupName_ << "' size " << size << " on " << localAddress_ << ": "
-              << cfg_.summary() << " transport=" << transport() << " reduce_isa=" << reduceIsa();
+              << cfg_.summary() << " transport=" << transport() << " wait_spin_us="
+              << waitSpinMicros() << " reduce_isa=" << reduceIsa();
   }
 }
 
@@ -346,8 +361,14 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(OpType type, const char* nam
     execute(q);
     lk.lock();
     running_ = false;
+    // Wake the worker only if it has something to do: ops queued meanwhile by other
+    // threads, or a stop waiting for this op.  An unconditional notify costs a futex
+    // wake and a context switch per op, which is most of a small op's time on few cores.
+    const bool wakeWorker = !queue_.empty() || stopping_;
     lk.unlock();
-    queueCv_.notify_all(); // the worker may have ops queued meanwhile by other threads
+    if (wakeWorker) {
+      queueCv_.notify_all();
+    }
     return work;
   }
   queue_.push_back(std::move(q));

@@ -101,6 +101,11 @@ class RingBackend final : public c10d::Backend {
   std::string transport() const {
     return shm_ ? "shm" : "tcp";
   }
+  // Microseconds the group's waits spin before sleeping (RINGPG_SPIN_US, or what
+  // auto chose for this transport and host).
+  int waitSpinMicros() const {
+    return shm_ ? shmSpinMicros_ : cfg_.engineSpinMicros();
+  }
 
   // The address this rank's listener used (diagnostics and tests).
   const std::string& localAddress() const {
@@ -140,6 +145,7 @@ class RingBackend final : public c10d::Backend {
   std::string localAddress_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ShmRing> shm_; // null unless every rank of the group shares this host
+  int shmSpinMicros_ = 0;          // how long waits on shm_ spin (Config::shmSpinMicros)
 
   // queueMu_ guards queue_, seq_, running_ and stopping_: taking the sequence number and
   // queueing under one lock keeps queue order == sequence order.

@@ -32,7 +32,11 @@ Config load() {
       envInt("RINGPG_ONESHOT_BYTES", static_cast<int64_t>(c.oneShotBytes), 0, 1LL << 30));
   c.recvWindow = static_cast<int>(envInt("RINGPG_RECV_WINDOW", c.recvWindow, 1, 1024));
   c.socketBuffer = static_cast<int>(envInt("RINGPG_SOCKET_BUFFER", c.socketBuffer, 0, 1LL << 30));
-  c.spinMicros = static_cast<int>(envInt("RINGPG_SPIN_US", c.spinMicros, 0, 1000000));
+  if (auto v = c10::utils::get_env("RINGPG_SPIN_US"); v && *v == "auto") {
+    c.spinMicros = Config::kSpinAuto;
+  } else {
+    c.spinMicros = static_cast<int>(envInt("RINGPG_SPIN_US", c.spinMicros, 0, 1000000));
+  }
   if (auto t = c10::utils::get_env("RINGPG_TRANSPORT"); t && !t->empty()) {
     TORCH_CHECK(*t == "auto" || *t == "tcp", "ringpg: RINGPG_TRANSPORT=", *t, " is not one of auto, tcp");
     c.shmAllowed = *t == "auto";
@@ -56,7 +60,8 @@ std::string Config::summary() const {
   return c10::str(
       "segment_bytes=", segmentBytes, " oneshot_bytes=", oneShotBytes, " recv_window=", recvWindow,
       " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
-      " spin_us=", spinMicros, " transport_allowed=", shmAllowed ? "auto" : "tcp",
+      " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
+      " transport_allowed=", shmAllowed ? "auto" : "tcp",
       " ifname=", ifname.empty() ? std::string("(hostname)") : ifname);
 }
 

@@ -17,13 +17,29 @@ struct Config {
   int recvWindow = 4;
   // SO_SNDBUF / SO_RCVBUF for data sockets; 0 keeps the kernel's autotuning (RINGPG_SOCKET_BUFFER).
   int socketBuffer = 0;
-  // Microseconds a waiting thread spins before it sleeps (RINGPG_SPIN_US).
-  int spinMicros = 0;
+  // Microseconds a waiting thread spins (yielding) before it sleeps (RINGPG_SPIN_US);
+  // kSpinAuto: shared-memory groups spin kAutoShmSpinMicros when every rank can have
+  // a core, TCP waits do not spin (see shmSpinMicros()).
+  static constexpr int kSpinAuto = -1;
+  static constexpr int kAutoShmSpinMicros = 100;
+  int spinMicros = kSpinAuto;
   // Same-host groups may use the shared-memory ring (RINGPG_TRANSPORT=auto, the
   // default); RINGPG_TRANSPORT=tcp keeps every byte on TCP.
   bool shmAllowed = true;
   // Interface to bind (RINGPG_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME); empty = hostname.
   std::string ifname;
+
+  // Spin of waits on the TCP engine: the setting, or none under kSpinAuto.
+  int engineSpinMicros() const { return spinMicros == kSpinAuto ? 0 : spinMicros; }
+  // Spin of waits on the shared-memory ring of a `localRanks`-rank group on a host
+  // whose process may run on `cpus` CPUs.  With more ranks than CPUs a spinning
+  // rank would take the core its neighbour needs, so auto spins only when they fit.
+  int shmSpinMicros(int localRanks, int cpus) const {
+    if (spinMicros != kSpinAuto) {
+      return spinMicros;
+    }
+    return localRanks <= cpus ? kAutoShmSpinMicros : 0;
+  }
 
   static const Config& get();
   std::string summary() const;
