@@ -91,6 +91,9 @@ class WorkerConfig:
     # --pair-dtypes: these dtypes run side by side in each case (cases carry the first).
     pair_dtypes: List[str] = field(default_factory=list)
     extra_env: Dict[str, str] = field(default_factory=dict)
+    # --emulate: the TCP ring ceiling (slowest link of the ring probe) an earlier world
+    # size measured on the same links; a rank that probes itself uses its own.
+    ceiling_GBps: Optional[float] = None
 
 
 def run_worker(cfg: WorkerConfig, rank: int) -> int:
@@ -137,8 +140,8 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
     col_groups = {col: groups[lb] for col, (lb, _) in columns.items()}
 
     progress = C.Progress(enabled=rank == 0 and cfg.progress)
-    table = C.TableFormatter(list(columns), baseline, cfg.link_GBps)
     policy = C.IterationPolicy(**cfg.policy)
+    ceiling = cfg.ceiling_GBps
     status = 0
     try:
         if cfg.probe:
@@ -151,6 +154,8 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
             if rank == 0:
                 C.emit(C.format_probe(probe, cfg.probe_path, cfg.link_GBps), progress)
                 record({"kind": "probe", "probe": probe, "path": cfg.probe_path})
+            ceiling = ring_ceiling(probe) or ceiling
+        table = C.TableFormatter(list(columns), baseline, cfg.link_GBps, ceiling)
         transports = {label: t for label, g in groups.items() if (t := C.transport_of(g, cfg.device))}
         if rank == 0:
             via = "".join(f" {label}:transport={t}" for label, t in transports.items())
@@ -183,7 +188,7 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
                 C.emit(table.row(res), progress)
                 for line in table.errors(res):
                     C.emit(line, progress)
-                record({"kind": "case", "rows": res.to_records(cfg.link_GBps)})
+                record({"kind": "case", "rows": res.to_records(cfg.link_GBps, table.ceiling)})
         record({"kind": "done", "world_size": ws})
     finally:
         progress.clear()
@@ -194,6 +199,11 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
         dist.destroy_process_group(g)
     dist.destroy_process_group()
     return status
+
+
+def ring_ceiling(probe: Optional[Dict[str, Any]]) -> Optional[float]:
+    """The pace a TCP ring can keep on the probed path: its slowest link (GB/s)."""
+    return probe.get("ring_slowest_GBps") if probe else None
 
 
 def _spawn_target(cfg: Dict[str, Any], rank: int) -> None:
@@ -493,7 +503,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.bench", description=__doc__.split("\n\n")[0],
         epilog="Columns: size(B) count(elements) type op redop, then per backend time(us) algbw(GB/s) "
-               "busbw(GB/s) #wrong [%%link], then baseline-time/backend-time per non-baseline backend.",
+               "busbw(GB/s) #wrong [%%link %%probe], then baseline-time/backend-time per non-baseline backend.",
     )
     g = ap.add_argument_group("what to measure")
     g.add_argument("--backends", default="ringpg,gloo",
@@ -704,6 +714,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 os.environ.setdefault(k, "lo")
         offset = 0
         probe_pending = args.probe
+        ceiling: Optional[float] = None
         for idx, (ws, cases, _) in enumerate(plans):
             result_path = running = os.path.join(tmpdir, f"events-ws{ws}.jsonl")
             if cluster is not None:
@@ -714,6 +725,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 path = "loopback"
             cfg = _config(args, ws, cases, f"tcp://{addr}:{port}", addr, result_path, probe_pending, path,
                           link_GBps, offset, total, {})
+            cfg.ceiling_GBps = ceiling
             if cluster is not None:
                 codes, problem = launch_netns(cfg, cluster, args.timeout, args.stall_timeout, tmpdir)
             else:
@@ -721,8 +733,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             got = read_events(result_path)
             running = None
             events.extend(got)
-            if any(e.get("kind") == "probe" for e in got):
-                probe_pending = False
+            for e in got:
+                if e.get("kind") == "probe":
+                    probe_pending = False
+                    ceiling = ring_ceiling(e.get("probe")) or ceiling
             finished = any(e.get("kind") == "done" for e in got)
             if not finished and not problem:
                 problem = f"ranks exited with {codes} before finishing"

@@ -467,8 +467,10 @@ class CaseResult:
     # Per-label case where the labels ran different dtypes of one size (--pair-dtypes).
     variants: Dict[str, Case] = field(default_factory=dict)
 
-    def to_records(self, link_GBps: Optional[float] = None) -> List[Dict[str, Any]]:
-        """Flat rows (one per backend) for CSV/JSON."""
+    def to_records(self, link_GBps: Optional[float] = None,
+                   ceiling_GBps: Optional[float] = None) -> List[Dict[str, Any]]:
+        """Flat rows (one per backend) for CSV/JSON; with an emulated link, busbw as a
+        fraction of its rate and of the TCP ring ceiling the probe measured on it."""
         rows = []
         for label, r in self.backends.items():
             case = self.variants.get(label, self.case)
@@ -480,10 +482,14 @@ class CaseResult:
             fields = asdict(r)
             fields.pop("label")
             row.update(fields)
-            row["busbw_link_fraction"] = (r.busbw_GBps / link_GBps
-                                          if link_GBps and r.busbw_GBps is not None else None)
+            row["busbw_link_fraction"] = _fraction(r.busbw_GBps, link_GBps)
+            row["busbw_probe_fraction"] = _fraction(r.busbw_GBps, ceiling_GBps)
             rows.append(row)
         return rows
+
+
+def _fraction(value: Optional[float], of: Optional[float]) -> Optional[float]:
+    return value / of if of and value is not None else None
 
 
 def _allreduce(values: Sequence[float], op: Any, group: Any, dtype: torch.dtype = torch.float64) -> List[float]:
@@ -965,23 +971,29 @@ def format_probe(probe: Optional[Mapping[str, float]], path: str, link_GBps: Opt
 
 class TableFormatter:
     """nccl-tests style rows: size, count, type, op, redop | per backend time algbw busbw #wrong
-    [busbw/link] | ratio per non-baseline backend (= baseline time / backend time, which is
+    [busbw/link [busbw/ring probe]] | ratio per non-baseline backend (= baseline time / backend time, which is
     also backend busbw / baseline busbw)."""
 
-    def __init__(self, labels: Sequence[str], baseline: str, link_GBps: Optional[float] = None) -> None:
+    def __init__(self, labels: Sequence[str], baseline: str, link_GBps: Optional[float] = None,
+                 ceiling_GBps: Optional[float] = None) -> None:
         self.labels = list(labels)
         self.baseline = baseline
         self.others = [lb for lb in self.labels if lb != baseline]
         self.link = link_GBps
-        self.bw = 44 if link_GBps else 37
+        # %probe: busbw against the TCP ring ceiling measured on the emulated links.
+        self.ceiling = ceiling_GBps if link_GBps else None
+        self.bw = 37 + (7 if self.link else 0) + (7 if self.ceiling else 0)
+
+    def _extra(self, link: str, probe: str) -> str:
+        return (f" {link:>6}" if self.link else "") + (f" {probe:>6}" if self.ceiling else "")
 
     def header(self) -> str:
         left = f"{'':>12} {'':>12} {'':>9} {'':>22} {'':>5}"
         groups = "".join(f"  {lb:^{self.bw}}" for lb in self.labels)
         ratio_names = "".join(f" {lb + '/' + self.baseline:>13}" for lb in self.others)
         l1 = f"#{left[1:]}{groups}{'  busbw ratio' if self.others else ''}"
-        col = f"  {'time':>9} {'algbw':>8} {'busbw':>8} {'#wrong':>7}" + (f" {'%link':>6}" if self.link else "")
-        unit = f"  {'(us)':>9} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}" + (f" {'':>6}" if self.link else "")
+        col = f"  {'time':>9} {'algbw':>8} {'busbw':>8} {'#wrong':>7}" + self._extra("%link", "%probe")
+        unit = f"  {'(us)':>9} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}" + self._extra("", "")
         l2 = f"#{'size':>11} {'count':>12} {'type':>9} {'op':>22} {'redop':>5}" + col * len(self.labels) + ratio_names
         l3 = f"#{'(B)':>11} {'(elements)':>12} {'':>9} {'':>22} {'':>5}" + unit * len(self.labels) + \
             "".join(f" {'(=time ratio)':>13}" for _ in self.others)
@@ -995,11 +1007,12 @@ class TableFormatter:
         for lb in self.labels:
             r = res.backends.get(lb)
             if r is None or r.error is not None or r.time_us is None:
-                s += f"  {'ERR':>9} {'-':>8} {'-':>8} {r.wrong if r else '-':>7}" + (f" {'-':>6}" if self.link else "")
+                s += f"  {'ERR':>9} {'-':>8} {'-':>8} {r.wrong if r else '-':>7}" + self._extra("-", "-")
                 continue
             s += f"  {r.time_us:>9.1f} {r.algbw_GBps or 0:>8.3f} {r.busbw_GBps or 0:>8.3f} {r.wrong:>7}"
-            if self.link:
-                s += f" {(r.busbw_GBps or 0) / self.link:>6.1%}"
+            busbw = r.busbw_GBps or 0
+            s += self._extra(f"{busbw / self.link:.1%}" if self.link else "",
+                             f"{busbw / self.ceiling:.1%}" if self.ceiling else "")
         base = res.backends.get(self.baseline)
         for lb in self.others:
             r = res.backends.get(lb)

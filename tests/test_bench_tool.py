@@ -2,7 +2,10 @@
 
 CI runs ``benchmarks.bench --check`` after the suite; this covers what that does not:
 ``--pair-dtypes``, where one case holds several dtypes of the same size in bytes and
-each backend:dtype column is verified and reported on its own row of the JSON.
+each backend:dtype column is verified and reported on its own row of the JSON; and
+``--emulate`` (one network namespace per rank, shaped links; needs root and iproute2,
+skipped without them), whose rows report busbw against the link rate and against the
+TCP ring ceiling that the probe of the first world size measured on those links.
 """
 from __future__ import annotations
 
@@ -45,3 +48,25 @@ def test_pair_dtypes_measures_each_dtype_at_the_same_byte_size(tmp_path: Path) -
 def test_pair_dtypes_refuses_what_it_cannot_pair(extra: list) -> None:
     p = _bench("--pair-dtypes", *extra)
     assert p.returncode == 2 and "--pair-dtypes needs" in p.stderr, p.stderr
+
+
+def test_emulated_rows_report_link_and_probe_fractions(tmp_path: Path) -> None:
+    out = tmp_path / "emu.json"
+    p = _bench("--emulate", "1gbit", "--world-sizes", "2,3", "--ops", "ar", "--dtypes", "float32",
+               "--min-bytes", "64KiB", "--max-bytes", "128KiB", "--probe-seconds", "0.5", "--iters-max", "3",
+               "--quiet", "--json", str(out))
+    if "emulation skipped" in p.stdout:
+        pytest.skip(p.stdout.strip().splitlines()[-1])
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out.read_text())
+    link, ceiling = doc["link_GBps"], doc["probe"]["ring_slowest_GBps"]
+    assert link == pytest.approx(1e9 / 8 / 1e9) and 0 < ceiling < link, (link, ceiling)
+    rows = doc["results"]
+    # The probe ran once, at ws=2; ws=3 reports against the same ceiling.
+    assert {r["world_size"] for r in rows} == {2, 3} and len(rows) == 2 * 2 * 2
+    for r in rows:
+        assert r["wrong"] == 0 and r["error"] is None, r
+        assert r["busbw_link_fraction"] == pytest.approx(r["busbw_GBps"] / link), r
+        assert r["busbw_probe_fraction"] == pytest.approx(r["busbw_GBps"] / ceiling), r
+    headers = [line for line in p.stdout.splitlines() if "%link" in line]
+    assert len(headers) == 2 and all(h.count("%probe") == 2 for h in headers), headers
