@@ -4,15 +4,14 @@
 #include <c10/util/irange.h>
 #include <c10/util/Logging.h>
 #include <pybind11/pybind11.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
 #include "algorithms/direct.h"
 #include "algorithms/ring.h"
 #include "algorithms/ring_plan.h"
+#include "common/host.h"
 #include "cuda/device_sync.h"
 #include "cuda/staging.h"
 #include "reduce/reduce.h"
@@ -232,16 +231,6 @@ void ringAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& outp
   job.elemSize = output.element_size();
   job.allGather = true;
   ringCollective(c, job, RingBuffers{nullptr, bytes(output), nullptr});
-}
-
-// CPUs this process may run on (its affinity mask: taskset, cpusets), at least 1.
-int usableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    return std::max(1, CPU_COUNT(&set));
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 std::vector<at::Tensor> flatCat(const std::vector<at::Tensor>& ts) {

@@ -9,6 +9,7 @@
 #include "algorithms/ring_plan.h"
 #include "backend/ring_backend.h"
 #include "common/config.h"
+#include "common/host.h"
 #include "reduce/reduce.h"
 
 namespace py = pybind11;
@@ -87,4 +88,7 @@ PYBIND11_MODULE(_C, m) {
       "out = a (op) b with ringpg's kernels (for tests)");
   m.def("reduce_isa", &ringpg::reduceIsa);
   m.def("config_summary", [] { return ringpg::Config::get().summary(); });
+  m.def("cpus_from_cpu_max", &ringpg::cpusFromCpuMax,
+        "CPUs a cgroup v2 cpu.max text allows (None: unlimited or unreadable); for tests");
+  m.def("usable_cpus", &ringpg::usableCpus, "CPUs this process may use (affinity, lowered by a CFS quota)");
 }
