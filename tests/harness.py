@@ -73,9 +73,19 @@ def backend_under_test() -> str:
     return os.environ.get(BACKEND_ENV, "ringpg")
 
 
+def cpu_backend(group: Any) -> Any:
+    """The c10d Backend object serving ``group``'s CPU tensors (ringpg's RingBackend, say)."""
+    return group._get_backend(torch.device("cpu"))
+
+
 def transport_of(group: Any) -> Optional[str]:
     """How ``group``'s ring moves its bytes: ringpg says "shm" or "tcp"; None for other backends."""
-    return getattr(group._get_backend(torch.device("cpu")), "transport", None)
+    return getattr(cpu_backend(group), "transport", None)
+
+
+def wait_spin_of(group: Any) -> Optional[int]:
+    """Microseconds ringpg's waits poll before sleeping (RINGPG_SPIN_US or auto's choice); None for others."""
+    return getattr(cpu_backend(group), "wait_spin_us", None)
 
 
 def entry_point_installed(name: str = "ringpg") -> bool:

@@ -172,7 +172,7 @@ def test_frozen_rank_gives_timeout_at_the_deadline(transport: str) -> None:
 def _bad_inputs(rank: int, ws: int, port: int, args: Any) -> dict:
     _init(rank, ws, port)
     gloo = dist.new_group(backend="gloo")
-    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    backend = harness.cpu_backend(dist.group.WORLD)
     t = torch.arange(6, dtype=torch.float32) + rank
     errors: dict[str, str] = {}
 
@@ -305,7 +305,7 @@ def _hostile_during_rendezvous(rank: int, ws: int, port: int, args: Any) -> dict
     ok = torch.equal(x, 2 * torch.arange(1000, dtype=torch.float32) + 1)
     # After rendezvous ringpg listens on nothing: only the store's and gloo's ports remain.
     leftover = _listening_ports() - store_ports
-    backend = group._get_backend(torch.device("cpu"))
+    backend = harness.cpu_backend(group)
     return {"ok": ok, "attacks": attacks, "leftover": sorted(leftover), "address": backend.local_address}
 
 
@@ -327,7 +327,7 @@ def _healthy_start(rank: int, ws: int, port: int) -> tuple[Any, torch.Tensor]:
     """Init (20 s timeout), one healthy all_reduce (seq 1) finished on both ranks; then
     returns the backend (for its raw-send test hook) and the op's 4096 floats."""
     _init(rank, ws, port, timeout_s=20.0)
-    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    backend = harness.cpu_backend(dist.group.WORLD)
     side = dist.new_group(backend="gloo")
     x = torch.ones(4096)
     dist.all_reduce(x)
@@ -483,7 +483,7 @@ def _under_detail(rank: int, ws: int, port: int, args: Any) -> dict:
     (mismatch,) = args
     os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     _init(rank, ws, port, timeout_s=20.0)
-    wrapped = type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__
+    wrapped = type(harness.cpu_backend(dist.group.WORLD)).__name__
     x = torch.arange(10, dtype=torch.float32) + rank
     dist.all_reduce(x)
     out = torch.empty(10 * ws)
@@ -519,7 +519,7 @@ def test_detail_wrapper_reports_mismatched_collectives() -> None:
 
 def _abort_while_peer_waits(rank: int, ws: int, port: int, args: Any) -> dict:
     _init(rank, ws, port, timeout_s=60.0)
-    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    backend = harness.cpu_backend(dist.group.WORLD)
     side = dist.new_group(backend="gloo")
     x = torch.ones(1 << 18)
     dist.all_reduce(x)
@@ -549,7 +549,7 @@ def test_abort_fails_the_peers_pending_op_at_once() -> None:
 
 def _shutdown_then_use(rank: int, ws: int, port: int, args: Any) -> dict:
     _init(rank, ws, port)
-    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    backend = harness.cpu_backend(dist.group.WORLD)
     x = torch.ones(10)
     dist.all_reduce(x)
     backend.shutdown()

@@ -43,6 +43,7 @@ from harness import (
     ref_reduce_scatter,
     sentinel_like,
     transport_of,
+    wait_spin_of,
 )
 
 SMALL_SLOT = 65536
@@ -71,6 +72,8 @@ def expected_spin_us(env: tuple[tuple[str, str], ...], transport: str, ws: int) 
     import ringpg._C  # affinity mask lowered by a CFS quota (tests/test_host.py)
 
     return AUTO_SHM_SPIN_US if ws <= ringpg._C.usable_cpus() else 0
+
+
 DTYPES = (torch.float32, torch.bfloat16, torch.int32, torch.int8)
 REDUCE_OPS = ("SUM", "AVG", "MAX")
 
@@ -97,9 +100,7 @@ def tpool(world_size: int, config: tuple[str, tuple[tuple[str, str], ...], str])
 def transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
     prefix = f"ringpg-{os.getpid()}-"
     leftover = [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] if os.path.isdir("/dev/shm") else []
-    backend = groups.test._get_backend(torch.device("cpu"))
-    return {"transport": transport_of(groups.test), "leftover": leftover,
-            "spin": getattr(backend, "wait_spin_us", None)}
+    return {"transport": transport_of(groups.test), "leftover": leftover, "spin": wait_spin_of(groups.test)}
 
 
 def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
