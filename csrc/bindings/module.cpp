@@ -90,5 +90,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("config_summary", [] { return ringpg::Config::get().summary(); });
   m.def("cpus_from_cpu_max", &ringpg::cpusFromCpuMax,
         "CPUs a cgroup v2 cpu.max text allows (None: unlimited or unreadable); for tests");
+  m.def("cgroup_path", &ringpg::cgroupPath, py::arg("proc_self_cgroup"), py::arg("controller"),
+        "This process's cgroup path from /proc/self/cgroup text (controller '' = the v2 hierarchy)");
+  m.def("quota_cpus_along", &ringpg::quotaCpusAlong, py::arg("mount"), py::arg("path"), py::arg("v2"),
+        "Tightest CFS quota, in CPUs, on a cgroup and its ancestors (None: no limit)");
   m.def("usable_cpus", &ringpg::usableCpus, "CPUs this process may use (affinity, lowered by a CFS quota)");
 }

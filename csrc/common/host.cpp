@@ -28,19 +28,33 @@ std::optional<int> cpusFromQuota(long long quota, long long period) {
   return static_cast<int>(std::max(1LL, (quota + period - 1) / period));
 }
 
-std::optional<int> quotaCpus() {
-  if (auto v2 = readFile("/sys/fs/cgroup/cpu.max")) {
-    return cpusFromCpuMax(*v2);
+// One directory's limit.
+std::optional<int> quotaCpusAt(const std::string& dir, bool v2) {
+  if (v2) {
+    const auto text = readFile((dir + "/cpu.max").c_str());
+    return text ? cpusFromCpuMax(*text) : std::nullopt;
   }
-  for (const char* dir : {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}) {
-    const auto quota = readFile((std::string(dir) + "/cpu.cfs_quota_us").c_str());
-    const auto period = readFile((std::string(dir) + "/cpu.cfs_period_us").c_str());
-    if (quota && period) {
-      try {
-        return cpusFromQuota(std::stoll(*quota), std::stoll(*period));
-      } catch (const std::exception&) {
-        return std::nullopt;
-      }
+  const auto quota = readFile((dir + "/cpu.cfs_quota_us").c_str());
+  const auto period = readFile((dir + "/cpu.cfs_period_us").c_str());
+  if (!quota || !period) {
+    return std::nullopt;
+  }
+  try {
+    return cpusFromQuota(std::stoll(*quota), std::stoll(*period));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// The v2 (unified) hierarchy if the cpu controller lives there, else the v1 one.
+std::optional<int> quotaCpus() {
+  const std::string self = readFile("/proc/self/cgroup").value_or("");
+  if (readFile("/sys/fs/cgroup/cgroup.controllers")) {
+    return quotaCpusAlong("/sys/fs/cgroup", cgroupPath(self, "").value_or("/"), /*v2=*/true);
+  }
+  for (const char* mount : {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}) {
+    if (readFile((std::string(mount) + "/cpu.cfs_period_us").c_str())) {
+      return quotaCpusAlong(mount, cgroupPath(self, "cpu").value_or("/"), /*v2=*/false);
     }
   }
   return std::nullopt;
@@ -61,6 +75,46 @@ std::optional<int> cpusFromCpuMax(const std::string& text) {
     return used == quota.size() ? cpusFromQuota(q, period) : std::nullopt;
   } catch (const std::exception&) {
     return std::nullopt;
+  }
+}
+
+std::optional<std::string> cgroupPath(const std::string& procSelfCgroup, const std::string& controller) {
+  std::istringstream in(procSelfCgroup);
+  std::string line;
+  while (std::getline(in, line)) {
+    // "ID:CONTROLLERS:PATH"; the path itself may contain ':'.
+    const size_t a = line.find(':');
+    const size_t b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) {
+      continue;
+    }
+    std::istringstream names(line.substr(a + 1, b - a - 1));
+    std::string name;
+    bool match = controller.empty() && line.compare(0, a, "0") == 0 && b == a + 1;
+    while (!match && !controller.empty() && std::getline(names, name, ',')) {
+      match = name == controller;
+    }
+    if (match) {
+      return line.substr(b + 1);
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<int> quotaCpusAlong(const std::string& mount, const std::string& path, bool v2) {
+  std::optional<int> tightest;
+  std::string rel = path.empty() || path[0] == '/' ? path : "/" + path;
+  while (true) {
+    while (!rel.empty() && rel.back() == '/') {
+      rel.pop_back();
+    }
+    if (const auto q = quotaCpusAt(mount + rel, v2)) {
+      tightest = std::min(tightest.value_or(*q), *q);
+    }
+    if (rel.empty()) {
+      return tightest; // the mount's root was the last level
+    }
+    rel.erase(rel.rfind('/') == std::string::npos ? 0 : rel.rfind('/'));
   }
 }
 

@@ -10,9 +10,21 @@ namespace ringpg {
 // or "max PERIOD"): ceil(QUOTA / PERIOD), or nullopt when unlimited or unreadable.
 std::optional<int> cpusFromCpuMax(const std::string& text);
 
+// The path of this process's cgroup, from the text of /proc/self/cgroup: in the v1
+// hierarchy that has `controller` ("N:cpu,cpuacct:/PATH"), or with an empty
+// `controller` in the v2 hierarchy ("0::/PATH"); nullopt when there is none.
+std::optional<std::string> cgroupPath(const std::string& procSelfCgroup, const std::string& controller);
+
+// The tightest CPU quota on cgroup `path` of the hierarchy mounted at `mount` and on
+// its ancestors (a limit anywhere above a cgroup also binds it): v2 reads each
+// directory's cpu.max, v1 its cpu.cfs_quota_us and cpu.cfs_period_us.  Directories
+// that do not exist (a container that sees only its own part of the tree) are
+// skipped; nullopt when no level has a limit.
+std::optional<int> quotaCpusAlong(const std::string& mount, const std::string& path, bool v2);
+
 // CPUs this process may run on: its affinity mask (taskset, cpusets), lowered by a
-// CFS quota (container CPU limits, cgroup v2 cpu.max or v1 cpu.cfs_quota_us, as seen
-// at /sys/fs/cgroup); at least 1.
+// CFS quota on its cgroup or an ancestor (container CPU limits, systemd CPUQuota);
+// at least 1.
 int usableCpus();
 
 } // namespace ringpg
