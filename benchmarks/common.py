@@ -669,9 +669,12 @@ def backend_status(name: str, device: str) -> Tuple[bool, str]:
 def transport_of(group: Any, device: str) -> Optional[str]:
     """How a live group moves its ring traffic, for backends that say (ringpg: shm or tcp)."""
     try:
-        return getattr(group._get_backend(torch.device(device)), "transport", None)
-    except Exception:  # noqa: BLE001 - a backend without the attribute or the device
+        import ringpg  # type: ignore[import-not-found]
+
+        b = ringpg.backend(group, device)
+    except Exception:  # noqa: BLE001 - ringpg absent or unloadable: not a ringpg group
         return None
+    return b.transport if b is not None else None
 
 
 def unique_labels(names: Sequence[str]) -> List[str]:

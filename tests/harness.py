@@ -80,12 +80,18 @@ def cpu_backend(group: Any) -> Any:
 
 def transport_of(group: Any) -> Optional[str]:
     """How ``group``'s ring moves its bytes: ringpg says "shm" or "tcp"; None for other backends."""
-    return getattr(cpu_backend(group), "transport", None)
+    import ringpg
+
+    b = ringpg.backend(group)
+    return b.transport if b is not None else None
 
 
 def wait_spin_of(group: Any) -> Optional[int]:
     """Microseconds ringpg's waits poll before sleeping (RINGPG_SPIN_US or auto's choice); None for others."""
-    return getattr(cpu_backend(group), "wait_spin_us", None)
+    import ringpg
+
+    b = ringpg.backend(group)
+    return b.wait_spin_us if b is not None else None
 
 
 def entry_point_installed(name: str = "ringpg") -> bool:

@@ -484,6 +484,9 @@ def _under_detail(rank: int, ws: int, port: int, args: Any) -> dict:
     os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     _init(rank, ws, port, timeout_s=20.0)
     wrapped = type(harness.cpu_backend(dist.group.WORLD)).__name__
+    import ringpg
+
+    seen_through = type(ringpg.backend()).__name__  # ringpg.backend() unwraps the wrapper
     x = torch.arange(10, dtype=torch.float32) + rank
     dist.all_reduce(x)
     out = torch.empty(10 * ws)
@@ -497,13 +500,14 @@ def _under_detail(rank: int, ws: int, port: int, args: Any) -> dict:
             kind, msg, _ = _expect_error(lambda: dist.all_reduce(y))
         else:
             kind, msg, _ = _expect_error(lambda: dist.broadcast(y, src=0))
-    return {"ok": ok, "wrapped": wrapped, "type": kind, "msg": msg}
+    return {"ok": ok, "wrapped": wrapped, "seen_through": seen_through, "type": kind, "msg": msg}
 
 
 def test_runs_inside_torchs_detail_wrapper() -> None:
     res = run_scenario(_under_detail, 2, (False,))
     for v in res.values():
         assert v["ok"], v
+        assert v["seen_through"] == "RingBackend", v
 
 
 def test_detail_wrapper_reports_mismatched_collectives() -> None:

@@ -76,3 +76,23 @@ def get_backend_worker(rank: int, ws: int, groups: Groups, args: Any) -> tuple[s
 
 def test_get_backend_of_group() -> None:
     assert run_workers(get_backend_worker, 1) == [(backend_under_test(), backend_under_test())]
+
+
+def backend_object_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict:
+    b = ringpg.backend(groups.test)
+    return {
+        "test": None if b is None else (type(b).__name__, b.transport, b.wait_spin_us, b.size(), b.rank()),
+        "ref": ringpg.backend(groups.ref),
+        "cuda": ringpg.backend(groups.test, "cuda") is b,  # one RingBackend serves both devices
+    }
+
+
+def test_backend_returns_the_groups_ringbackend_and_none_for_others() -> None:
+    if backend_under_test() != "ringpg":
+        pytest.skip("ringpg.backend() describes ringpg groups only")
+    for rank, v in enumerate(run_workers(backend_object_worker, 2)):
+        name, transport, spin, size, grank = v["test"]
+        assert (name, size, grank) == ("RingBackend", 2, rank), v
+        assert transport in ("shm", "tcp") and spin >= 0, v
+        assert v["ref"] is None, v   # the gloo reference group
+        assert v["cuda"], v

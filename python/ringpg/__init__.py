@@ -6,6 +6,9 @@ for the cpu and cuda devices; after that (or with no import at all, through the
 
     torch.distributed.init_process_group(backend="ringpg")
 
+``ringpg.backend(group)`` gives the live backend object of a group (its transport,
+its spin), see :mod:`ringpg._introspect`.
+
 The compiled core lives in ``ringpg._C`` and is loaded lazily by the creator,
 after :func:`ringpg._loader.load_extension` has checked that it was built for the
 torch that is running.
@@ -16,9 +19,10 @@ from __future__ import annotations
 # among them, which must find this package's modules whole, not half-imported.
 import torch  # noqa: F401
 
+from ._introspect import backend
 from ._registration import BACKEND_NAME, register
 
-__all__ = ["BACKEND_NAME", "register"]
+__all__ = ["BACKEND_NAME", "backend", "register"]
 __version__ = "0.1.0"
 
 register()
