@@ -14,9 +14,11 @@ How a number is made (details in ``benchmarks/common.py``):
   127.0.0.1 with a free port; under ``--emulate`` one network namespace per rank, see
   ``benchmarks/netns.py``).  The default group is gloo; every backend gets its own group
   over the same ranks (``dist.new_group(backend=...)``).
-* Per case, backends alternate every iteration on the same buffers; each op is bracketed
-  by a barrier on the gloo group, local times are reduced with MAX over ranks, and the
-  time is the median over iterations (adaptive count, bounded per case).
+* Per case, backends alternate every iteration on the same buffers; each op follows a
+  barrier of its own backend; where the ranks share a clock (one kernel) an op's time
+  runs from the last rank's start to the last rank's end, else it is the slowest rank's
+  duration; the time is the median over iterations (adaptive count, bounded per case).
+  Outputs are verified in untimed rounds, so no check runs between timed ops.
 * Inputs are integer-valued and deterministic, so the exact expected output is known on
   every rank: ``#wrong`` counts elements that differ (summed over ranks).
 * busbw uses the nccl-tests factors; the ratio column is baseline time / backend time
@@ -157,11 +159,14 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
             ceiling = ring_ceiling(probe) or ceiling
         table = C.TableFormatter(list(columns), baseline, cfg.link_GBps, ceiling)
         transports = {label: t for label, g in groups.items() if (t := C.transport_of(g, cfg.device))}
+        shared_clock = C.ranks_share_clock(ref)
+        timing = "last-start-to-last-end" if shared_clock else "slowest-rank"
         if rank == 0:
             via = "".join(f" {label}:transport={t}" for label, t in transports.items())
             C.emit(f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)} "
-                   f"baseline={baseline} threads/rank={cfg.threads} batch={policy.batch}{via}", progress)
-            record({"kind": "transports", "world_size": ws, "transports": transports})
+                   f"baseline={baseline} threads/rank={cfg.threads} batch={policy.batch} timing={timing}{via}",
+                   progress)
+            record({"kind": "transports", "world_size": ws, "transports": transports, "timing": timing})
             C.emit(table.header(), progress)
         previous_op = None
         for i, (op, dtype, numel) in enumerate(cfg.cases):
@@ -180,7 +185,7 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
                     numel_dt = case.size_bytes // C.Case(op, dt, 1, ws).itemsize
                     by_dtype[dt] = C.CaseBuffers(C.Case(op, dt, numel_dt, ws), rank, device)
                 bufs = {col: by_dtype[dt] for col, (_, dt) in columns.items()}
-            res = C.measure_case(bufs, col_groups, ref, policy, sync=sync)
+            res = C.measure_case(bufs, col_groups, ref, policy, sync=sync, shared_clock=shared_clock)
             del bufs
             if any(r.wrong or r.error for r in res.backends.values()):
                 status = 1
@@ -448,6 +453,7 @@ def finalize(args: argparse.Namespace, facts: Dict[str, str], events: List[Dict[
     probes = [e for e in events if e.get("kind") == "probe"]
     probe = probes[0]["probe"] if probes else None
     done = {e["world_size"] for e in events if e.get("kind") == "done"}
+    timing = {e["world_size"]: e.get("timing") for e in events if e.get("kind") == "transports"}
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     save = not args.no_save and not args.check
     out_dir = Path(args.out_dir)
@@ -463,7 +469,7 @@ def finalize(args: argparse.Namespace, facts: Dict[str, str], events: List[Dict[
         paths["json"].parent.mkdir(parents=True, exist_ok=True)
         with open(paths["json"], "w") as f:
             json.dump({"machine": facts, "argv": sys.argv, "probe": probe, "link_GBps": link_GBps,
-                       "world_sizes_completed": sorted(done), "problems": launch_problems,
+                       "world_sizes_completed": sorted(done), "timing": timing, "problems": launch_problems,
                        "results": rows}, f, indent=1)
         print(f"# json: {paths['json']}")
     if paths["csv"]:
@@ -530,8 +536,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g.add_argument("--iters-max", type=int, default=None, help="default 100 (--check: 2)")
     g.add_argument("--case-time", type=float, default=0.75, help="target seconds of timed rounds per case")
     g.add_argument("--batch", type=int, default=1,
-                   help="ops per timed iteration (default 1: each op bracketed by a barrier; N > 1: N ops "
-                        "back to back, time = total / N, the nccl-tests loop; outputs then checked in warm-up only)")
+                   help="ops per timed iteration (default 1: each op after a barrier of its backend; N > 1: "
+                        "N ops back to back, time = total / N, the nccl-tests loop); outputs are checked in "
+                        "untimed rounds either way")
     g = ap.add_argument_group("ceiling and network")
     g.add_argument("--probe", dest="probe", action="store_true", default=None,
                    help="raw TCP throughput probe between rank 0 and 1 (default: on, off with --check)")
@@ -635,7 +642,8 @@ def _config(args: argparse.Namespace, ws: int, cases: List[C.Case], init_method:
         world_size=ws, init_method=init_method, master_addr=master_addr, backends=list(args.backends),
         labels=labels, baseline=C.pick_baseline(labels, args.baseline), device=args.device,
         cases=[(c.op, c.dtype, c.numel) for c in cases],
-        policy=asdict(C.IterationPolicy(args.warmup, args.iters_min, args.iters_max, args.case_time, args.batch)),
+        policy=asdict(C.IterationPolicy(args.warmup, args.iters_min, args.iters_max, args.case_time, args.batch,
+                                     verify_timed=args.check)),
         op_timeout_s=args.op_timeout, probe=probe, probe_seconds=args.probe_seconds, probe_path=probe_path,
         link_GBps=link_GBps, result_path=result_path,
         threads=args.threads or C.default_threads(ws), progress=not args.quiet,

@@ -15,10 +15,14 @@ Everything that decides *what* a number means lives here, once:
   same inputs is; checking gloo against it too makes gloo's own ``#wrong`` meaningful.
 * **Timing** (:func:`measure_case`): backends run in the same processes on the same
   buffers, alternating per iteration (the order flips every round so neither backend
-  always goes first); each op is bracketed by a barrier on the reference gloo group, its
-  local time is reduced with MAX over ranks, and the reported time is the median over
-  iterations.  The number of iterations adapts to the cost of a warm-up round so that
-  every case is bounded in time.
+  always goes first).  Each timed op follows a barrier of *its own* backend, so no other
+  backend's threads are still finishing in it, and nothing else runs between ops:
+  outputs are verified in rounds of their own (the warm-up rounds and one after the
+  timed ones), not between timed ops.  Where all ranks read one monotonic clock (one
+  kernel), an op's time runs from the last rank's start to the last rank's end, so the
+  barrier's exit skew is not charged to it; elsewhere it is the slowest rank's own
+  duration.  The reported time is the median over iterations, whose number adapts to
+  the cost of a warm-up round so that every case is bounded in time.
 * **Bandwidth** (:func:`bus_factor`): algbw = size / time, busbw = algbw x factor with
   the nccl-tests factors (allreduce 2(n-1)/n; reduce_scatter, all_gather, all_to_all
   (n-1)/n; broadcast 1).
@@ -95,8 +99,6 @@ DTYPE_ALIASES: Dict[str, str] = {
 #: Root of the broadcast case.
 BROADCAST_ROOT = 0
 
-#: Verify every iteration up to this many bytes; above it, the first and last rounds only.
-VERIFY_EVERY_ITERATION_MAX_BYTES = 8 << 20
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
           "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
@@ -435,11 +437,14 @@ class IterationPolicy:
     iters_min: int = 3
     iters_max: int = 100
     case_time_s: float = 0.75
-    # Ops per timed iteration.  1: each op is bracketed by a barrier and timed alone
-    # (latency, with the barrier's exit skew charged to the op).  N > 1: N ops back to
-    # back, time = batch / N, as nccl-tests times its loop; outputs are checked in the
-    # warm-up rounds only (a repeated in-place allreduce changes its own input).
+    # Ops per timed iteration.  1: each op follows a barrier and is timed alone
+    # (latency).  N > 1: N ops back to back, time = batch / N, as nccl-tests times its
+    # loop.  Either way outputs are checked in rounds of their own (verify_timed aside).
     batch: int = 1
+    # Also verify the output of every timed op (--check: correctness is all it wants).
+    # Off for timing: the check's CPU work right before the next op slows that op when
+    # ranks outnumber cores (the scheduler makes a rank that just ran wait its turn).
+    verify_timed: bool = False
 
 
 @dataclass
@@ -499,9 +504,53 @@ def _allreduce(values: Sequence[float], op: Any, group: Any, dtype: torch.dtype 
     return t.tolist()
 
 
+def clock_identity() -> str:
+    """What identifies the monotonic clock ``time.perf_counter_ns`` reads here: the
+    kernel's boot id and this process's time namespace ("" where unknown).  Processes
+    with the same identity read the same clock, whatever their network namespace."""
+    if "CLOCK_MONOTONIC" not in time.get_clock_info("perf_counter").implementation:
+        return ""
+    try:
+        boot = open("/proc/sys/kernel/random/boot_id", encoding="ascii").read().strip()
+    except OSError:
+        return ""
+    try:
+        timens = os.readlink("/proc/self/ns/time")
+    except OSError:
+        timens = "-"  # kernels before time namespaces: one clock per boot
+    return f"{boot}|{timens}"
+
+
+def ranks_share_clock(group: Any) -> bool:
+    """True when every rank of ``group`` reads the same monotonic clock (collective)."""
+    ids: List[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(ids, clock_identity(), group=group)
+    return bool(ids[0]) and all(i == ids[0] for i in ids)
+
+
+def op_times_ns(spans: torch.Tensor, n_ops: int, shared_clock: bool) -> torch.Tensor:
+    """Time per op of each timed iteration, from ``spans[..., (start, end, end - start)]``
+    already reduced with MAX over ranks.
+
+    With a shared clock: from the last rank's start to the last rank's end -- how long
+    the collective took once every rank had called it.  Without one, starts cannot be
+    compared across ranks: the slowest rank's own duration, which also counts the time
+    it waited for ranks that left the barrier later.
+    """
+    if shared_clock:
+        return (spans[..., 1] - spans[..., 0]) / n_ops
+    return spans[..., 2] / n_ops
+
+
+def _barrier(group: Any, device: torch.device) -> None:
+    # device_ids names the GPU for nccl; the other backends ignore it.
+    dist.barrier(group=group, device_ids=[device.index or 0] if device.type == "cuda" else None)
+
+
 def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Mapping[str, Any], ref_group: Any,
                  policy: IterationPolicy, *, sync: Callable[[], None] = lambda: None,
-                 cross_check: bool = False, baseline: Optional[str] = None) -> CaseResult:
+                 cross_check: bool = False, baseline: Optional[str] = None,
+                 shared_clock: Optional[bool] = None) -> CaseResult:
     """Time ``bufs.case`` on every backend of ``groups``, alternating, and verify results.
 
     ``bufs`` may also map each label of ``groups`` to its own buffers: cases of one size
@@ -511,8 +560,11 @@ def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Ma
     case and reported with its error (this stays consistent across ranks when the error
     is a validation error raised on every rank; anything else ends in the group timeout).
     With ``cross_check`` the first round's outputs of each backend are also compared with
-    ``baseline``'s (``differs_from_baseline``).
+    ``baseline``'s (``differs_from_baseline``).  ``shared_clock`` (asked of the ranks when
+    None) chooses how op times are taken (:func:`op_times_ns`).
     """
+    if shared_clock is None:
+        shared_clock = ranks_share_clock(ref_group)
     labels = list(groups)
     per: Mapping[str, CaseBuffers] = bufs if isinstance(bufs, Mapping) else {lb: bufs for lb in labels}
     case = per[labels[0]].case
@@ -520,9 +572,8 @@ def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Ma
         "paired cases must have one op and one size in bytes (list the widest dtype first)"
     failed: Dict[str, str] = {}
     wrong = {lb: 0 for lb in labels}
-    times: Dict[str, List[int]] = {lb: [] for lb in labels}
+    spans: Dict[str, List[Tuple[int, int, int]]] = {lb: [] for lb in labels}
     snapshots: Dict[str, torch.Tensor] = {}
-    verify_all = case.size_bytes <= VERIFY_EVERY_ITERATION_MAX_BYTES
 
     def one_round(index: int, timed: bool, verify: bool, snapshot: bool) -> None:
         order = labels if index % 2 == 0 else labels[::-1]
@@ -530,9 +581,10 @@ def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Ma
             if lb in failed:
                 continue
             b = per[lb]
-            b.reset()
+            if verify or b.inplace:
+                b.reset()  # sentinels matter only to a check; an in-place input must be restored
             sync()
-            dist.barrier(group=ref_group)
+            _barrier(groups[lb], b.device)
             n_ops = policy.batch if timed else 1
             t0 = time.perf_counter_ns()
             try:
@@ -542,9 +594,9 @@ def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Ma
             except Exception as e:  # noqa: BLE001 - reported in the table
                 failed[lb] = _one_line(e)
                 continue
-            dt = (time.perf_counter_ns() - t0) // n_ops
+            t1 = time.perf_counter_ns()
             if timed:
-                times[lb].append(dt)
+                spans[lb].append((t0, t1, t1 - t0))
             if verify:
                 wrong[lb] = max(wrong[lb], b.count_wrong())
             if snapshot:
@@ -565,19 +617,21 @@ def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Ma
         iters = policy.iters_min
     iters = max(policy.iters_min, min(policy.iters_max, iters))
     for i in range(iters):
-        one_round(rounds, timed=True, verify=policy.batch == 1 and (verify_all or i == iters - 1 or rounds == 0),
-                  snapshot=cross_check and rounds == 0)
+        one_round(rounds, timed=True, verify=policy.verify_timed, snapshot=cross_check and rounds == 0)
         rounds += 1
+    if not policy.verify_timed:
+        one_round(rounds, timed=False, verify=True, snapshot=False)  # what the timed ops left behind
 
     # Agree on failures, wrong counts and times (MAX over ranks per iteration).
     nb = len(labels)
     flags = _allreduce([1.0 if lb in failed else 0.0 for lb in labels], dist.ReduceOp.MAX, ref_group)
     wrong_sum = _allreduce([float(wrong[lb]) for lb in labels], dist.ReduceOp.SUM, ref_group)
-    tmat = torch.zeros(nb, iters, dtype=torch.float64)
+    smat = torch.zeros(nb, iters, 3, dtype=torch.int64)
     for k, lb in enumerate(labels):
-        if lb not in failed and len(times[lb]) == iters:
-            tmat[k] = torch.tensor(times[lb], dtype=torch.float64)
-    dist.all_reduce(tmat, op=dist.ReduceOp.MAX, group=ref_group)
+        if lb not in failed and len(spans[lb]) == iters:
+            smat[k] = torch.tensor(spans[lb], dtype=torch.int64)
+    dist.all_reduce(smat, op=dist.ReduceOp.MAX, group=ref_group)
+    tmat = op_times_ns(smat, policy.batch, shared_clock)
     diffs: Optional[List[float]] = None
     if cross_check:
         base = baseline if baseline in snapshots else None

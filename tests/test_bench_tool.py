@@ -6,6 +6,8 @@ each backend:dtype column is verified and reported on its own row of the JSON; a
 ``--emulate`` (one network namespace per rank, shaped links; needs root and iproute2,
 skipped without them), whose rows report busbw against the link rate and against the
 TCP ring ceiling that the probe of the first world size measured on those links.
+Both placements put every rank under one kernel, so both must time ops from the last
+rank's start (the JSON's ``timing``).
 """
 from __future__ import annotations
 
@@ -30,7 +32,10 @@ def test_pair_dtypes_measures_each_dtype_at_the_same_byte_size(tmp_path: Path) -
                "--world-sizes", "2", "--min-bytes", "1KiB", "--max-bytes", "64KiB", "--no-probe", "--quiet",
                "--iters-max", "3", "--json", str(out))
     assert p.returncode == 0, p.stdout + p.stderr
-    rows = json.loads(out.read_text())["results"]
+    doc = json.loads(out.read_text())
+    # Ranks on one kernel share a clock: ops are timed from the last rank's start.
+    assert doc["timing"] == {"2": "last-start-to-last-end"}, doc["timing"]
+    rows = doc["results"]
     labels = {r["backend"] for r in rows}
     assert labels == {"ringpg:float32", "ringpg:bfloat16", "gloo:float32", "gloo:bfloat16"}, labels
     by_case: dict = {}
@@ -59,6 +64,8 @@ def test_emulated_rows_report_link_and_probe_fractions(tmp_path: Path) -> None:
         pytest.skip(p.stdout.strip().splitlines()[-1])
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
+    # Network namespaces of their own, one kernel: still one clock.
+    assert doc["timing"] == {"2": "last-start-to-last-end", "3": "last-start-to-last-end"}, doc["timing"]
     link, ceiling = doc["link_GBps"], doc["probe"]["ring_slowest_GBps"]
     assert link == pytest.approx(1e9 / 8 / 1e9) and 0 < ceiling < link, (link, ceiling)
     rows = doc["results"]
