@@ -3,7 +3,9 @@
 Every dtype x op the kernels implement is compared on random data of awkward
 lengths (vector-tail handling) with torch as the reference: exact for integers,
 bool and fp32/fp64 (same single operation), and for fp16/bf16 exact as well, since
-both widen to fp32, combine once and round once to nearest-even.
+both widen to fp32, combine once and round once to nearest-even.  Each compiled copy
+of the kernels this CPU can run (AVX-512 with and without the bf16 converter, AVX2,
+baseline) is tested by name, not only the one ringpg dispatches to.
 """
 from __future__ import annotations
 
@@ -33,6 +35,12 @@ def _data(dtype: torch.dtype, n: int, seed: int) -> torch.Tensor:
             # block: hardware converters flush these, torch does not.
             x[33] = 3e-39 * seed
             x[35] = -1e-40 if seed == 1 else 1e-19
+        if n > 48:
+            # float16's edges, inside a 16-lane block: results that are half denormals
+            # (below 6.1e-5, down to its smallest, 6e-8) and a sum past its largest, 65504.
+            x[40] = 1e-5 * seed
+            x[41] = -6e-8 if seed == 1 else 2e-7
+            x[42] = 60000.0 if seed == 1 else 6000.0
         return x.to(dtype)
     info = torch.iinfo(dtype)
     lo, hi = max(info.min, -(2**62)), min(info.max, 2**62)
@@ -59,8 +67,9 @@ def _reference(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return r.to(a.dtype)
 
 
+@pytest.mark.parametrize("isa", _C.reduce_isas())
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES + INT_DTYPES + [torch.bool], ids=str)
-def test_kernels_match_torch(dtype: torch.dtype) -> None:
+def test_kernels_match_torch(dtype: torch.dtype, isa: str) -> None:
     ops = ["SUM", "PRODUCT", "MIN", "MAX"]
     if not dtype.is_floating_point:
         ops += ["BAND", "BOR", "BXOR"]
@@ -68,7 +77,7 @@ def test_kernels_match_torch(dtype: torch.dtype) -> None:
         for n in LENGTHS:
             a, b = _data(dtype, n, 1), _data(dtype, n, 2)
             out = torch.empty_like(a)
-            _C.reduce_kernel(op, out, a, b)
+            _C.reduce_kernel(op, out, a, b, isa=isa)
             ref = _reference(op, a, b)
             assert torch.equal(out.view(torch.uint8), ref.view(torch.uint8)) or torch.equal(
                 out, ref
@@ -82,6 +91,10 @@ def test_in_place_accumulate_and_dispatch_name() -> None:
     _C.reduce_kernel("SUM", a, a, b)
     assert torch.equal(a, torch.arange(1000, dtype=torch.float32) + 1)
     assert _C.reduce_isa() in ("avx512+bf16", "avx512", "avx2", "baseline")
+    # What ringpg dispatches to is the best copy this CPU runs; baseline always runs.
+    assert _C.reduce_isas()[0] == _C.reduce_isa() and _C.reduce_isas()[-1] == "baseline"
+    with pytest.raises(RuntimeError, match="cannot run on this CPU"):
+        _C.reduce_kernel("SUM", a, a, b, isa="sse9")
 
 
 def test_unsupported_pairs_are_refused() -> None:

@@ -77,16 +77,22 @@ PYBIND11_MODULE(_C, m) {
         py::arg("max_segment_elems"));
   m.def(
       "reduce_kernel",
-      [](const std::string& op, at::Tensor out, const at::Tensor& a, const at::Tensor& b) {
+      [](const std::string& op, at::Tensor out, const at::Tensor& a, const at::Tensor& b, const std::string& isa) {
         TORCH_CHECK(out.is_contiguous() && a.is_contiguous() && b.is_contiguous() && out.is_cpu());
         TORCH_CHECK(a.numel() == b.numel() && out.numel() == a.numel());
         TORCH_CHECK(out.scalar_type() == a.scalar_type() && a.scalar_type() == b.scalar_type());
         const auto rop = redOpFromName(op);
         TORCH_CHECK(ringpg::reduceSupported(a.scalar_type(), rop), "unsupported");
-        ringpg::reduce(a.scalar_type(), rop, out.data_ptr(), a.data_ptr(), b.data_ptr(), a.numel());
+        if (isa.empty()) {
+          ringpg::reduce(a.scalar_type(), rop, out.data_ptr(), a.data_ptr(), b.data_ptr(), a.numel());
+        } else {
+          ringpg::reduceWithIsa(isa, a.scalar_type(), rop, out.data_ptr(), a.data_ptr(), b.data_ptr(), a.numel());
+        }
       },
-      "out = a (op) b with ringpg's kernels (for tests)");
+      py::arg("op"), py::arg("out"), py::arg("a"), py::arg("b"), py::arg("isa") = "",
+      "out = a (op) b with ringpg's kernels (for tests); `isa` picks one of reduce_isas()");
   m.def("reduce_isa", &ringpg::reduceIsa);
+  m.def("reduce_isas", &ringpg::reduceIsas, "instruction sets whose kernels this CPU can run, best first");
   m.def("config_summary", [] { return ringpg::Config::get().summary(); });
   m.def("cpus_from_cpu_max", &ringpg::cpusFromCpuMax,
         "CPUs a cgroup v2 cpu.max text allows (None: unlimited or unreadable); for tests");

@@ -4,10 +4,13 @@
 #include "reduce/reduce.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <immintrin.h>
 
 #include <cstring>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 namespace ringpg {
 
@@ -17,9 +20,12 @@ namespace isa_baseline {
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2")
+// Hand-vectorized 8-lane paths (float16 through the F16C converters) for this copy.
+#define RINGPG_KERNELS_AVX2 1
 namespace isa_avx2 {
 #include "reduce/kernels.inc"
 } // namespace isa_avx2
+#undef RINGPG_KERNELS_AVX2
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -52,23 +58,27 @@ struct Dispatch {
   const char* name;
 };
 
-Dispatch choose() {
+// Every compiled copy of the kernels this CPU can run, best first (baseline always).
+std::vector<Dispatch> runnable() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-    if (__builtin_cpu_supports("avx512bf16")) {
-      return {&isa_avx512bf16::detail::reduceImpl, "avx512+bf16"};
-    }
-    return {&isa_avx512::detail::reduceImpl, "avx512"};
+  std::vector<Dispatch> copies;
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (avx512 && __builtin_cpu_supports("avx512bf16")) {
+    copies.push_back({&isa_avx512bf16::detail::reduceImpl, "avx512+bf16"});
+  }
+  if (avx512) {
+    copies.push_back({&isa_avx512::detail::reduceImpl, "avx512"});
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return {&isa_avx2::detail::reduceImpl, "avx2"};
+    copies.push_back({&isa_avx2::detail::reduceImpl, "avx2"});
   }
-  return {&isa_baseline::detail::reduceImpl, "baseline"};
+  copies.push_back({&isa_baseline::detail::reduceImpl, "baseline"});
+  return copies;
 }
 
 const Dispatch& dispatch() {
-  static const Dispatch d = choose();
+  static const Dispatch d = runnable().front();
   return d;
 }
 
@@ -144,6 +154,26 @@ void divideIntegers(c10::ScalarType dtype, void* data, int64_t n, int64_t diviso
 
 const char* reduceIsa() {
   return dispatch().name;
+}
+
+std::vector<std::string> reduceIsas() {
+  std::vector<std::string> names;
+  for (const Dispatch& d : runnable()) {
+    names.emplace_back(d.name);
+  }
+  return names;
+}
+
+void reduceWithIsa(const std::string& isa, c10::ScalarType dtype, RedOp op, void* out, const void* a,
+                   const void* b, int64_t n) {
+  for (const Dispatch& d : runnable()) {
+    if (isa == d.name) {
+      TORCH_INTERNAL_ASSERT(d.fn(dtype, op, out, a, b, n), "ringpg: no kernel for ", dtype, " ", redOpName(op));
+      return;
+    }
+  }
+  TORCH_CHECK(false, "ringpg: the ", isa, " kernels cannot run on this CPU (it runs: ",
+              c10::Join(", ", reduceIsas()), ")");
 }
 
 } // namespace ringpg

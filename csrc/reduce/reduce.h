@@ -4,13 +4,15 @@
 // Half precision (float16, bfloat16) is widened to fp32, combined, and rounded once
 // (round-to-nearest-even), as NCCL does per step.  Integer arithmetic wraps (two's
 // complement), as in torch.  Bool: SUM/MAX/BOR = or, PRODUCT/MIN/BAND = and, BXOR = xor.
-// Kernels are compiled three times (x86-64 baseline, AVX2+F16C+FMA, AVX-512) and the
-// best the CPU supports is chosen once at start-up.
+// Kernels are compiled four times (x86-64 baseline, AVX2+F16C+FMA, AVX-512, AVX-512 with
+// the bfloat16 converter) and the best the CPU supports is chosen once at start-up.
 #pragma once
 
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace ringpg {
 
@@ -28,7 +30,15 @@ void reduce(c10::ScalarType dtype, RedOp op, void* out, const void* a, const voi
 // Precondition: dtype is an integer type (not bool).
 void divideIntegers(c10::ScalarType dtype, void* data, int64_t n, int64_t divisor);
 
-// Name of the instruction set the kernels were dispatched to ("avx512", "avx2", "baseline").
+// Name of the instruction set the kernels were dispatched to ("avx512+bf16", "avx512",
+// "avx2", "baseline").
 const char* reduceIsa();
+
+// Every instruction set whose kernels this CPU can run, best first: what reduce() picks
+// is the first.  reduceWithIsa() runs one of them by name (tests compare each copy
+// with torch; benchmarks compare them with each other); TORCH_CHECK if it cannot run.
+std::vector<std::string> reduceIsas();
+void reduceWithIsa(const std::string& isa, c10::ScalarType dtype, RedOp op, void* out, const void* a,
+                   const void* b, int64_t n);
 
 } // namespace ringpg
