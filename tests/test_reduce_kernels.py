@@ -9,6 +9,10 @@ baseline) is tested by name, not only the one ringpg dispatches to.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -101,3 +105,17 @@ def test_unsupported_pairs_are_refused() -> None:
     a = torch.ones(4)
     with pytest.raises(RuntimeError):
         _C.reduce_kernel("BAND", a, a, a)
+
+
+def test_reduce_isa_setting_pins_a_copy_or_is_refused() -> None:
+    """RINGPG_REDUCE_ISA picks the copy ringpg dispatches to; one the CPU cannot run is
+    refused with the choices, at the first use (a group's creation)."""
+    probe = "import ringpg._C as c; print(c.reduce_isa())"
+    for isa in _C.reduce_isas():
+        env = dict(os.environ, RINGPG_REDUCE_ISA=isa)
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.strip() == isa, out.stderr
+    env = dict(os.environ, RINGPG_REDUCE_ISA="sse9")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "RINGPG_REDUCE_ISA=sse9 cannot run on this CPU" in out.stderr, out.stderr
+    assert "baseline" in out.stderr

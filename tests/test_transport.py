@@ -57,6 +57,8 @@ CONFIGS = [
     ("shm-64k-slots", (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)),), "shm"),
     ("shm-spin", (("RINGPG_SPIN_US", SPIN),), "shm"),
     ("tcp-spin", (("RINGPG_TRANSPORT", "tcp"), ("RINGPG_SPIN_US", SPIN)), "tcp"),
+    # The portable kernels pinned: every reduction below through the plain x86-64 copy.
+    ("shm-baseline-kernels", (("RINGPG_REDUCE_ISA", "baseline"),), "shm"),
 ]
 AUTO_SHM_SPIN_US = 100  # Config::kAutoShmSpinMicros
 
@@ -100,7 +102,10 @@ def tpool(world_size: int, config: tuple[str, tuple[tuple[str, str], ...], str])
 def transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
     prefix = f"ringpg-{os.getpid()}-"
     leftover = [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] if os.path.isdir("/dev/shm") else []
-    return {"transport": transport_of(groups.test), "leftover": leftover, "spin": wait_spin_of(groups.test)}
+    import ringpg._C
+
+    return {"transport": transport_of(groups.test), "leftover": leftover, "spin": wait_spin_of(groups.test),
+            "isa": ringpg._C.reduce_isa(), "isas": ringpg._C.reduce_isas()}
 
 
 def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
@@ -155,6 +160,8 @@ def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world
         assert [r["transport"] for r in results] == [config[2]] * len(results)
         spin = expected_spin_us(config[1], config[2], world_size)
         assert [r["spin"] for r in results] == [spin] * len(results)
+        isa = dict(config[1]).get("RINGPG_REDUCE_ISA", results[0]["isas"][0])  # pinned, else the best
+        assert [r["isa"] for r in results] == [isa] * len(results)
     assert all(not r["leftover"] for r in results), results
 
 

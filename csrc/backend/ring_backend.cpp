@@ -250,6 +250,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                          std::chrono::milliseconds timeout, std::string groupName)
     : c10d::Backend(rank, size), cfg_(Config::get()), timeout_(timeout), groupName_(std::move(groupName)) {
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "ringpg: invalid rank ", rank, " / size ", size);
+  reduceIsa(); // a RINGPG_REDUCE_ISA this CPU cannot run fails the group's creation, not its first op
   Mesh mesh = connectMesh(*store, rank, size, cfg_.ifname, timeout);
   localAddress_ = mesh.localAddress;
   engine_ = std::make_unique<Engine>(rank, size, std::move(mesh.tx), std::move(mesh.rx), cfg_.socketBuffer,

@@ -5,6 +5,7 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
+#include <c10/util/env.h>
 #include <immintrin.h>
 
 #include <cstring>
@@ -77,8 +78,32 @@ std::vector<Dispatch> runnable() {
   return copies;
 }
 
+std::string joinNames(const std::vector<Dispatch>& copies) {
+  std::vector<std::string> names;
+  for (const Dispatch& d : copies) {
+    names.emplace_back(d.name);
+  }
+  return c10::Join(", ", names);
+}
+
+// The best copy, unless RINGPG_REDUCE_ISA names another this CPU can run.
+Dispatch choose() {
+  const std::vector<Dispatch> copies = runnable();
+  const auto want = c10::utils::get_env("RINGPG_REDUCE_ISA");
+  if (!want || want->empty() || *want == "auto") {
+    return copies.front();
+  }
+  for (const Dispatch& d : copies) {
+    if (*want == d.name) {
+      return d;
+    }
+  }
+  TORCH_CHECK(false, "ringpg: RINGPG_REDUCE_ISA=", *want, " cannot run on this CPU (it runs: ", joinNames(copies),
+              "; or auto)");
+}
+
 const Dispatch& dispatch() {
-  static const Dispatch d = runnable().front();
+  static const Dispatch d = choose(); // a refused setting throws here, and again on the next call
   return d;
 }
 
@@ -172,8 +197,7 @@ void reduceWithIsa(const std::string& isa, c10::ScalarType dtype, RedOp op, void
       return;
     }
   }
-  TORCH_CHECK(false, "ringpg: the ", isa, " kernels cannot run on this CPU (it runs: ",
-              c10::Join(", ", reduceIsas()), ")");
+  TORCH_CHECK(false, "ringpg: the ", isa, " kernels cannot run on this CPU (it runs: ", joinNames(runnable()), ")");
 }
 
 } // namespace ringpg

@@ -31,7 +31,8 @@ void reduce(c10::ScalarType dtype, RedOp op, void* out, const void* a, const voi
 void divideIntegers(c10::ScalarType dtype, void* data, int64_t n, int64_t divisor);
 
 // Name of the instruction set the kernels were dispatched to ("avx512+bf16", "avx512",
-// "avx2", "baseline").
+// "avx2", "baseline"): the best this CPU runs, or the one RINGPG_REDUCE_ISA names.
+// Throws (TORCH_CHECK) when RINGPG_REDUCE_ISA names one the CPU cannot run.
 const char* reduceIsa();
 
 // Every instruction set whose kernels this CPU can run, best first: what reduce() picks
