@@ -550,7 +550,7 @@ def _barrier(group: Any, device: torch.device) -> None:
 def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Mapping[str, Any], ref_group: Any,
                  policy: IterationPolicy, *, sync: Callable[[], None] = lambda: None,
                  cross_check: bool = False, baseline: Optional[str] = None,
-                 shared_clock: Optional[bool] = None) -> CaseResult:
+                 shared_clock: bool) -> CaseResult:
     """Time ``bufs.case`` on every backend of ``groups``, alternating, and verify results.
 
     ``bufs`` may also map each label of ``groups`` to its own buffers: cases of one size
@@ -560,11 +560,9 @@ def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Ma
     case and reported with its error (this stays consistent across ranks when the error
     is a validation error raised on every rank; anything else ends in the group timeout).
     With ``cross_check`` the first round's outputs of each backend are also compared with
-    ``baseline``'s (``differs_from_baseline``).  ``shared_clock`` (asked of the ranks when
-    None) chooses how op times are taken (:func:`op_times_ns`).
+    ``baseline``'s (``differs_from_baseline``).  ``shared_clock`` (:func:`ranks_share_clock`,
+    asked once per group) chooses how op times are taken (:func:`op_times_ns`).
     """
-    if shared_clock is None:
-        shared_clock = ranks_share_clock(ref_group)
     labels = list(groups)
     per: Mapping[str, CaseBuffers] = bufs if isinstance(bufs, Mapping) else {lb: bufs for lb in labels}
     case = per[labels[0]].case

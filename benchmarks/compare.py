@@ -86,6 +86,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     groups = {under_test: dist.group.WORLD, "gloo": gloo}
     transport = C.transport_of(dist.group.WORLD, "cpu")
     policy = C.IterationPolicy(warmup=args.warmup, iters_min=args.iters, iters_max=args.iters, case_time_s=0.0)
+    shared_clock = C.ranks_share_clock(gloo)
 
     results: List[C.CaseResult] = []
     for op in args.ops:
@@ -95,7 +96,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             numel = max(ws, numel // ws * ws)
         case = C.Case(op, args.dtype, numel, ws)
         bufs = C.CaseBuffers(case, rank, torch.device("cpu"))
-        results.append(C.measure_case(bufs, groups, gloo, policy, cross_check=True, baseline="gloo"))
+        results.append(C.measure_case(bufs, groups, gloo, policy, cross_check=True, baseline="gloo",
+                                      shared_clock=shared_clock))
         del bufs
 
     failed = False

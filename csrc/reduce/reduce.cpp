@@ -78,12 +78,22 @@ std::vector<Dispatch> runnable() {
   return copies;
 }
 
-std::string joinNames(const std::vector<Dispatch>& copies) {
+std::vector<std::string> namesOf(const std::vector<Dispatch>& copies) {
   std::vector<std::string> names;
   for (const Dispatch& d : copies) {
     names.emplace_back(d.name);
   }
-  return c10::Join(", ", names);
+  return names;
+}
+
+// The copy called `name` among `copies`, or null.
+const Dispatch* byName(const std::vector<Dispatch>& copies, const std::string& name) {
+  for (const Dispatch& d : copies) {
+    if (name == d.name) {
+      return &d;
+    }
+  }
+  return nullptr;
 }
 
 // The best copy, unless RINGPG_REDUCE_ISA names another this CPU can run.
@@ -93,13 +103,10 @@ Dispatch choose() {
   if (!want || want->empty() || *want == "auto") {
     return copies.front();
   }
-  for (const Dispatch& d : copies) {
-    if (*want == d.name) {
-      return d;
-    }
-  }
-  TORCH_CHECK(false, "ringpg: RINGPG_REDUCE_ISA=", *want, " cannot run on this CPU (it runs: ", joinNames(copies),
-              "; or auto)");
+  const Dispatch* d = byName(copies, *want);
+  TORCH_CHECK(d, "ringpg: RINGPG_REDUCE_ISA=", *want, " cannot run on this CPU (it runs: ",
+              c10::Join(", ", namesOf(copies)), "; or auto)");
+  return *d;
 }
 
 const Dispatch& dispatch() {
@@ -182,22 +189,16 @@ const char* reduceIsa() {
 }
 
 std::vector<std::string> reduceIsas() {
-  std::vector<std::string> names;
-  for (const Dispatch& d : runnable()) {
-    names.emplace_back(d.name);
-  }
-  return names;
+  return namesOf(runnable());
 }
 
 void reduceWithIsa(const std::string& isa, c10::ScalarType dtype, RedOp op, void* out, const void* a,
                    const void* b, int64_t n) {
-  for (const Dispatch& d : runnable()) {
-    if (isa == d.name) {
-      TORCH_INTERNAL_ASSERT(d.fn(dtype, op, out, a, b, n), "ringpg: no kernel for ", dtype, " ", redOpName(op));
-      return;
-    }
-  }
-  TORCH_CHECK(false, "ringpg: the ", isa, " kernels cannot run on this CPU (it runs: ", joinNames(runnable()), ")");
+  const std::vector<Dispatch> copies = runnable();
+  const Dispatch* d = byName(copies, isa);
+  TORCH_CHECK(d, "ringpg: the ", isa, " kernels cannot run on this CPU (it runs: ", c10::Join(", ", namesOf(copies)),
+              ")");
+  TORCH_INTERNAL_ASSERT(d->fn(dtype, op, out, a, b, n), "ringpg: no kernel for ", dtype, " ", redOpName(op));
 }
 
 } // namespace ringpg
