@@ -249,6 +249,8 @@ class EmulatedCluster:
                 self._shape(net.netns, net.ifname)
                 if self.shape_download:
                     self._shape(self.bridge_ns, port)
+                self._keep_flow_order(net.netns, net.ifname)
+                self._keep_flow_order(self.bridge_ns, port)
         except BaseException:
             self.down()
             raise
@@ -262,6 +264,24 @@ class EmulatedCluster:
         _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
               "rate", f"{self.rate_bps}bit", "burst", str(self.burst_bytes),
               "latency", f"{self.latency_ms}ms"])
+
+    @staticmethod
+    def _keep_flow_order(ns: str, dev: str) -> None:
+        """Deliver each flow arriving on ``dev`` in order, as a wire does.
+
+        A veth hands a packet to the receive backlog of the CPU that transmits it, and a
+        tbf transmits from whichever CPU its timer or the sender runs on: consecutive
+        packets of one flow land on different CPUs' backlogs and overtake each other.  TCP
+        reads that as loss (SACK/DSACK reordering, spurious fast retransmits, cwnd cuts)
+        although no queue dropped anything.  RPS over all CPUs steers by flow hash, so a
+        flow always queues on one CPU, in order, and the work is still spread over CPUs.
+        """
+        cpus = os.cpu_count() or 1
+        mask = f"{(1 << cpus) - 1:x}"
+        # sysfs wants comma-separated 32-bit words, most significant first.
+        words = [mask[max(0, i - 8):i] for i in range(len(mask), 0, -8)][::-1]
+        _run(["ip", "netns", "exec", ns, "sh", "-c",
+              f"for q in /sys/class/net/{dev}/queues/rx-*; do echo {','.join(words)} > $q/rps_cpus; done"])
 
     def down(self) -> None:
         """Remove everything this cluster created (idempotent, never raises)."""
