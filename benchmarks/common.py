@@ -755,6 +755,16 @@ def pick_baseline(labels: Sequence[str], wanted: str = "gloo") -> str:
 # --------------------------------------------------------------------------------------
 
 
+def default_tcp_congestion() -> str:
+    """The TCP congestion control this process's network namespace gives a new socket
+    (gloo's always, ringpg's unless RINGPG_TCP_CONGESTION is set)."""
+    try:
+        with socket.socket() as s:
+            return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+    except (OSError, AttributeError):  # not Linux
+        return "unknown"
+
+
 def machine_facts(backends: Mapping[str, str], device: str, extra: Optional[Mapping[str, str]] = None
                   ) -> Dict[str, str]:
     """Facts printed first by every run: nproc, CPU, memory, torch, backends."""
@@ -799,6 +809,9 @@ def machine_facts(backends: Mapping[str, str], device: str, extra: Optional[Mapp
     except OSError:
         pass
     facts["backends"] = "; ".join(f"{k}: {v}" for k, v in backends.items())
+    facts["tcp cc"] = f"{default_tcp_congestion()} (what a socket gets unless it chooses)"
+    knobs = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("RINGPG_"))
+    facts["settings"] = " ".join(knobs) if knobs else "(no RINGPG_* variable set: defaults)"
     if extra:
         facts.update(extra)
     return facts

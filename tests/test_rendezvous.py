@@ -12,7 +12,8 @@
   agrees through the Store and uses TCP on every rank;
 * a rank whose /dev/shm is a tiny one of its own (a container's): no segment fits and
   its neighbours' are invisible, so the group falls back to TCP without a crash and
-  leaves no names behind.
+  leaves no names behind;
+* a RINGPG_TCP_CONGESTION the host cannot give fails the group's creation, saying why.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+import sys
 from typing import Any, Optional
 
 import pytest
@@ -154,3 +156,19 @@ def _can_make_mount_namespaces() -> bool:
 def test_a_rank_with_a_tiny_private_dev_shm_keeps_the_group_on_tcp() -> None:
     spec = InitSpec(rank0_setup=_tiny_private_dev_shm)
     assert_reports_ok(run_workers(small_shm_worker, 3, spec=spec))
+
+
+def test_a_congestion_control_the_host_cannot_give_fails_group_creation(tmp_path: Any) -> None:
+    """RINGPG_TCP_CONGESTION names an algorithm this host lacks: creating the group fails
+    with the setting and what the host offers, instead of running on something else."""
+    if backend_under_test() != "ringpg":
+        pytest.skip("a ringpg setting")
+    script = (
+        "import torch.distributed as dist\n"
+        f"dist.init_process_group('ringpg', init_method='file://{tmp_path}/store', rank=0, world_size=1)\n"
+    )
+    env = dict(os.environ, RINGPG_TCP_CONGESTION="no_such_cc")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "RINGPG_TCP_CONGESTION=no_such_cc cannot be set on this host" in out.stderr, out.stderr
+    assert "available: " in out.stderr and "reno" in out.stderr, out.stderr

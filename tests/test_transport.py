@@ -9,9 +9,10 @@ all span several slot fragments and wrap the slot ring many times.  Both transpo
 also run with a long ``RINGPG_SPIN_US``, so that waits end while their thread polls
 (over TCP the waiting thread then reads its peer's socket itself, beside the engine's
 progress thread; over shared memory ws 3 and 4 spin on more ranks than this machine
-may have cores).
+may have cores); the TCP one with ``RINGPG_TCP_CONGESTION=reno`` too.
 
-Each configuration checks which transport the group really uses, that no named
+Each configuration checks which transport the group really uses, which congestion
+control its sockets run, that no named
 shared-memory segment is left behind once the group is up, and every collective
 that sends to a ring neighbour, on sizes around the slot and chunk boundaries.
 Data are small integers, so results are exact in every dtype (``torch.equal``).
@@ -19,6 +20,7 @@ Data are small integers, so results are exact in every dtype (``torch.equal``).
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any, Iterator
 
 import pytest
@@ -56,7 +58,8 @@ CONFIGS = [
     ("tcp", (("RINGPG_TRANSPORT", "tcp"),), "tcp"),
     ("shm-64k-slots", (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)),), "shm"),
     ("shm-spin", (("RINGPG_SPIN_US", SPIN),), "shm"),
-    ("tcp-spin", (("RINGPG_TRANSPORT", "tcp"), ("RINGPG_SPIN_US", SPIN)), "tcp"),
+    # reno: the one congestion control every Linux kernel has and lets anyone choose.
+    ("tcp-spin-reno", (("RINGPG_TRANSPORT", "tcp"), ("RINGPG_SPIN_US", SPIN), ("RINGPG_TCP_CONGESTION", "reno")), "tcp"),
     # The portable kernels pinned: every reduction below through the plain x86-64 copy.
     ("shm-baseline-kernels", (("RINGPG_REDUCE_ISA", "baseline"),), "shm"),
 ]
@@ -102,10 +105,15 @@ def tpool(world_size: int, config: tuple[str, tuple[tuple[str, str], ...], str])
 def transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
     prefix = f"ringpg-{os.getpid()}-"
     leftover = [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] if os.path.isdir("/dev/shm") else []
+    import ringpg
     import ringpg._C
 
+    b = ringpg.backend(groups.test)
+    with socket.socket() as s:  # what a socket gets when nobody chooses
+        host_cc = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
     return {"transport": transport_of(groups.test), "leftover": leftover, "spin": wait_spin_of(groups.test),
-            "isa": ringpg._C.reduce_isa(), "isas": ringpg._C.reduce_isas()}
+            "isa": ringpg._C.reduce_isa(), "isas": ringpg._C.reduce_isas(),
+            "cc": b.tcp_congestion if b is not None else None, "host_cc": host_cc}
 
 
 def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
@@ -154,7 +162,8 @@ def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRe
 
 def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world_size: int) -> None:
     """The group runs on the transport its configuration asks for, waits spin as the
-    README says, and the group leaves no names in /dev/shm."""
+    README says, its data sockets run the congestion control asked for (else the
+    host's), and the group leaves no names in /dev/shm."""
     results = tpool.run(transport_worker)
     if backend_under_test() == "ringpg":
         assert [r["transport"] for r in results] == [config[2]] * len(results)
@@ -162,6 +171,8 @@ def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world
         assert [r["spin"] for r in results] == [spin] * len(results)
         isa = dict(config[1]).get("RINGPG_REDUCE_ISA", results[0]["isas"][0])  # pinned, else the best
         assert [r["isa"] for r in results] == [isa] * len(results)
+        cc = dict(config[1]).get("RINGPG_TCP_CONGESTION", os.environ.get("RINGPG_TCP_CONGESTION") or results[0]["host_cc"])
+        assert [r["cc"] for r in results] == [cc] * len(results)
     assert all(not r["leftover"] for r in results), results
 
 

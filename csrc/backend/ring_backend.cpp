@@ -251,10 +251,13 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     : c10d::Backend(rank, size), cfg_(Config::get()), timeout_(timeout), groupName_(std::move(groupName)) {
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "ringpg: invalid rank ", rank, " / size ", size);
   reduceIsa(); // a RINGPG_REDUCE_ISA this CPU cannot run fails the group's creation, not its first op
+  if (!cfg_.tcpCongestion.empty()) {
+    checkCongestionControl(cfg_.tcpCongestion); // likewise, before any connection
+  }
   Mesh mesh = connectMesh(*store, rank, size, cfg_.ifname, timeout);
   localAddress_ = mesh.localAddress;
   engine_ = std::make_unique<Engine>(rank, size, std::move(mesh.tx), std::move(mesh.rx), cfg_.socketBuffer,
-                                     cfg_.engineSpinMicros());
+                                     cfg_.tcpCongestion, cfg_.engineSpinMicros());
   // Same-host groups move ring traffic through shared memory (transport/shm.h).  A
   // slot holds one default-sized segment; larger segments travel as fragments.
   const size_t slotBytes = std::clamp<size_t>(cfg_.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
@@ -266,7 +269,8 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   if (rank == 0) {
     LOG(INFO) << "ringpg: group '" << groupName_ << "' size " << size << " on " << localAddress_ << ": "
               << cfg_.summary() << " transport=" << transport() << " wait_spin_us="
-              << waitSpinMicros() << " reduce_isa=" << reduceIsa();
+              << waitSpinMicros() << " reduce_isa=" << reduceIsa() << " tcp_congestion_in_use="
+              << tcpCongestion();
   }
 }
 

@@ -107,6 +107,12 @@ class RingBackend final : public c10d::Backend {
     return shm_ ? shmSpinMicros_ : cfg_.engineSpinMicros();
   }
 
+  // The TCP congestion control of the group's data sockets: RINGPG_TCP_CONGESTION, or
+  // the host's default; "" in a group of one (diagnostics and tests).
+  std::string tcpCongestion() const {
+    return engine_->congestionControl();
+  }
+
   // The address this rank's listener used (diagnostics and tests).
   const std::string& localAddress() const {
     return localAddress_;

@@ -4,6 +4,8 @@
 #include <c10/util/env.h>
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
+#include <cctype>
 #include <string>
 
 namespace ringpg {
@@ -41,6 +43,14 @@ Config load() {
     TORCH_CHECK(*t == "auto" || *t == "tcp", "ringpg: RINGPG_TRANSPORT=", *t, " is not one of auto, tcp");
     c.shmAllowed = *t == "auto";
   }
+  if (auto v = c10::utils::get_env("RINGPG_TCP_CONGESTION"); v && !v->empty() && *v != "default") {
+    // A kernel module name: letters, digits, '_' and '-', shorter than TCP_CA_NAME_MAX (16).
+    const bool plain = v->size() < 16 && std::all_of(v->begin(), v->end(), [](char ch) {
+      return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+    });
+    TORCH_CHECK(plain, "ringpg: RINGPG_TCP_CONGESTION=", *v, " is not an algorithm name (e.g. cubic, bbr, reno)");
+    c.tcpCongestion = *v;
+  }
   if (auto v = c10::utils::get_env("RINGPG_SOCKET_IFNAME"); v && !v->empty()) {
     c.ifname = *v;
   } else if (auto g = c10::utils::get_env("GLOO_SOCKET_IFNAME"); g && !g->empty()) {
@@ -62,6 +72,7 @@ std::string Config::summary() const {
       " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
       " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
       " transport_allowed=", shmAllowed ? "auto" : "tcp",
+      " tcp_congestion=", tcpCongestion.empty() ? std::string("default") : tcpCongestion,
       " ifname=", ifname.empty() ? std::string("(hostname)") : ifname);
 }
 

@@ -26,6 +26,9 @@ struct Config {
   // Same-host groups may use the shared-memory ring (RINGPG_TRANSPORT=auto, the
   // default); RINGPG_TRANSPORT=tcp keeps every byte on TCP.
   bool shmAllowed = true;
+  // TCP congestion control of data sockets (RINGPG_TCP_CONGESTION); empty keeps the
+  // host's default (its network namespace's net.ipv4.tcp_congestion_control).
+  std::string tcpCongestion;
   // Interface to bind (RINGPG_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME); empty = hostname.
   std::string ifname;
 

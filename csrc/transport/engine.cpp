@@ -95,7 +95,8 @@ std::string runningOpMismatch(int rank, int peer, const FrameHeader& op, const F
 
 } // namespace
 
-Engine::Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int socketBuffer, int spinMicros)
+Engine::Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int socketBuffer,
+               const std::string& congestion, int spinMicros)
     : rank_(rank), size_(size), spinMicros_(spinMicros), peers_(size) {
   for (const auto q : c10::irange(size)) {
     if (q == rank) {
@@ -103,14 +104,24 @@ Engine::Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int s
     }
     peers_[q].tx = std::move(tx[q]);
     peers_[q].rx = std::move(rx[q]);
-    tuneDataSocket(peers_[q].tx.get(), socketBuffer);
-    tuneDataSocket(peers_[q].rx.get(), socketBuffer);
+    tuneDataSocket(peers_[q].tx.get(), socketBuffer, congestion);
+    tuneDataSocket(peers_[q].rx.get(), socketBuffer, congestion);
     setNonBlocking(peers_[q].tx.get(), true);
     setNonBlocking(peers_[q].rx.get(), true);
   }
   wake_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   TORCH_CHECK(wake_.valid(), "ringpg: eventfd failed: ", std::strerror(errno));
   thread_ = std::thread([this] { loop(); });
+}
+
+std::string Engine::congestionControl() const {
+  // The sockets are fixed after construction and closed only by the destructor.
+  for (const auto& p : peers_) {
+    if (p.tx.valid()) {
+      return congestionControlOf(p.tx.get());
+    }
+  }
+  return "";
 }
 
 Engine::~Engine() {

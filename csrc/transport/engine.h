@@ -99,7 +99,9 @@ std::string collectiveMismatch(int rank, int peer, const FrameHeader& expected, 
 class Engine {
  public:
   // tx[q] / rx[q]: connected sockets to / from peer q (invalid for q == rank).
-  Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int socketBuffer, int spinMicros);
+  // `congestion`: TCP congestion control for every data socket, "" = the host's default.
+  Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int socketBuffer,
+         const std::string& congestion, int spinMicros);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -127,6 +129,9 @@ class Engine {
   // Empty while healthy; `network` tells whether the cause was a peer/connection failure.
   std::string brokenReason(bool* network = nullptr);
   // The same question without the lock, for polling loops.
+  // The TCP congestion control the data sockets run ("" in a group of one).
+  std::string congestionControl() const;
+
   bool isBroken() const {
     return brokenFlag_.load(std::memory_order_acquire);
   }

@@ -14,6 +14,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "common/errors.h"
@@ -263,13 +264,57 @@ bool recvAll(int fd, void* buf, size_t n, Deadline deadline) {
   return true;
 }
 
-void tuneDataSocket(int fd, int bufferBytes) {
+namespace {
+
+// One line of a /proc/sys file ("" if unreadable): for error messages only.
+std::string procLine(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+void setCongestionOrThrow(int fd, const std::string& name) {
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), static_cast<socklen_t>(name.size())) == 0) {
+    return;
+  }
+  const int err = errno;
+  TORCH_CHECK(false, "ringpg: RINGPG_TCP_CONGESTION=", name, " cannot be set on this host (", std::strerror(err),
+              "); available: ", procLine("/proc/sys/net/ipv4/tcp_available_congestion_control"),
+              "; allowed without CAP_NET_ADMIN: ", procLine("/proc/sys/net/ipv4/tcp_allowed_congestion_control"),
+              "; unset it to keep the host's default");
+}
+
+} // namespace
+
+void tuneDataSocket(int fd, int bufferBytes, const std::string& congestion) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   if (bufferBytes > 0) {
     ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bufferBytes, sizeof(bufferBytes));
     ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bufferBytes, sizeof(bufferBytes));
   }
+  if (!congestion.empty()) {
+    setCongestionOrThrow(fd, congestion);
+  }
+}
+
+void checkCongestionControl(const std::string& name) {
+  Fd probe(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!probe.valid()) {
+    probe = Fd(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0)); // an IPv6-only host
+  }
+  TORCH_CHECK(probe.valid(), "ringpg: cannot open a TCP socket to check RINGPG_TCP_CONGESTION: ", std::strerror(errno));
+  setCongestionOrThrow(probe.get(), name);
+}
+
+std::string congestionControlOf(int fd) {
+  char name[32] = {};
+  socklen_t len = sizeof(name) - 1;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0) {
+    return "";
+  }
+  return std::string(name, ::strnlen(name, len));
 }
 
 void setNonBlocking(int fd, bool on) {

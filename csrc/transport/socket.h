@@ -62,8 +62,17 @@ Fd connectTo(const SockAddr& addr, Deadline deadline);
 bool sendAll(int fd, const void* buf, size_t n, Deadline deadline);
 bool recvAll(int fd, void* buf, size_t n, Deadline deadline);
 
-// Data-socket options: TCP_NODELAY, optional buffer sizes, non-blocking.
-void tuneDataSocket(int fd, int bufferBytes);
+// Data-socket options: TCP_NODELAY, optional buffer sizes, and the congestion control
+// `congestion` unless it is empty (throws as checkCongestionControl does).
+void tuneDataSocket(int fd, int bufferBytes, const std::string& congestion);
+
+// TCP congestion control (RINGPG_TCP_CONGESTION).  Throws, naming the setting, the
+// cause and what the host offers, when `name` cannot be set here: a module that is not
+// loaded, or one outside net.ipv4.tcp_allowed_congestion_control for a process without
+// CAP_NET_ADMIN.  Tried on a throwaway socket, so a group fails before it connects.
+void checkCongestionControl(const std::string& name);
+// The algorithm socket `fd` runs; "" if the kernel does not say.
+std::string congestionControlOf(int fd);
 void setNonBlocking(int fd, bool on);
 
 } // namespace ringpg
