@@ -5,13 +5,15 @@ CI runs ``benchmarks.bench --check`` after the suite; this covers what that does
 each backend:dtype column is verified and reported on its own row of the JSON; and
 ``--emulate`` (one network namespace per rank, shaped links; needs root and iproute2,
 skipped without them), whose rows report busbw against the link rate and against the
-TCP ring ceiling that the probe of the first world size measured on those links.
+TCP ring ceiling that the probe of the first world size measured on those links, and
+whose links deliver each flow in order (RPS on every veth), as a wire does.
 Both placements put every rank under one kernel, so both must time ops from the last
 rank's start (the JSON's ``timing``).
 """
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +79,25 @@ def test_emulated_rows_report_link_and_probe_fractions(tmp_path: Path) -> None:
         assert r["busbw_probe_fraction"] == pytest.approx(r["busbw_GBps"] / ceiling), r
     headers = [line for line in p.stdout.splitlines() if "%link" in line]
     assert len(headers) == 2 and all(h.count("%probe") == 2 for h in headers), headers
+
+
+def test_emulated_links_deliver_each_flow_in_order() -> None:
+    """Every veth of the emulated cluster (each rank's end and each bridge port) steers
+    received packets by flow hash over all CPUs (RPS), so one flow is never spread over
+    several CPUs' backlogs, where its packets would overtake each other."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks import netns
+
+    reason = netns.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with netns.EmulatedCluster(2, 10**9) as cl:
+        ends = [(cl.rank(r).netns, cl.rank(r).ifname) for r in range(2)]
+        ends += [(cl.bridge_ns, f"port{r}") for r in range(2)]
+        for ns, dev in ends:
+            cat = f"cat /sys/class/net/{dev}/queues/rx-*/rps_cpus"
+            out = subprocess.run(["ip", "netns", "exec", ns, "sh", "-c", cat], capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0, out.stderr
+            masks = [int(line.replace(",", ""), 16) for line in out.stdout.split()]
+            every_cpu = (1 << (os.cpu_count() or 1)) - 1
+            assert masks and all(m & every_cpu == every_cpu for m in masks), (ns, dev, out.stdout)
