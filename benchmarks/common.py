@@ -858,15 +858,6 @@ def torchrun_env() -> Optional[Tuple[int, int]]:
 # --------------------------------------------------------------------------------------
 
 
-def _congestion_like_ringpg(sock: socket.socket) -> None:
-    """Give a probe socket the congestion control ringpg's data sockets run
-    (RINGPG_TCP_CONGESTION, else the host's default), so that ``%probe`` compares like
-    with like.  A name the host cannot give has already failed ringpg's group creation."""
-    name = os.environ.get("RINGPG_TCP_CONGESTION", "")
-    if name and name != "default":
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
-
-
 def _stream(sock: socket.socket, seconds: float, chunk: memoryview) -> None:
     """Send ``chunk`` repeatedly for ``seconds``, then half-close."""
     deadline = time.perf_counter() + seconds
@@ -934,7 +925,6 @@ def tcp_probe(rank: int, bind_addr: str, group: Any, seconds: float = 1.0,
                     conn = socket.create_connection((bind_addr, int(port[0])), timeout=60)
                 if conn is not None:
                     conn.settimeout(seconds + 60)
-                    _congestion_like_ringpg(conn)
                     if phase == 1:
                         if rank == 1:
                             _stream(conn, seconds, payload)
@@ -1002,7 +992,6 @@ def tcp_ring_probe(rank: int, master_addr: str, group: Any, seconds: float = 1.0
             rx, _ = srv.accept()
             for sock in (tx, rx):
                 sock.settimeout(seconds + 60)
-                _congestion_like_ringpg(sock)
         except OSError as e:
             print(f"# tcp ring probe (rank {rank}) failed to connect: {e}", file=sys.stderr)
             error[0] = 1
