@@ -129,12 +129,12 @@ class Engine {
   // Empty while healthy; `network` tells whether the cause was a peer/connection failure.
   std::string brokenReason(bool* network = nullptr);
   // The same question without the lock, for polling loops.
-  // The TCP congestion control the data sockets run ("" in a group of one).
-  std::string congestionControl() const;
-
   bool isBroken() const {
     return brokenFlag_.load(std::memory_order_acquire);
   }
+
+  // The TCP congestion control the data sockets run ("" in a group of one).
+  std::string congestionControl() const;
 
   // Test hook: queues raw bytes (not a frame) on the socket to `peer`, to play a
   // corrupt or hostile peer in tests.  Never used by ringpg itself.
