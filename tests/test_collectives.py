@@ -126,6 +126,23 @@ def all_gather_into_tensor_worker(rank: int, ws: int, groups: Groups, layout: st
     return chk.report()
 
 
+def all_gather_aliased_worker(rank: int, ws: int, groups: Groups, where: str) -> CheckReport:
+    """all_gather_into_tensor whose input is a view of its own output: the own chunk
+    (as FSDP passes it; ``where="own"``) or the next rank's chunk (``"next"``)."""
+    chk = Checker(rank)
+    slot = rank if where == "own" else (rank + 1) % ws
+    for dtype in DTYPES:
+        for (n,) in _shapes("flat", ws, dtype):
+            case = _case("all_gather_into_tensor", "", dtype, ws, (n,), f" input=output[{where} chunk]")
+            x = make_data(rank, case, (n,), dtype)
+            out = sentinel_like((n * ws,), dtype)
+            view = out.narrow(0, slot * n, n)
+            view.copy_(x)
+            dist.all_gather_into_tensor(out, view, group=groups.test)
+            chk.equal(case, out, ref_all_gather(x, groups.ref))
+    return chk.report()
+
+
 def all_gather_list_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
     chk = Checker(rank)
     for dtype in DTYPES:
@@ -229,6 +246,12 @@ def random_float_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckR
 def test_matches_gloo(pool: WorkerPool, worker: Any, layout: str) -> None:
     """Each collective, every dtype x op x numel case, against gloo in the same processes."""
     assert_reports_ok(pool.run(worker, layout))
+
+
+@pytest.mark.parametrize("where", ["own", "next"])
+def test_all_gather_input_inside_output(pool: WorkerPool, where: str) -> None:
+    """An input that aliases the output is read before the ring overwrites it."""
+    assert_reports_ok(pool.run(all_gather_aliased_worker, where))
 
 
 def test_barrier(pool: WorkerPool) -> None:

@@ -28,6 +28,9 @@ void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
         job.finalize(dst, job.count);
       }
     }
+    if (!job.reduceScatter && b.own && job.count > 0 && b.own != b.work) {
+      std::memcpy(b.work, b.own, job.count * job.elemSize); // world size 1: the own chunk is all
+    }
     if (job.onFinal && job.count > 0) {
       job.onFinal(Range{0, job.count});
     }
@@ -95,6 +98,12 @@ void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
     }
     const char* src = job.reduceScatter ? b.input + R.offset * es : at(chunk, R);
     sends.push_back(c.send(c.right(), src, R.length * es));
+  }
+  // All-gather from a separate input: the own chunk left from `own` above, and its copy
+  // into the output runs now, while those sends are on the wire, instead of delaying
+  // them (the chunk is never received, so nothing else writes that range).
+  if (!job.reduceScatter && b.own && !ownChunk.empty()) {
+    std::memcpy(b.work + ownChunk.offset * es, b.own, ownChunk.length * es);
   }
 
   std::vector<RequestPtr> recvs(units);

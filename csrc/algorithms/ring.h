@@ -38,8 +38,9 @@ struct RingJob {
   std::function<void(const Range& range)> onFinal;
 };
 
-// Requires job.reduceScatter || job.allGather; for all-gather alone, the own chunk
-// must already be in place (in `own` if set, else in `work`).
+// Requires job.reduceScatter || job.allGather.  For all-gather alone the own chunk
+// is either already in `work`, or, with `own` set, read from `own` and copied into
+// `work` by the collective (`own` must not overlap `work`).
 void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b);
 
 // Pipelined chain broadcast of `nbytes` from `root` along the ring.

@@ -221,16 +221,23 @@ void ringReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& 
 }
 
 // All-gather: `input` is chunk `rank` of `output` (count = input.numel() * size).
+// The ring sends the own chunk straight from `input` and copies it into `output`
+// while those bytes travel (ring.h).  An input that overlaps the output (FSDP passes
+// the output's own chunk; anything else is allowed too) is put in place first instead.
 void ringAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output) {
   const size_t chunkBytes = nbytes(input);
-  if (chunkBytes > 0) {
-    std::memcpy(bytes(output) + chunkBytes * c.rank(), bytes(input), chunkBytes);
+  char* ownSlot = bytes(output) + chunkBytes * c.rank();
+  const char* in = bytes(input);
+  const char* out = bytes(output);
+  const bool overlaps = chunkBytes > 0 && in < out + nbytes(output) && out < in + chunkBytes;
+  if (overlaps && in != ownSlot) {
+    std::memmove(ownSlot, in, chunkBytes);
   }
   RingJob job;
   job.count = output.numel();
   job.elemSize = output.element_size();
   job.allGather = true;
-  ringCollective(c, job, RingBuffers{nullptr, bytes(output), nullptr});
+  ringCollective(c, job, RingBuffers{nullptr, bytes(output), overlaps ? nullptr : bytes(input)});
 }
 
 std::vector<at::Tensor> flatCat(const std::vector<at::Tensor>& ts) {
