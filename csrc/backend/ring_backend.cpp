@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "algorithms/direct.h"
@@ -227,11 +228,12 @@ void ringReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& 
 void ringAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output) {
   const size_t chunkBytes = nbytes(input);
   char* ownSlot = bytes(output) + chunkBytes * c.rank();
-  const char* in = bytes(input);
-  const char* out = bytes(output);
+  // Addresses as integers: `<` between pointers into different objects is unspecified.
+  const auto in = reinterpret_cast<uintptr_t>(bytes(input));
+  const auto out = reinterpret_cast<uintptr_t>(bytes(output));
   const bool overlaps = chunkBytes > 0 && in < out + nbytes(output) && out < in + chunkBytes;
-  if (overlaps && in != ownSlot) {
-    std::memmove(ownSlot, in, chunkBytes);
+  if (overlaps && bytes(input) != ownSlot) {
+    std::memmove(ownSlot, bytes(input), chunkBytes);
   }
   RingJob job;
   job.count = output.numel();
