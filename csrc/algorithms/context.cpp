@@ -77,4 +77,14 @@ char* OpContext::scratch(size_t bytes) {
   return scratch_.data();
 }
 
+char* OpContext::workspace(size_t bytes) {
+  if (bytes > cfg_.workCacheBytes) {
+    return nullptr;
+  }
+  if (workspace_.size() < bytes) {
+    workspace_.resize(bytes); // grows only: kept for the group's life, up to the cap
+  }
+  return workspace_.data();
+}
+
 } // namespace ringpg

@@ -19,9 +19,11 @@ class OpContext {
  public:
   OpContext(Engine& engine, const Config& cfg, OpTag tag, int size, uint8_t opcode,
             c10::ScalarType dtype, uint64_t opNumel, Deadline deadline, std::vector<char>& scratch,
+            std::vector<char>& workspace,
             ShmRing* shm = nullptr)
       : engine_(engine), cfg_(cfg), tag_(tag), size_(size), opcode_(opcode),
-        dtype_(dtype), opNumel_(opNumel), deadline_(deadline), scratch_(scratch), shm_(shm) {}
+        dtype_(dtype), opNumel_(opNumel), deadline_(deadline), scratch_(scratch),
+        workspace_(workspace), shm_(shm) {}
 
   int rank() const { return tag_.rank; }
   int size() const { return size_; }
@@ -51,6 +53,10 @@ class OpContext {
 
   // A reusable scratch area of at least `bytes` (owned by the backend's worker).
   char* scratch(size_t bytes);
+  // A second reusable area of at least `bytes`, for an op's full-size intermediate
+  // (reduce-scatter's partial sums), or nullptr when `bytes` exceeds
+  // Config::workCacheBytes: the caller then allocates for this op alone.
+  char* workspace(size_t bytes);
 
   // The header every frame of this op carries (the payload length aside).
   FrameHeader header() const;
@@ -65,6 +71,7 @@ class OpContext {
   uint64_t opNumel_;
   Deadline deadline_;
   std::vector<char>& scratch_;
+  std::vector<char>& workspace_;
   ShmRing* shm_; // null: every frame goes through the engine
 };
 

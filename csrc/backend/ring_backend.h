@@ -163,7 +163,8 @@ class RingBackend final : public c10d::Backend {
   bool running_ = false; // an op is executing (on the worker or inline)
   bool stopping_ = false;
   std::thread worker_;
-  std::vector<char> scratch_; // used by the op that is running_ only
+  std::vector<char> scratch_;   // used by the op that is running_ only
+  std::vector<char> workspace_; // likewise (OpContext::workspace)
 };
 
 } // namespace ringpg

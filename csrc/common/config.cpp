@@ -34,6 +34,8 @@ Config load() {
       envInt("RINGPG_ONESHOT_BYTES", static_cast<int64_t>(c.oneShotBytes), 0, 1LL << 30));
   c.recvWindow = static_cast<int>(envInt("RINGPG_RECV_WINDOW", c.recvWindow, 1, 1024));
   c.socketBuffer = static_cast<int>(envInt("RINGPG_SOCKET_BUFFER", c.socketBuffer, 0, 1LL << 30));
+  c.workCacheBytes = static_cast<size_t>(
+      envInt("RINGPG_WORK_CACHE_BYTES", static_cast<int64_t>(c.workCacheBytes), 0, 1LL << 40));
   if (auto v = c10::utils::get_env("RINGPG_SPIN_US"); v && *v == "auto") {
     c.spinMicros = Config::kSpinAuto;
   } else {
@@ -70,6 +72,7 @@ std::string Config::summary() const {
   return c10::str(
       "segment_bytes=", segmentBytes, " oneshot_bytes=", oneShotBytes, " recv_window=", recvWindow,
       " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
+      " work_cache_bytes=", workCacheBytes,
       " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
       " transport_allowed=", shmAllowed ? "auto" : "tcp",
       " tcp_congestion=", tcpCongestion.empty() ? std::string("default") : tcpCongestion,

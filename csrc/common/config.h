@@ -17,6 +17,9 @@ struct Config {
   int recvWindow = 4;
   // SO_SNDBUF / SO_RCVBUF for data sockets; 0 keeps the kernel's autotuning (RINGPG_SOCKET_BUFFER).
   int socketBuffer = 0;
+  // Reduce-scatter's full-size buffer of partial sums is kept between ops while it
+  // needs at most this many bytes (RINGPG_WORK_CACHE_BYTES; 0: allocated per op).
+  size_t workCacheBytes = 256 * 1024 * 1024;
   // Microseconds a waiting thread spins (yielding) before it sleeps (RINGPG_SPIN_US);
   // kSpinAuto: shared-memory groups spin kAutoShmSpinMicros when every rank can have
   // a core, TCP waits do not spin (see shmSpinMicros()).
