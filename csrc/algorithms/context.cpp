@@ -82,7 +82,10 @@ char* OpContext::workspace(size_t bytes) {
     return nullptr;
   }
   if (workspace_.size() < bytes) {
-    workspace_.resize(bytes); // grows only: kept for the group's life, up to the cap
+    // Grows only: kept for the group's life, up to the cap.  What it holds is moot
+    // between ops, so the old area goes first: no copy, and never two areas at once.
+    std::vector<char>().swap(workspace_);
+    workspace_.resize(bytes);
   }
   return workspace_.data();
 }
