@@ -218,7 +218,7 @@ void ringReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& 
   // Partial sums of the other chunks need a buffer of the input's layout; the input
   // itself stays untouched, as users (and gloo) expect.  A fresh buffer per op cost
   // ~1100 page faults per 16 MiB (N=4 over shared memory: 10.4-10.8 ms per op against
-  // 5.8-7.2 with a kept one), so the worker keeps it (RINGPG_WORK_CACHE_BYTES).  Every
+  // 7.4 with a kept one), so the worker keeps it (RINGPG_WORK_CACHE_BYTES).  Every
   // element is written before it is read, so what an earlier op left there is moot.
   at::Tensor work = input;
   if (c.size() > 1) {
