@@ -77,8 +77,8 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!cv_.wait_for(lock, limit, [&] { return completed_; })) {
-      throwBackend(c10::str("ringpg::", c10d::opTypeToString(opType_), " (seq ", seq_, ", rank ", rank_,
-                            "): Work.wait() timed out after ", limit.count(),
+      const std::string op = c10d::opTypeToString(opType_);
+      throwBackend(c10::str(describe(OpTag{op.c_str(), seq_, rank_}), ": Work.wait() timed out after ", limit.count(),
                             " ms; the op has not completed (for a receive: no matching send arrived)"));
     }
   }

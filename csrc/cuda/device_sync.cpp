@@ -3,6 +3,8 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include "common/errors.h"
+
 namespace ringpg {
 
 DeviceSync::DeviceSync(c10::Device device)
@@ -14,8 +16,8 @@ std::shared_ptr<DeviceSync> DeviceSync::capture(const char* op, const std::vecto
     if (!t.defined() || t.device().is_cpu()) {
       continue;
     }
-    TORCH_CHECK(!dev || *dev == t.device(), "ringpg::", op, ": tensors on different devices (", *dev, " and ",
-                t.device(), ") in one call");
+    RINGPG_CHECK(!dev || *dev == t.device(), op, "tensors on different devices (", *dev, " and ", t.device(),
+                 ") in one call");
     dev = t.device();
   }
   if (!dev) {
