@@ -1,12 +1,12 @@
-// ringpg's c10d::Backend.  Every op follows the same three stages
-// (the shape of ProcessGroupGloo):
-//   1. validate in the caller's thread (TORCH_CHECK, "ringpg::<op>: ..."), before a
-//      sequence number is taken, so a refused call leaves all ranks in step;
+// ringpg's c10d::Backend: the op surface and the runtime.  Every op follows the same
+// three stages (the shape of ProcessGroupGloo):
+//   1. validate in the caller's thread (backend/validation.h: "ringpg::<op>: ..."),
+//      before a sequence number is taken, so a refused call leaves all ranks in step;
 //   2. take the next sequence number and queue the op for the single worker thread,
 //      which runs ops in issue order (the order is the same on every rank);
-//   3. the worker stages tensors to contiguous host memory if needed, runs the
-//      algorithm with a deadline of the group's (or the op's) timeout, copies results
-//      back and completes the Work and its Future.
+//   3. the worker runs the op's collective (algorithms/collectives.h: it chooses the
+//      algorithm, stages tensors to host memory and back) with a deadline of the
+//      group's (or the op's) timeout, and completes the Work and its Future.
 // Point-to-point ops bypass the worker: they are posted to the engine at once and
 // completed by it, so a blocked receive never holds up collectives.
 #pragma once

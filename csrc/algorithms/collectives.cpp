@@ -1,0 +1,358 @@
+#include "algorithms/collectives.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/irange.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "algorithms/direct.h"
+#include "algorithms/host_buffer.h"
+#include "algorithms/ring.h"
+#include "algorithms/ring_plan.h"
+#include "cuda/staging.h"
+
+namespace ringpg {
+namespace collectives {
+namespace {
+
+// ---- Host buffers (host_buffer.h holds the ones p2p shares) -----------------------
+
+// The elements a reduction's kernels see: complex tensors as pairs of reals, flat.
+at::Tensor asReal(const at::Tensor& t) {
+  return t.is_complex() ? at::view_as_real(t).reshape({-1}) : t.reshape({-1});
+}
+
+// Contiguous host copies of `ts`, each flattened (for the coalesced forms).
+std::vector<at::Tensor> flatHost(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(ts.size());
+  for (const auto& t : ts) {
+    flat.push_back(toHost(t).reshape({-1}));
+  }
+  return flat;
+}
+
+// ---- Reductions --------------------------------------------------------------------
+
+// AVG's division, applied to each finished segment of the own chunk.
+std::function<void(char*, int64_t)> finalizer(const Reduction& red, at::ScalarType dtype, int size) {
+  if (!red.average) {
+    return nullptr;
+  }
+  return [dtype, size](char* data, int64_t n) {
+    if (at::isFloatingType(dtype)) {
+      // ATen divides fp16/bf16 in fp32 and rounds once.
+      at::from_blob(data, {n}, at::TensorOptions().dtype(dtype)).div_(size);
+    } else {
+      divideIntegers(dtype, data, n, size); // truncates toward zero, like integer division
+    }
+  };
+}
+
+// PREMUL_SUM: the factor multiplies each rank's contribution before the sum.
+at::Tensor premultiplied(const Reduction& red, const at::Tensor& host, bool inPlace) {
+  if (!red.premul && !red.premulTensor) {
+    return host;
+  }
+  // A 0-dim factor never promotes the data's dtype (a float32 factor must not turn an
+  // fp16 buffer into fp32): the product is computed in the data's opmath and rounded once.
+  at::Tensor factor = red.premulTensor ? red.premulTensor->to(at::kCPU).reshape({}) : at::scalar_tensor(*red.premul);
+  at::Tensor out = inPlace ? host.mul_(factor) : host.mul(factor);
+  TORCH_INTERNAL_ASSERT(out.scalar_type() == host.scalar_type(), "ringpg: PREMUL_SUM changed the dtype");
+  return out;
+}
+
+// ---- The ring's three shapes on host buffers ----------------------------------------
+
+// Allreduce of a contiguous host tensor (of the kernels' dtype), in place.
+void hostAllreduce(OpContext& c, const at::Tensor& host, const Reduction& red) {
+  auto finalize = finalizer(red, host.scalar_type(), c.size());
+  if (chooseAllreduce(c, nbytes(host), host.device(), true) == AllreduceAlgo::OneShot) {
+    oneShotAllreduce(c, bytes(host), host.numel(), host.element_size(), red.op, finalize);
+    return;
+  }
+  RingJob job;
+  job.count = host.numel();
+  job.elemSize = host.element_size();
+  job.reduceScatter = job.allGather = true;
+  job.op = red.op;
+  job.finalize = std::move(finalize);
+  ringCollective(c, job, RingBuffers{bytes(host), bytes(host), nullptr});
+}
+
+// Reduce-scatter of `input` (count = output.numel() * size) into `output`.
+void hostReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& output, const Reduction& red) {
+  TORCH_INTERNAL_ASSERT(input.scalar_type() == output.scalar_type() && input.numel() == output.numel() * c.size());
+  RingJob job;
+  job.count = input.numel();
+  job.elemSize = input.element_size();
+  job.reduceScatter = true;
+  job.op = red.op;
+  job.finalize = finalizer(red, input.scalar_type(), c.size());
+  // Partial sums of the other chunks need a buffer of the input's layout; the input
+  // itself stays untouched, as users (and gloo) expect.  A fresh buffer per op pays its
+  // page faults on every op, so the worker keeps one (RINGPG_WORK_CACHE_BYTES; the
+  // measurement is in benchmarks/RESULTS.md, 2026-11-24).  Every element is written
+  // before it is read, so what an earlier op left there is moot.
+  at::Tensor work = input;
+  if (c.size() > 1) {
+    char* kept = c.workspace(nbytes(input));
+    work = kept ? at::from_blob(kept, input.sizes(), input.options()) : at::empty_like(input);
+  }
+  ringCollective(c, job, RingBuffers{bytes(input), bytes(work), bytes(output)});
+}
+
+// All-gather: `input` is chunk `rank` of `output` (count = input.numel() * size).
+// The ring sends the own chunk straight from `input` and copies it into `output`
+// while those bytes travel (ring.h).  An input that overlaps the output (FSDP passes
+// the output's own chunk; anything else is allowed too) is put in place first instead.
+void hostAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output) {
+  const size_t chunkBytes = nbytes(input);
+  char* ownSlot = bytes(output) + chunkBytes * c.rank();
+  // Addresses as integers: `<` between pointers into different objects is unspecified.
+  const auto in = reinterpret_cast<uintptr_t>(bytes(input));
+  const auto out = reinterpret_cast<uintptr_t>(bytes(output));
+  const bool overlaps = chunkBytes > 0 && in < out + nbytes(output) && out < in + chunkBytes;
+  if (overlaps && bytes(input) != ownSlot) {
+    std::memmove(ownSlot, bytes(input), chunkBytes);
+  }
+  RingJob job;
+  job.count = output.numel();
+  job.elemSize = output.element_size();
+  job.allGather = true;
+  ringCollective(c, job, RingBuffers{nullptr, bytes(output), overlaps ? nullptr : bytes(input)});
+}
+
+} // namespace
+
+// ---- Allreduce -------------------------------------------------------------------
+
+AllreduceAlgo chooseAllreduce(const OpContext& c, size_t bytes, const c10::Device& device, bool contiguous) {
+  if (c.size() == 1 || bytes == 0) {
+    return AllreduceAlgo::Ring; // nothing moves: the ring's local path finalizes
+  }
+  // One-shot sends (p-1) copies of the buffer from each rank in one round; the ring
+  // sends 2(p-1)/p of it in 2(p-1) rounds.  Below the configured volume the rounds cost more.
+  if (bytes * static_cast<size_t>(c.size() - 1) <= c.config().oneShotBytes) {
+    return AllreduceAlgo::OneShot;
+  }
+  // Large contiguous device tensors: chunked copies overlap the ring (cuda/staging.h).
+  return !device.is_cpu() && contiguous ? AllreduceAlgo::StagedRing : AllreduceAlgo::Ring;
+}
+
+void allreduce(OpContext& c, const at::Tensor& t, const Reduction& red) {
+  if (chooseAllreduce(c, nbytes(t), t.device(), t.is_contiguous()) == AllreduceAlgo::StagedRing) {
+    at::Tensor dev = premultiplied(red, t, /*inPlace=*/true);
+    stagedRingAllreduce(c, asReal(dev), red.op, finalizer(red, reduceDtype(t.scalar_type()), c.size()));
+    return;
+  }
+  at::Tensor host = premultiplied(red, toHost(t), /*inPlace=*/true);
+  hostAllreduce(c, asReal(host), red);
+  writeBack(t, host);
+}
+
+void allreduceCoalesced(OpContext& c, const std::vector<at::Tensor>& ts, const Reduction& red) {
+  at::Tensor flat = at::cat(flatHost(ts));
+  premultiplied(red, flat, /*inPlace=*/true);
+  hostAllreduce(c, asReal(flat), red);
+  int64_t off = 0;
+  for (const auto& t : ts) {
+    t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+    off += t.numel();
+  }
+}
+
+void barrier(OpContext& c) {
+  // One byte per rank through the ring: every rank's chunk is non-empty, so no rank
+  // leaves before it has heard, directly or through the ring, from every other.
+  at::Tensor token = at::zeros({c.size()}, at::TensorOptions().dtype(at::kByte));
+  hostAllreduce(c, token, Reduction{});
+}
+
+// ---- Rooted ----------------------------------------------------------------------
+
+void broadcast(OpContext& c, const at::Tensor& t, int root) {
+  at::Tensor host = c.rank() == root ? toHost(t) : hostBufferFor(t);
+  chainBroadcast(c, bytes(host), nbytes(host), root);
+  writeBack(t, host);
+}
+
+void reduce(OpContext& c, const at::Tensor& t, const Reduction& red, int root) {
+  // Ring reduce-scatter (each rank finishes its chunk), then the chunks go straight to
+  // the root: (p-1)/p of the data crosses each link twice at most, instead of p-1
+  // times through a chain.
+  const int p = c.size();
+  at::Tensor host = premultiplied(red, toHost(t), /*inPlace=*/false);
+  at::Tensor input = asReal(host);
+  at::Tensor resultHost = at::empty_like(host);
+  at::Tensor result = asReal(resultHost);
+  RingJob job;
+  job.count = input.numel();
+  job.elemSize = input.element_size();
+  job.reduceScatter = true;
+  job.op = red.op;
+  job.finalize = finalizer(red, input.scalar_type(), p);
+  ringCollective(c, job, RingBuffers{bytes(input), bytes(result), nullptr});
+  if (p > 1 && job.count > 0) {
+    const size_t es = input.element_size();
+    const Range mine = chunkRange(job.count, p, c.rank());
+    std::vector<RequestPtr> reqs;
+    if (c.rank() != root) {
+      reqs.push_back(c.send(root, bytes(result) + mine.offset * es, mine.length * es));
+    } else {
+      for (const auto q : c10::irange(p)) {
+        if (q != root) {
+          const Range R = chunkRange(job.count, p, q);
+          reqs.push_back(c.recv(q, bytes(result) + R.offset * es, R.length * es));
+        }
+      }
+    }
+    c.waitAll(reqs);
+  }
+  if (c.rank() == root) {
+    t.copy_(resultHost.view(t.sizes()));
+  }
+}
+
+void gather(OpContext& c, const at::Tensor& input, const std::vector<at::Tensor>& outputs, int root) {
+  at::Tensor hin = toHost(input);
+  std::vector<at::Tensor> hout;
+  std::vector<char*> ptrs;
+  for (const auto& o : outputs) {
+    hout.push_back(hostBufferFor(o));
+    ptrs.push_back(bytes(hout.back()));
+  }
+  gatherTo(c, root, bytes(hin), nbytes(hin), ptrs);
+  for (const auto i : c10::irange(outputs.size())) {
+    writeBack(outputs[i], hout[i]);
+  }
+}
+
+void scatter(OpContext& c, const std::vector<at::Tensor>& inputs, const at::Tensor& output, int root) {
+  std::vector<at::Tensor> hin;
+  std::vector<const char*> ptrs;
+  for (const auto& t : inputs) {
+    hin.push_back(toHost(t));
+    ptrs.push_back(bytes(hin.back()));
+  }
+  at::Tensor hout = hostBufferFor(output);
+  scatterFrom(c, root, ptrs, bytes(hout), nbytes(hout));
+  writeBack(output, hout);
+}
+
+// ---- All-gather ------------------------------------------------------------------
+
+void allGatherInto(OpContext& c, const at::Tensor& input, const at::Tensor& output) {
+  at::Tensor hin = toHost(input);
+  at::Tensor hout = hostBufferFor(output);
+  hostAllGather(c, hin.reshape({-1}), hout.reshape({-1}));
+  writeBack(output, hout);
+}
+
+void allGather(OpContext& c, const at::Tensor& input, const std::vector<at::Tensor>& outputs) {
+  at::Tensor hin = toHost(input).reshape({-1});
+  at::Tensor flat = at::empty({hin.numel() * c.size()}, hin.options());
+  hostAllGather(c, hin, flat);
+  for (const auto q : c10::irange(c.size())) {
+    outputs[q].copy_(flat.narrow(0, q * hin.numel(), hin.numel()).view(outputs[q].sizes()));
+  }
+}
+
+void allGatherCoalesced(OpContext& c, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
+  at::Tensor flatIn = at::cat(flatHost(inputs));
+  const int64_t n = flatIn.numel();
+  at::Tensor flat = at::empty({n * c.size()}, flatIn.options());
+  hostAllGather(c, flatIn, flat);
+  size_t k = 0;
+  for (const auto q : c10::irange(c.size())) {
+    int64_t off = q * n;
+    for (const auto& t : inputs) {
+      outputs[k++].copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+      off += t.numel();
+    }
+  }
+}
+
+void allGatherIntoCoalesced(OpContext& c, const std::vector<at::Tensor>& inputs,
+                            const std::vector<at::Tensor>& outputs) {
+  for (const auto i : c10::irange(inputs.size())) {
+    allGatherInto(c, inputs[i], outputs[i]);
+  }
+}
+
+// ---- Reduce-scatter --------------------------------------------------------------
+
+void reduceScatterInto(OpContext& c, const at::Tensor& input, const at::Tensor& output, const Reduction& red) {
+  at::Tensor hin = asReal(premultiplied(red, toHost(input), /*inPlace=*/false));
+  at::Tensor hout = hostBufferFor(output);
+  hostReduceScatter(c, hin, asReal(hout), red);
+  writeBack(output, hout);
+}
+
+void reduceScatter(OpContext& c, const std::vector<at::Tensor>& inputs, const at::Tensor& output,
+                   const Reduction& red) {
+  at::Tensor flat = premultiplied(red, at::cat(flatHost(inputs)), /*inPlace=*/true);
+  at::Tensor hout = hostBufferFor(output);
+  hostReduceScatter(c, asReal(flat), asReal(hout), red);
+  writeBack(output, hout);
+}
+
+void reduceScatterIntoCoalesced(OpContext& c, const std::vector<at::Tensor>& inputs,
+                                const std::vector<at::Tensor>& outputs, const Reduction& red) {
+  for (const auto i : c10::irange(inputs.size())) {
+    reduceScatterInto(c, inputs[i], outputs[i], red);
+  }
+}
+
+// ---- All-to-all ------------------------------------------------------------------
+
+void allToAllSingle(OpContext& c, const at::Tensor& input, const at::Tensor& output,
+                    const std::vector<int64_t>& inSplits, const std::vector<int64_t>& outSplits) {
+  // Splits count rows of dim 0; a row holds numel / rows elements (a 0-dim tensor is one row).
+  auto rowElems = [](const at::Tensor& t) -> int64_t {
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    return rows == 0 ? 0 : t.numel() / rows;
+  };
+  const int64_t inRow = rowElems(input);
+  const int64_t outRow = rowElems(output);
+  at::Tensor hin = toHost(input);
+  at::Tensor hout = hostBufferFor(output);
+  const size_t es = hin.element_size();
+  std::vector<const char*> sp;
+  std::vector<char*> rp;
+  std::vector<size_t> sb, rb;
+  int64_t so = 0, ro = 0;
+  for (const auto q : c10::irange(c.size())) {
+    sp.push_back(bytes(hin) + so * inRow * es);
+    sb.push_back(inSplits[q] * inRow * es);
+    so += inSplits[q];
+    rp.push_back(bytes(hout) + ro * outRow * es);
+    rb.push_back(outSplits[q] * outRow * es);
+    ro += outSplits[q];
+  }
+  ringpg::allToAll(c, sp, sb, rp, rb);
+  writeBack(output, hout);
+}
+
+void allToAll(OpContext& c, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
+  std::vector<at::Tensor> hin, hout;
+  std::vector<const char*> sp;
+  std::vector<char*> rp;
+  std::vector<size_t> sb, rb;
+  for (const auto q : c10::irange(c.size())) {
+    hin.push_back(toHost(inputs[q]));
+    hout.push_back(hostBufferFor(outputs[q]));
+    sp.push_back(bytes(hin[q]));
+    sb.push_back(nbytes(hin[q]));
+    rp.push_back(bytes(hout[q]));
+    rb.push_back(nbytes(hout[q]));
+  }
+  ringpg::allToAll(c, sp, sb, rp, rb);
+  for (const auto q : c10::irange(c.size())) {
+    writeBack(outputs[q], hout[q]);
+  }
+}
+
+} // namespace collectives
+} // namespace ringpg
