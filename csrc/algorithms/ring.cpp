@@ -10,157 +10,298 @@
 
 namespace ringpg {
 
-void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
-  const int p = c.size();
-  const int r = c.rank();
-  TORCH_INTERNAL_ASSERT(job.reduceScatter || job.allGather);
-  if (p == 1 || job.count == 0) {
-    if (job.reduceScatter && job.count > 0) {
-      // World size 1: the reduction over one rank is its input (then finalized: AVG).
-      if (job.awaitInput) {
-        job.awaitInput(0);
-      }
-      char* dst = b.own ? b.own : b.work;
-      if (dst != b.input) {
-        std::memcpy(dst, b.input, job.count * job.elemSize);
-      }
-      if (job.finalize) {
-        job.finalize(dst, job.count);
-      }
-    }
-    if (!job.reduceScatter && b.own && job.count > 0 && b.own != b.work) {
-      std::memcpy(b.work, b.own, job.count * job.elemSize); // world size 1: the own chunk is all
-    }
-    if (job.onFinal && job.count > 0) {
-      job.onFinal(Range{0, job.count});
-    }
+namespace {
+
+// World size 1 or an empty buffer: nothing travels.  A reduce-scatter's result is the
+// input itself (finalized: AVG divides by one); an all-gather's own chunk is all of it.
+void localCollective(const RingJob& job, const RingBuffers& b) {
+  if (job.count == 0) {
     return;
   }
-  const size_t es = job.elemSize;
+  if (job.reduceScatter) {
+    if (job.awaitInput) {
+      job.awaitInput(0);
+    }
+    char* dst = b.own ? b.own : b.work;
+    if (dst != b.input) {
+      std::memcpy(dst, b.input, job.count * job.elemSize);
+    }
+    if (job.finalize) {
+      job.finalize(dst, job.count);
+    }
+  } else if (b.own && b.own != b.work) {
+    std::memcpy(b.work, b.own, job.count * job.elemSize);
+  }
+  if (job.onFinal) {
+    job.onFinal(Range{0, job.count});
+  }
+}
+
+// One sweep of the ring over a buffer, as NCCL writes it: a step is one chunk moving
+// one hop, in pipeline segments (ring_plan.h), and each named primitive below is one
+// step on this rank.  At step k a rank sends chunk ringSendChunk(k) to the right and
+// receives chunk ringRecvChunk(k) from the left, and what it received at step k it
+// sends at step k + 1; so every primitive named "...Send" that runs for step k posts
+// the sends of step k + 1.
+//
+// Receives are posted a window of segments ahead, in the order the primitives consume
+// them, so the link lands data while this thread reduces; a received segment is
+// forwarded as soon as it is final on this rank, while the next ones are in flight.
+class RingSweep {
+ public:
+  RingSweep(OpContext& c, const RingJob& job, const RingBuffers& b);
+
+  // Posts step `step`'s sends: the chunk leaves from the input (reduce-scatter's first
+  // step) or from the own chunk (all-gather's first step).
+  void send(int step);
+  // All-gather from a separate input: copies the own chunk into the output while its
+  // first sends travel (nothing is received into that range).
+  void copyOwnChunk();
+  // A reduce step: partial sums arrive, the local input is added, the sum moves on.
+  void recvReduceSend(int step);
+  // The last reduce step of an allreduce: the own chunk becomes final (AVG divides it)
+  // and leaves at once as the all-gather's first step.
+  void recvReduceCopySend(int step);
+  // The last reduce step of a reduce-scatter: the own chunk becomes final and stays.
+  void recvReduceCopy(int step);
+  // A gather step: a final segment lands in place and moves on.
+  void recvCopySend(int step);
+  // The last gather step: the final segments land in place.
+  void recv(int step);
+  // Waits for every send still in flight.
+  void finish();
+
+ private:
+  // A segment received at some step: `unit` numbers it in receive order.
+  struct Arrival {
+    int64_t unit;
+    int chunk;
+    Range range; // elements of the full layout
+    char* dst;   // where it now lives: its chunk's home in `work` (or `own`)
+  };
+  // What each step does with a segment once it has arrived.
+  enum class Reduce : uint8_t { No, Yes };
+  enum class Final : uint8_t { No, Yes };
+  enum class Forward : uint8_t { No, Yes };
+  // Receives every non-empty segment of step `step` in order, and for each: reduces it
+  // into the local input, marks it final, forwards it, as asked.
+  void receiveStep(int step, Reduce reduceIt, Final final, Forward forward);
+
+  int64_t unitOf(int step, int64_t segment) const {
+    return static_cast<int64_t>(step - firstStep_) * plan_.segments + segment;
+  }
+  // Range of segment `j` of the chunk that moves at step `step`, received or sent.
+  Range recvRange(int step, int64_t j) const;
+  Range sendRange(int step, int64_t j) const;
+  // Where range R of chunk `chunk` lives.
+  char* home(int chunk, const Range& R) const;
+  bool isReduceStep(int step) const {
+    return step < p_ - 1;
+  }
+  // Awaits chunk `chunk`'s local input once, before it is first read (CUDA staging).
+  void needInput(int chunk);
+  // Posts the receives of units [posted_, done + window).
+  void postAhead(int64_t done);
+
+  OpContext& c_;
+  const RingJob& job_;
+  const RingBuffers& b_;
+  const int p_;
+  const int r_;
+  const size_t es_;
+  const bool fused_;      // the link reduces each fragment as it arrives (context.h)
+  SegmentPlan plan_;
+  int firstStep_;         // steps numbered as in ring_plan.h: [0, p-1) reduce, [p-1, 2p-2) gather
+  int64_t units_;         // segments received in the whole sweep
+  Range ownChunk_;
+  int window_;            // receives posted ahead
+  size_t slotBytes_;      // one staging slot: a full segment
+  char* slots_ = nullptr; // window_ staging slots for unfused reduce steps; unit u uses u % window_
+  std::vector<bool> inputReady_;
+  std::vector<RequestPtr> sends_;
+  std::vector<RequestPtr> recvs_; // by unit
+  int64_t posted_ = 0;            // units whose receive is posted (or empty)
+};
+
+RingSweep::RingSweep(OpContext& c, const RingJob& job, const RingBuffers& b)
+    : c_(c), job_(job), b_(b), p_(c.size()), r_(c.rank()), es_(job.elemSize), fused_(c.fusedRecvReduce(c.left())) {
   // Segments: at most the configured size, but at least minSegments per chunk (down to
   // kMinSegmentBytes) so that the ring's fill and drain, about one segment per step,
   // stay a small part of the whole.  Over shared memory a segment costs a hand-off
   // between processes, which dominates when ranks share cores, and fill is cheap: 4
-  // per chunk there (measured on 2 cores, N=4, 1-16 MiB: +5-14% busbw over 16; N=2 even).
-  const bool fused = c.fusedRecvReduce(c.left()); // the shared-memory ring (context.h)
-  const int64_t minSegments = fused ? 4 : 16;
+  // per chunk there beat 16 (benchmarks/RESULTS.md).
+  const int64_t minSegments = fused_ ? 4 : 16;
   constexpr int64_t kMinSegmentBytes = 64 * 1024;
-  const int64_t chunkBytes = (job.count + p - 1) / p * static_cast<int64_t>(es);
+  const int64_t chunkBytes = (job.count + p_ - 1) / p_ * static_cast<int64_t>(es_);
   const int64_t segBytes = std::min<int64_t>(static_cast<int64_t>(c.config().segmentBytes),
                                              std::max(kMinSegmentBytes, chunkBytes / minSegments));
-  const SegmentPlan plan = segmentPlan(job.count, p, std::max<int64_t>(1, segBytes / static_cast<int64_t>(es)));
-  // Steps are numbered as in ring_plan.h: [0, p-1) reduce, [p-1, 2p-2) gather.
-  const int firstStep = job.reduceScatter ? 0 : p - 1;
-  const int endStep = job.allGather ? 2 * p - 2 : p - 1;
-  const int64_t units = static_cast<int64_t>(endStep - firstStep) * plan.segments;
-  const Range ownChunk = chunkRange(job.count, p, r);
-
-  // Where the data of range R of chunk `chunk` lives (after it was reduced/received).
-  auto at = [&](int chunk, const Range& R) -> char* {
-    if (chunk == r && b.own) {
-      return b.own + (R.offset - ownChunk.offset) * es;
-    }
-    return b.work + R.offset * es;
-  };
-  auto sendRange = [&](int step, int64_t j) {
-    return segmentRange(chunkRange(job.count, p, ringSendChunk(r, p, step)), plan, j);
-  };
-  auto recvChunk = [&](int64_t u) { return ringRecvChunk(r, p, firstStep + static_cast<int>(u / plan.segments)); };
-  auto recvRange = [&](int64_t u) {
-    return segmentRange(chunkRange(job.count, p, recvChunk(u)), plan, u % plan.segments);
-  };
-  auto isReduce = [&](int64_t u) { return firstStep + u / plan.segments < p - 1; };
-
-  const int window = c.config().recvWindow;
-  const size_t slotBytes = static_cast<size_t>(plan.segElems) * es;
+  plan_ = segmentPlan(job.count, p_, std::max<int64_t>(1, segBytes / static_cast<int64_t>(es_)));
+  firstStep_ = job.reduceScatter ? 0 : p_ - 1;
+  const int endStep = job.allGather ? 2 * p_ - 2 : p_ - 1;
+  units_ = static_cast<int64_t>(endStep - firstStep_) * plan_.segments;
+  ownChunk_ = chunkRange(job.count, p_, r_);
+  window_ = c.config().recvWindow;
+  slotBytes_ = static_cast<size_t>(plan_.segElems) * es_;
   // Fused: the link reduces each fragment as it arrives, with no staging slots.
-  char* slots = job.reduceScatter && !fused ? c.scratch(slotBytes * window) : nullptr;
+  slots_ = job.reduceScatter && !fused_ ? c.scratch(slotBytes_ * window_) : nullptr;
+  inputReady_.assign(p_, !job.awaitInput);
+  recvs_.resize(units_);
+}
 
-  // Each chunk's local input is awaited once, just before it is first read.
-  std::vector<bool> inputReady(p, !job.awaitInput);
-  auto needInput = [&](int chunk) {
-    if (!inputReady[chunk]) {
-      job.awaitInput(chunk);
-      inputReady[chunk] = true;
+Range RingSweep::recvRange(int step, int64_t j) const {
+  return segmentRange(chunkRange(job_.count, p_, ringRecvChunk(r_, p_, step)), plan_, j);
+}
+
+Range RingSweep::sendRange(int step, int64_t j) const {
+  return segmentRange(chunkRange(job_.count, p_, ringSendChunk(r_, p_, step)), plan_, j);
+}
+
+char* RingSweep::home(int chunk, const Range& R) const {
+  if (chunk == r_ && b_.own) {
+    return b_.own + (R.offset - ownChunk_.offset) * es_;
+  }
+  return b_.work + R.offset * es_;
+}
+
+void RingSweep::needInput(int chunk) {
+  if (!inputReady_[chunk]) {
+    job_.awaitInput(chunk);
+    inputReady_[chunk] = true;
+  }
+}
+
+void RingSweep::postAhead(int64_t done) {
+  for (; posted_ < units_ && posted_ < done + window_; ++posted_) {
+    const int step = firstStep_ + static_cast<int>(posted_ / plan_.segments);
+    const Range R = recvRange(step, posted_ % plan_.segments);
+    if (R.empty()) {
+      continue; // the neighbour computes the same empty range and sends nothing
     }
-  };
+    const int chunk = ringRecvChunk(r_, p_, step);
+    if (isReduceStep(step) && fused_) {
+      needInput(chunk); // the reduction may run during any later wait
+      recvs_[posted_] = c_.recvReduce(c_.left(), home(chunk, R), b_.input + R.offset * es_, R.length, es_, job_.op);
+    } else if (isReduceStep(step)) {
+      // Slot u % window is free again: unit u - window was reduced before u was posted.
+      recvs_[posted_] = c_.recv(c_.left(), slots_ + (posted_ % window_) * slotBytes_, R.length * es_);
+    } else {
+      recvs_[posted_] = c_.recv(c_.left(), home(chunk, R), R.length * es_); // gathered: lands in place
+    }
+  }
+}
 
-  std::vector<RequestPtr> sends;
-  // Step `firstStep` sends come straight from the input (reduce) or the own chunk (gather).
-  for (const auto j : c10::irange(plan.segments)) {
-    const Range R = sendRange(firstStep, j);
+void RingSweep::send(int step) {
+  const int chunk = ringSendChunk(r_, p_, step);
+  for (const auto j : c10::irange(plan_.segments)) {
+    const Range R = sendRange(step, j);
     if (R.empty()) {
       continue; // the neighbour computes the same empty range and posts nothing
     }
-    const int chunk = ringSendChunk(r, p, firstStep);
-    if (job.reduceScatter) {
+    const char* src;
+    if (isReduceStep(step)) {
       needInput(chunk);
+      src = b_.input + R.offset * es_;
+    } else {
+      src = home(chunk, R);
     }
-    const char* src = job.reduceScatter ? b.input + R.offset * es : at(chunk, R);
-    sends.push_back(c.send(c.right(), src, R.length * es));
+    sends_.push_back(c_.send(c_.right(), src, R.length * es_));
   }
-  // All-gather from a separate input: the own chunk left from `own` above, and its copy
-  // into the output runs now, while those sends are on the wire, instead of delaying
-  // them (the chunk is never received, so nothing else writes that range).
-  if (!job.reduceScatter && b.own && !ownChunk.empty()) {
-    std::memcpy(b.work + ownChunk.offset * es, b.own, ownChunk.length * es);
+}
+
+void RingSweep::copyOwnChunk() {
+  if (b_.own && !ownChunk_.empty()) {
+    std::memcpy(b_.work + ownChunk_.offset * es_, b_.own, ownChunk_.length * es_);
   }
+}
 
-  std::vector<RequestPtr> recvs(units);
-  int64_t posted = 0;
-  // Posts receives for units [posted, done + window): unit u's scratch slot is
-  // u % window, free again once unit u - window was reduced.
-  auto postAhead = [&](int64_t done) {
-    for (; posted < units && posted < done + window; ++posted) {
-      const Range R = recvRange(posted);
-      if (R.empty()) {
-        continue;
-      }
-      const int chunk = recvChunk(posted);
-      if (isReduce(posted) && fused) {
-        needInput(chunk); // the reduction may run during any later wait
-        recvs[posted] = c.recvReduce(c.left(), at(chunk, R), b.input + R.offset * es, R.length, es, job.op);
-      } else {
-        char* dst = isReduce(posted) ? slots + (posted % window) * slotBytes : at(chunk, R);
-        recvs[posted] = c.recv(c.left(), dst, R.length * es);
-      }
-    }
-  };
-
-  for (const auto u : c10::irange(units)) {
+void RingSweep::receiveStep(int step, Reduce reduceIt, Final final, Forward forward) {
+  const int chunk = ringRecvChunk(r_, p_, step);
+  for (const auto j : c10::irange(plan_.segments)) {
+    const int64_t u = unitOf(step, j);
     postAhead(u);
-    const Range R = recvRange(u);
+    const Range R = recvRange(step, j);
     if (R.empty()) {
       continue;
     }
-    const int chunk = recvChunk(u);
-    const int step = firstStep + static_cast<int>(u / plan.segments);
-    c.wait(recvs[u]);
-    recvs[u].reset();
-    char* dst = at(chunk, R);
-    if (isReduce(u)) {
-      // recvReduce: dst = local contribution (op) what the left neighbour accumulated.
-      if (!fused) {
-        needInput(chunk);
-        reduce(c.dtype(), job.op, dst, b.input + R.offset * es, slots + (u % window) * slotBytes, R.length);
-      }
-      if (step == p - 2) {
-        if (job.finalize) {
-          job.finalize(dst, R.length); // the own chunk is now complete
-        }
-        if (job.onFinal) {
-          job.onFinal(R);
-        }
-      }
-    } else if (job.onFinal) {
-      job.onFinal(R); // a gathered segment arrives final
+    c_.wait(recvs_[u]);
+    recvs_[u].reset();
+    char* dst = home(chunk, R);
+    if (reduceIt == Reduce::Yes && !fused_) {
+      // dst = local contribution (op) what the left neighbour accumulated.
+      needInput(chunk);
+      reduce(c_.dtype(), job_.op, dst, b_.input + R.offset * es_, slots_ + (u % window_) * slotBytes_, R.length);
     }
-    if (step + 1 < endStep) {
-      // ...and forward: what was received at step k is sent at step k + 1.
-      sends.push_back(c.send(c.right(), dst, R.length * es));
+    if (final == Final::Yes) {
+      if (reduceIt == Reduce::Yes && job_.finalize) {
+        job_.finalize(dst, R.length); // the own chunk's sum is complete: AVG divides it
+      }
+      if (job_.onFinal) {
+        job_.onFinal(R);
+      }
+    }
+    if (forward == Forward::Yes) {
+      sends_.push_back(c_.send(c_.right(), dst, R.length * es_)); // step + 1's send
     }
   }
-  c.waitAll(sends);
+}
+
+void RingSweep::recvReduceSend(int step) {
+  receiveStep(step, Reduce::Yes, Final::No, Forward::Yes);
+}
+
+void RingSweep::recvReduceCopySend(int step) {
+  receiveStep(step, Reduce::Yes, Final::Yes, Forward::Yes);
+}
+
+void RingSweep::recvReduceCopy(int step) {
+  receiveStep(step, Reduce::Yes, Final::Yes, Forward::No);
+}
+
+void RingSweep::recvCopySend(int step) {
+  receiveStep(step, Reduce::No, Final::Yes, Forward::Yes);
+}
+
+void RingSweep::recv(int step) {
+  receiveStep(step, Reduce::No, Final::Yes, Forward::No);
+}
+
+void RingSweep::finish() {
+  c_.waitAll(sends_);
+}
+
+} // namespace
+
+void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
+  TORCH_INTERNAL_ASSERT(job.reduceScatter || job.allGather);
+  const int p = c.size();
+  if (p == 1 || job.count == 0) {
+    localCollective(job, b);
+    return;
+  }
+  RingSweep ring(c, job, b);
+  const int lastReduce = p - 2;     // after it, rank r holds the reduced chunk r
+  const int lastGather = 2 * p - 3; // after it, every rank holds every chunk
+  if (job.reduceScatter) {
+    ring.send(0);
+    for (int step = 0; step < lastReduce; ++step) {
+      ring.recvReduceSend(step);
+    }
+    if (job.allGather) {
+      ring.recvReduceCopySend(lastReduce); // its sends are the gather's first step
+    } else {
+      ring.recvReduceCopy(lastReduce);
+    }
+  } else {
+    ring.send(p - 1); // the own chunk starts the gather
+    ring.copyOwnChunk();
+  }
+  if (job.allGather) {
+    for (int step = p - 1; step < lastGather; ++step) {
+      ring.recvCopySend(step);
+    }
+    ring.recv(lastGather);
+  }
+  ring.finish();
 }
 
 void chainBroadcast(OpContext& c, char* data, size_t nbytes, int root) {

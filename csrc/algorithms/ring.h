@@ -1,11 +1,12 @@
-// Ring collectives, written with the primitives of OpContext in the NCCL manner:
-// reduce-scatter is p-1 "receive, reduce, forward" steps, all-gather is p-1
-// "receive, forward" steps, and allreduce is the one followed by the other in a
-// single pipelined sweep (the last reduced segment leaves as the first gathered one).
+// Ring collectives, written with NCCL's named steps (ring.cpp, RingSweep): on each rank
+//   reduce-scatter = send, recvReduceSend x (p-2), recvReduceCopy
+//   all-gather     = send, recvCopySend x (p-2), recv
+//   allreduce      = send, recvReduceSend x (p-2), recvReduceCopySend, recvCopySend x (p-2), recv
+// in one pipelined sweep: the last reduced segment leaves as the first gathered one.
 //
 // Every step moves its chunk in segments (ring_plan.h): a segment is forwarded as soon
 // as it is reduced, while the next ones are still arriving, and receives are posted a
-// window ahead so the progress thread can land data while this thread reduces.
+// window ahead so the link can land data while this thread reduces.
 #pragma once
 
 #include <functional>
