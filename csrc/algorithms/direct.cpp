@@ -6,42 +6,53 @@
 
 namespace ringpg {
 
-void gatherTo(OpContext& c, int root, const char* input, size_t nbytes, const std::vector<char*>& outputs) {
+namespace {
+
+enum class Direction : uint8_t { ToRoot, FromRoot };
+
+// Moves one `nbytes` buffer between the root and every other rank: `mine` on a non-root
+// rank, atRoot[q] for rank q on the root (its own slot is a local copy).  Gather
+// receives at the root, scatter sends from it; the root posts in ring-distance order.
+void rootedExchange(OpContext& c, int root, Direction dir, char* mine, const std::vector<char*>& atRoot,
+                    size_t nbytes) {
   const int p = c.size();
   const int r = c.rank();
+  // The root receives what comes to it, every other rank what comes from it.
+  const bool receives = (dir == Direction::ToRoot) == (r == root);
+  auto post = [&](int peer, char* buf) {
+    return receives ? c.recv(peer, buf, nbytes) : c.send(peer, buf, nbytes);
+  };
+  std::vector<RequestPtr> reqs;
   if (r != root) {
-    std::vector<RequestPtr> s{c.send(root, input, nbytes)};
-    c.waitAll(s);
+    reqs.push_back(post(root, mine));
+    c.waitAll(reqs);
     return;
   }
-  std::vector<RequestPtr> recvs;
   for (const auto d : c10::irange(1, p)) {
     const int q = (r + d) % p;
-    recvs.push_back(c.recv(q, outputs[q], nbytes));
+    reqs.push_back(post(q, atRoot[q]));
   }
-  if (nbytes > 0 && outputs[r] != input) {
-    std::memcpy(outputs[r], input, nbytes);
+  if (nbytes > 0 && atRoot[r] != mine) {
+    dir == Direction::ToRoot ? std::memcpy(atRoot[r], mine, nbytes) : std::memcpy(mine, atRoot[r], nbytes);
   }
-  c.waitAll(recvs);
+  c.waitAll(reqs);
+}
+
+} // namespace
+
+void gatherTo(OpContext& c, int root, const char* input, size_t nbytes, const std::vector<char*>& outputs) {
+  // Sends only read `input`: the cast lets one exchange serve both directions.
+  rootedExchange(c, root, Direction::ToRoot, const_cast<char*>(input), outputs, nbytes);
 }
 
 void scatterFrom(OpContext& c, int root, const std::vector<const char*>& inputs, char* output, size_t nbytes) {
-  const int p = c.size();
-  const int r = c.rank();
-  if (r != root) {
-    std::vector<RequestPtr> rv{c.recv(root, output, nbytes)};
-    c.waitAll(rv);
-    return;
+  // Likewise: the root only sends from `inputs`.
+  std::vector<char*> atRoot;
+  atRoot.reserve(inputs.size());
+  for (const char* in : inputs) {
+    atRoot.push_back(const_cast<char*>(in));
   }
-  std::vector<RequestPtr> sends;
-  for (const auto d : c10::irange(1, p)) {
-    const int q = (r + d) % p;
-    sends.push_back(c.send(q, inputs[q], nbytes));
-  }
-  if (nbytes > 0 && inputs[r] != output) {
-    std::memcpy(output, inputs[r], nbytes);
-  }
-  c.waitAll(sends);
+  rootedExchange(c, root, Direction::FromRoot, output, atRoot, nbytes);
 }
 
 void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op,

@@ -263,13 +263,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather(std::vector<std::vector<at
                                                       const c10d::AllgatherOptions& opts) {
   const char* op = "all_gather";
   checkSingle(op, inputs);
-  RINGPG_CHECK(outputs.size() == 1, op, "expects one output list, got ", outputs.size());
-  checkListLength(op, outputs[0].size(), getSize(), "the output list");
   at::Tensor in = inputs[0];
-  for (const auto& o : outputs[0]) {
-    checkSameTypeAndSize(op, in, o, "an output tensor");
-  }
-  std::vector<at::Tensor> outs = outputs[0];
+  std::vector<at::Tensor> outs = checkPerRankList(op, outputs, in, getSize(), "output");
   return enqueue(OpType::ALLGATHER, op, "ringpg:all_gather", in.scalar_type(), in.numel(), opts.timeout,
                  opts.asyncOp, outs, inputs, [in, outs](OpContext& c) { collectives::allGather(c, in, outs); });
 }
@@ -328,14 +323,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(std::vector<at::Tenso
                                                            const c10d::ReduceScatterOptions& opts) {
   const char* op = "reduce_scatter";
   checkSingle(op, outputs);
-  RINGPG_CHECK(inputs.size() == 1, op, "expects one input list, got ", inputs.size());
-  checkListLength(op, inputs[0].size(), getSize(), "the input list");
   at::Tensor out = outputs[0];
-  for (const auto& t : inputs[0]) {
-    checkSameTypeAndSize(op, out, t, "an input tensor");
-  }
+  std::vector<at::Tensor> ins = checkPerRankList(op, inputs, out, getSize(), "input");
   const Reduction red = toReduction(op, opts.reduceOp, out.scalar_type());
-  std::vector<at::Tensor> ins = inputs[0];
   return enqueue(OpType::REDUCE_SCATTER, op, "ringpg:reduce_scatter", reduceDtype(out.scalar_type()),
                  out.numel() * getSize(), opts.timeout, opts.asyncOp, outputs, ins,
                  [ins, out, red](OpContext& c) { collectives::reduceScatter(c, ins, out, red); });
@@ -366,18 +356,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::gather(std::vector<std::vector<at::T
   checkRoot(op, opts.rootRank, getSize());
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor in = inputs[0];
-  std::vector<at::Tensor> outs;
-  if (getRank() == root) {
-    RINGPG_CHECK(outputs.size() == 1, op, "the root expects one output list, got ", outputs.size());
-    checkListLength(op, outputs[0].size(), getSize(), "the output list");
-    for (const auto& o : outputs[0]) {
-      checkSameTypeAndSize(op, in, o, "an output tensor");
-    }
-    outs = outputs[0];
-  } else {
-    RINGPG_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), op, "only the root (rank ", root,
-                 ") may pass output tensors");
-  }
+  std::vector<at::Tensor> outs = checkRootList(op, outputs, in, getRank(), root, getSize(), "output");
   return enqueue(OpType::GATHER, op, "ringpg:gather", in.scalar_type(), in.numel(), opts.timeout, opts.asyncOp, outs,
                  inputs, [in, outs, root](OpContext& c) { collectives::gather(c, in, outs, root); });
 }
@@ -390,18 +369,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::scatter(std::vector<at::Tensor>& out
   checkRoot(op, opts.rootRank, getSize());
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor out = outputs[0];
-  std::vector<at::Tensor> ins;
-  if (getRank() == root) {
-    RINGPG_CHECK(inputs.size() == 1, op, "the root expects one input list, got ", inputs.size());
-    checkListLength(op, inputs[0].size(), getSize(), "the input list");
-    for (const auto& t : inputs[0]) {
-      checkSameTypeAndSize(op, out, t, "an input tensor");
-    }
-    ins = inputs[0];
-  } else {
-    RINGPG_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), op, "only the root (rank ", root,
-                 ") may pass input tensors");
-  }
+  std::vector<at::Tensor> ins = checkRootList(op, inputs, out, getRank(), root, getSize(), "input");
   return enqueue(OpType::SCATTER, op, "ringpg:scatter", out.scalar_type(), out.numel(), opts.timeout, opts.asyncOp,
                  outputs, ins, [ins, out, root](OpContext& c) { collectives::scatter(c, ins, out, root); });
 }

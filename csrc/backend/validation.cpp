@@ -67,6 +67,27 @@ void checkListLength(const char* op, size_t got, int size, const char* what) {
   RINGPG_CHECK(static_cast<int>(got) == size, op, what, " must hold one tensor per rank (", size, "), got ", got);
 }
 
+std::vector<at::Tensor> checkPerRankList(const char* op, const std::vector<std::vector<at::Tensor>>& lists,
+                                         const at::Tensor& ref, int size, const char* what) {
+  RINGPG_CHECK(lists.size() == 1, op, "expects one ", what, " list, got ", lists.size());
+  checkListLength(op, lists[0].size(), size, c10::str("the ", what, " list").c_str());
+  const std::string each = c10::str("an ", what, " tensor");
+  for (const auto& t : lists[0]) {
+    checkSameTypeAndSize(op, ref, t, each.c_str());
+  }
+  return lists[0];
+}
+
+std::vector<at::Tensor> checkRootList(const char* op, const std::vector<std::vector<at::Tensor>>& lists,
+                                      const at::Tensor& ref, int rank, int root, int size, const char* what) {
+  if (rank == root) {
+    return checkPerRankList(op, lists, ref, size, what);
+  }
+  RINGPG_CHECK(lists.empty() || (lists.size() == 1 && lists[0].empty()), op, "only the root (rank ", root,
+               ") may pass ", what, " tensors");
+  return {};
+}
+
 void checkPeer(const char* op, int peer, int rank, int size, const char* what) {
   RINGPG_CHECK(peer >= 0 && peer < size && peer != rank, op, "invalid ", what, " rank ", peer, " (group size ",
                size, ", this rank ", rank, ")");

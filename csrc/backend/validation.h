@@ -31,6 +31,14 @@ void checkScaledPair(const char* op, const at::Tensor& small, const at::Tensor& 
 void checkRoot(const char* op, int64_t root, int size);
 // A list (`what`) holds one entry per rank.
 void checkListLength(const char* op, size_t got, int size, const char* what);
+// all_gather's outputs, reduce_scatter's inputs (`what`: "output" or "input"): one list
+// of one tensor per rank, each with `ref`'s device, dtype and numel.  Returns the list.
+std::vector<at::Tensor> checkPerRankList(const char* op, const std::vector<std::vector<at::Tensor>>& lists,
+                                         const at::Tensor& ref, int size, const char* what);
+// gather's outputs, scatter's inputs: the root passes a per-rank list as above, every
+// other rank none.  Returns the root's list (empty elsewhere).
+std::vector<at::Tensor> checkRootList(const char* op, const std::vector<std::vector<at::Tensor>>& lists,
+                                      const at::Tensor& ref, int rank, int root, int size, const char* what);
 // A point-to-point peer: another rank of the group.
 void checkPeer(const char* op, int peer, int rank, int size, const char* what);
 
