@@ -46,15 +46,34 @@ def _data(dtype: torch.dtype, n: int, seed: int) -> torch.Tensor:
             x[41] = -6e-8 if seed == 1 else 2e-7
             x[42] = 60000.0 if seed == 1 else 6000.0
         return x.to(dtype)
+    if dtype == torch.uint64:
+        return _uint64_data(n, seed, g)
     info = torch.iinfo(dtype)
+    # Signed int64 stays within +-2**62 so that SUM cannot overflow (undefined in C++).
     lo, hi = max(info.min, -(2**62)), min(info.max, 2**62)
     return torch.randint(lo, hi, (n,), generator=g, dtype=torch.int64).to(dtype)
+
+
+def _uint64_data(n: int, seed: int, g: torch.Generator) -> torch.Tensor:
+    """uint64 over its whole range (wrap-around is defined for unsigned), with pairs that
+    only an unsigned 64-bit comparison orders right: across 2**63, where a signed view
+    flips the order, and neighbours above 2**53, which a float64 view cannot tell apart."""
+    bits = torch.randint(-(2**63), 2**63 - 1, (n,), generator=g, dtype=torch.int64)
+    # (seed 1, seed 2) values as int64 bit patterns: 2**64-2 vs 2**64-1, 2**63 vs
+    # 2**63+1, 2**63-1 vs 2**63, 2**60+1 vs 2**60, and the extremes 0 vs 2**64-1.
+    edges = [(-2, -1), (-(2**63), -(2**63) + 1), (2**63 - 1, -(2**63)), (2**60 + 1, 2**60), (0, -1)]
+    for i, pair in enumerate(edges):
+        if 5 + 9 * i < n:
+            bits[5 + 9 * i] = pair[seed - 1]
+    return bits.view(torch.uint64)
 
 
 def _reference(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.dtype == torch.bool:
         return {"SUM": a | b, "MAX": a | b, "BOR": a | b, "PRODUCT": a & b, "MIN": a & b, "BAND": a & b, "BXOR": a ^ b}[op]
-    wide = a.dtype in (torch.uint16, torch.uint32, torch.uint64)
+    if a.dtype == torch.uint64:
+        return _uint64_reference(op, a, b)
+    wide = a.dtype in (torch.uint16, torch.uint32)
     x, y = (a.to(torch.int64), b.to(torch.int64)) if wide else (a, b)
     r = {
         "SUM": lambda: x + y,
@@ -65,10 +84,20 @@ def _reference(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         "BOR": lambda: x | y,
         "BXOR": lambda: x ^ y,
     }[op]()
-    if wide and op in ("MIN", "MAX"):
-        # Unsigned order differs from the signed int64 view for values >= 2**63.
-        r = torch.where((a.to(torch.float64) < b.to(torch.float64)) == (op == "MIN"), x, y)
     return r.to(a.dtype)
+
+
+def _uint64_reference(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """uint64 through its int64 bit pattern: SUM, PRODUCT and the bitwise ops are the same
+    bits modulo 2**64; for MIN/MAX, flipping the top bit maps unsigned order onto signed
+    order exactly (no float64 rounding)."""
+    x, y = a.view(torch.int64), b.view(torch.int64)
+    if op in ("MIN", "MAX"):
+        top = torch.tensor(-(2**63), dtype=torch.int64)
+        a_first = ((x ^ top) < (y ^ top)) == (op == "MIN")
+        return torch.where(a_first, x, y).view(torch.uint64)
+    r = {"SUM": x + y, "PRODUCT": x * y, "BAND": x & y, "BOR": x | y, "BXOR": x ^ y}[op]
+    return r.view(torch.uint64)
 
 
 @pytest.mark.parametrize("isa", _C.reduce_isas())
