@@ -2,4 +2,20 @@
 
 Run from the repository root, e.g. ``python -m benchmarks.bench --check``; see
 ``benchmarks/README.md``.
+
+Everything that decides *what* a number means lives once, in the modules both tools
+share:
+
+* ``cases``: the ops, dtypes and cases measured, and the nccl-tests bandwidth factors;
+* ``data``: deterministic integer inputs and the exact expected result on every rank;
+* ``timing``: backends alternating on the same buffers, and the figures they make;
+* ``backends``: whether a backend is usable, and what a live group says about itself;
+* ``machine``: the facts every run prints first, and threads per rank;
+* ``launch``: free ports, ranks that die with their launcher, torchrun's environment;
+* ``tcp_probe``: the raw-TCP ceiling printed beside the table;
+* ``table``: nccl-tests style rows and the progress line;
+* ``units``: sizes (``256MiB``) and link rates (``1gbit``) as typed on the command line.
+
+The tests use some of these too (``tests/harness`` takes ``free_port`` and
+``transport_of`` from here).
 """

@@ -8,7 +8,7 @@ Run from the repository root::
     python -m benchmarks.bench --backends gloo,gloo   # validate the tool itself (no ringpg needed)
     torchrun --nproc-per-node 4 benchmarks/bench.py   # ranks from torchrun (one world size)
 
-How a number is made (details in ``benchmarks/common.py``):
+How a number is made (details in ``benchmarks/data.py`` and ``benchmarks/timing.py``):
 
 * The launcher starts ``ws`` ranks (multiprocessing spawn, tcp:// rendezvous on
   127.0.0.1 with a free port; under ``--emulate`` one network namespace per rank, see
@@ -51,8 +51,22 @@ if __package__ in (None, ""):  # `python benchmarks/bench.py` or torchrun: make 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from benchmarks import common as C  # noqa: E402
 from benchmarks import netns  # noqa: E402
+from benchmarks.backends import (  # noqa: E402
+    backend_status,
+    ensure_registered,
+    pick_baseline,
+    transport_of,
+    unique_labels,
+)
+from benchmarks.cases import OPS, Case, canonical_dtype, canonical_op, check_cases, sweep_cases  # noqa: E402
+from benchmarks.data import CaseBuffers  # noqa: E402
+from benchmarks.launch import die_with_parent, free_port, torchrun_env  # noqa: E402
+from benchmarks.machine import default_threads, format_facts, machine_facts  # noqa: E402
+from benchmarks.table import Progress, TableFormatter, emit  # noqa: E402
+from benchmarks.tcp_probe import format_probe, tcp_probe, tcp_ring_probe  # noqa: E402
+from benchmarks.timing import IterationPolicy, measure_case, ranks_share_clock  # noqa: E402
+from benchmarks.units import format_bytes, parse_bytes, parse_rate  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT_DIR = REPO_ROOT / "benchmarks" / "results"
@@ -106,14 +120,14 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
     Returns the process exit status (0, or 1 if any element was wrong or an op failed).
     """
     if cfg.launcher_pid is not None:
-        C.die_with_parent(cfg.launcher_pid)
+        die_with_parent(cfg.launcher_pid)
     for k, v in cfg.extra_env.items():
         os.environ.setdefault(k, v)
     torch.set_num_threads(cfg.threads)
     ws = cfg.world_size
     for name in sorted(set(cfg.backends)):
         if name not in ("gloo", "nccl"):
-            C.ensure_registered(name)
+            ensure_registered(name)
     device = torch.device(cfg.device)
     if device.type == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -141,58 +155,58 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
     baseline = f"{cfg.baseline}:{pairs[0]}" if pairs else cfg.baseline
     col_groups = {col: groups[lb] for col, (lb, _) in columns.items()}
 
-    progress = C.Progress(enabled=rank == 0 and cfg.progress)
-    policy = C.IterationPolicy(**cfg.policy)
+    progress = Progress(enabled=rank == 0 and cfg.progress)
+    policy = IterationPolicy(**cfg.policy)
     ceiling = cfg.ceiling_GBps
     status = 0
     try:
         if cfg.probe:
             if rank == 0:
                 progress.update(f"[probe] raw TCP rank 0 <-> rank 1 ({cfg.probe_path})")
-            probe = C.tcp_probe(rank, cfg.master_addr, ref, cfg.probe_seconds)
-            ring = C.tcp_ring_probe(rank, cfg.master_addr, ref, cfg.probe_seconds)
+            probe = tcp_probe(rank, cfg.master_addr, ref, cfg.probe_seconds)
+            ring = tcp_ring_probe(rank, cfg.master_addr, ref, cfg.probe_seconds)
             if probe is not None and ring is not None:
                 probe.update(ring)
             if rank == 0:
-                C.emit(C.format_probe(probe, cfg.probe_path, cfg.link_GBps), progress)
+                emit(format_probe(probe, cfg.probe_path, cfg.link_GBps), progress)
                 record({"kind": "probe", "probe": probe, "path": cfg.probe_path})
             ceiling = ring_ceiling(probe) or ceiling
-        table = C.TableFormatter(list(columns), baseline, cfg.link_GBps, ceiling)
-        transports = {label: t for label, g in groups.items() if (t := C.transport_of(g, cfg.device))}
-        shared_clock = C.ranks_share_clock(ref)
+        table = TableFormatter(list(columns), baseline, cfg.link_GBps, ceiling)
+        transports = {label: t for label, g in groups.items() if (t := transport_of(g, cfg.device))}
+        shared_clock = ranks_share_clock(ref)
         timing = "last-start-to-last-end" if shared_clock else "slowest-rank"
         if rank == 0:
             via = "".join(f" {label}:transport={t}" for label, t in transports.items())
-            C.emit(f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)} "
+            emit(f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)} "
                    f"baseline={baseline} threads/rank={cfg.threads} batch={policy.batch} timing={timing}{via}",
                    progress)
             record({"kind": "transports", "world_size": ws, "transports": transports, "timing": timing})
-            C.emit(table.header(), progress)
+            emit(table.header(), progress)
         previous_op = None
         for i, (op, dtype, numel) in enumerate(cfg.cases):
-            case = C.Case(op, dtype, numel, ws)
+            case = Case(op, dtype, numel, ws)
             if rank == 0:
                 if previous_op is not None and op != previous_op:
-                    C.emit("#", progress)
+                    emit("#", progress)
                 progress.update(f"[{cfg.progress_offset + i + 1}/{cfg.progress_total or len(cfg.cases)}] "
                                 f"{case.describe()}")
             previous_op = op
-            bufs: Any = C.CaseBuffers(case, rank, device)
+            bufs: Any = CaseBuffers(case, rank, device)
             if pairs:
                 # The same bytes in each dtype (counts scale with the element size).
                 by_dtype = {dtype: bufs}
                 for dt in pairs[1:]:
-                    numel_dt = case.size_bytes // C.Case(op, dt, 1, ws).itemsize
-                    by_dtype[dt] = C.CaseBuffers(C.Case(op, dt, numel_dt, ws), rank, device)
+                    numel_dt = case.size_bytes // Case(op, dt, 1, ws).itemsize
+                    by_dtype[dt] = CaseBuffers(Case(op, dt, numel_dt, ws), rank, device)
                 bufs = {col: by_dtype[dt] for col, (_, dt) in columns.items()}
-            res = C.measure_case(bufs, col_groups, ref, policy, sync=sync, shared_clock=shared_clock)
+            res = measure_case(bufs, col_groups, ref, policy, sync=sync, shared_clock=shared_clock)
             del bufs
             if any(r.wrong or r.error for r in res.backends.values()):
                 status = 1
             if rank == 0:
-                C.emit(table.row(res), progress)
+                emit(table.row(res), progress)
                 for line in table.errors(res):
-                    C.emit(line, progress)
+                    emit(line, progress)
                 record({"kind": "case", "rows": res.to_records(cfg.link_GBps, table.ceiling)})
         record({"kind": "done", "world_size": ws})
     finally:
@@ -396,7 +410,7 @@ def write_plot(rows: List[Dict[str, Any]], path: Path, probe: Optional[Dict[str,
         from matplotlib.ticker import FuncFormatter
     except ImportError:
         return "plot skipped: matplotlib is not installed (pip install matplotlib, or ringpg[bench])"
-    ops = [op for op in C.OPS if any(r["op"] == op for r in rows)]
+    ops = [op for op in OPS if any(r["op"] == op for r in rows)]
     dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
     backends = list(dict.fromkeys(r["backend"] for r in rows))
     sizes_ws = sorted({r["world_size"] for r in rows})
@@ -430,7 +444,7 @@ def write_plot(rows: List[Dict[str, Any]], path: Path, probe: Optional[Dict[str,
             ax.axhline(link_GBps, color="red", linestyle=":", linewidth=1, label="link rate")
         ax.set_xscale("log", base=2)
         ax.set_ylim(bottom=0)
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: C.format_bytes(int(x)).replace(" ", "")))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_bytes(int(x)).replace(" ", "")))
         ax.set_title(f"{op} ({dt})", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.set_ylabel("busbw (GB/s)", fontsize=8)
@@ -516,7 +530,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="comma list of backends measured side by side (default ringpg,gloo; nccl is added "
                         "with --device cuda). Use gloo,gloo to validate the tool without ringpg")
     g.add_argument("--baseline", default="gloo", help="label the ratio column divides by (default gloo)")
-    g.add_argument("--ops", default=",".join(C.OPS), help="comma list (aliases ar,rs,ag,bc,a2a)")
+    g.add_argument("--ops", default=",".join(OPS), help="comma list (aliases ar,rs,ag,bc,a2a)")
     g.add_argument("--dtypes", default="float32,bfloat16")
     g.add_argument("--pair-dtypes", action="store_true",
                    help="measure the dtypes side by side in each case (alternating, same size in bytes) "
@@ -569,12 +583,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--_rank", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     try:
-        args.ops = [C.canonical_op(o) for o in _csv_list(args.ops)]
-        args.dtypes = [C.canonical_dtype(d) for d in _csv_list(args.dtypes)]
-        args.min_bytes = C.parse_bytes(args.min_bytes)
-        args.max_bytes = C.parse_bytes(args.max_bytes)
+        args.ops = [canonical_op(o) for o in _csv_list(args.ops)]
+        args.dtypes = [canonical_dtype(d) for d in _csv_list(args.dtypes)]
+        args.min_bytes = parse_bytes(args.min_bytes)
+        args.max_bytes = parse_bytes(args.max_bytes)
         args.world_sizes = [int(w) for w in _csv_list(args.world_sizes or ("2,3" if args.check else "2,3,4,8"))]
-        args.rate_bps = C.parse_rate(args.emulate) if args.emulate else None
+        args.rate_bps = parse_rate(args.emulate) if args.emulate else None
     except ValueError as e:
         ap.error(str(e))
     if any(w < 2 for w in args.world_sizes):
@@ -605,20 +619,20 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def build_cases(args: argparse.Namespace, ws: int) -> Tuple[List[C.Case], Optional[str]]:
+def build_cases(args: argparse.Namespace, ws: int) -> Tuple[List[Case], Optional[str]]:
     """The case list of one world size, minus sizes that would not fit in memory."""
     if args.check:
-        cases = C.check_cases(args.ops, args.dtypes, ws)
+        cases = check_cases(args.ops, args.dtypes, ws)
     else:
         # Paired dtypes share a case: it names the first, the worker derives the others.
         dtypes = args.dtypes[:1] if args.pair_dtypes else args.dtypes
-        cases = C.sweep_cases(args.ops, dtypes, ws, args.min_bytes, args.max_bytes)
+        cases = sweep_cases(args.ops, dtypes, ws, args.min_bytes, args.max_bytes)
     avail = _mem_available()
     if avail and args.device == "cpu":
         limit = int(avail * 0.75) // (MEMORY_FACTOR * ws)
         kept = [c for c in cases if c.size_bytes <= limit]
         if len(kept) < len(cases):
-            return kept, (f"ws={ws}: skipped sizes above {C.format_bytes(limit)} "
+            return kept, (f"ws={ws}: skipped sizes above {format_bytes(limit)} "
                           f"(~{MEMORY_FACTOR}x size per rank would exceed 75% of available memory)")
     return cases, None
 
@@ -634,21 +648,21 @@ def _mem_available() -> Optional[int]:
     return None
 
 
-def _config(args: argparse.Namespace, ws: int, cases: List[C.Case], init_method: str, master_addr: str,
+def _config(args: argparse.Namespace, ws: int, cases: List[Case], init_method: str, master_addr: str,
             result_path: str, probe: bool, probe_path: str, link_GBps: Optional[float],
             offset: int, total: int, extra_env: Dict[str, str]) -> WorkerConfig:
-    labels = C.unique_labels(args.backends)
+    labels = unique_labels(args.backends)
     return WorkerConfig(
         world_size=ws, init_method=init_method, master_addr=master_addr, backends=list(args.backends),
-        labels=labels, baseline=C.pick_baseline(labels, args.baseline), device=args.device,
+        labels=labels, baseline=pick_baseline(labels, args.baseline), device=args.device,
         cases=[(c.op, c.dtype, c.numel) for c in cases],
-        policy=asdict(C.IterationPolicy(args.warmup, args.iters_min, args.iters_max, args.case_time, args.batch,
+        policy=asdict(IterationPolicy(args.warmup, args.iters_min, args.iters_max, args.case_time, args.batch,
                                      verify_timed=args.check)),
         op_timeout_s=args.op_timeout, probe=probe, probe_seconds=args.probe_seconds, probe_path=probe_path,
         link_GBps=link_GBps, result_path=result_path,
-        threads=args.threads or C.default_threads(ws), progress=not args.quiet,
+        threads=args.threads or default_threads(ws), progress=not args.quiet,
         progress_offset=offset, progress_total=total, extra_env=extra_env,
-        launcher_pid=None if C.torchrun_env() else os.getpid(),
+        launcher_pid=None if torchrun_env() else os.getpid(),
         pair_dtypes=list(args.dtypes) if args.pair_dtypes else [],
     )
 
@@ -657,7 +671,7 @@ def check_backends(args: argparse.Namespace) -> Tuple[Dict[str, str], Optional[s
     """Availability of every requested backend; the second item explains a missing one."""
     info: Dict[str, str] = {}
     for name in dict.fromkeys(args.backends):
-        ok, desc = C.backend_status(name, args.device)
+        ok, desc = backend_status(name, args.device)
         info[name] = desc if ok else f"UNAVAILABLE ({desc})"
         if not ok:
             hint = (" -- build it with `pip install --no-build-isolation -e .`, or validate the tool "
@@ -676,7 +690,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except BaseException:  # exit 3 = failed rank (1 means "wrong elements")
             traceback.print_exc()
             return 3
-    tr = C.torchrun_env()
+    tr = torchrun_env()
     if tr is not None:
         return main_torchrun(args, *tr)
 
@@ -691,9 +705,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         extra["network"] = f"emulated, {args.emulate} per link (tc tbf), one netns per rank"
     else:
         extra["network"] = "loopback 127.0.0.1 (GLOO_SOCKET_IFNAME/RINGPG_SOCKET_IFNAME=lo unless set)"
-    facts = C.machine_facts(info, args.device, extra)
+    facts = machine_facts(info, args.device, extra)
     print("# ringpg benchmark (launcher; ranks are started below)")
-    print(C.format_facts(facts), flush=True)
+    print(format_facts(facts), flush=True)
     if problem:
         print(f"# ERROR: {problem}", flush=True)
         return 2
@@ -729,7 +743,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 addr, port = cluster.master_addr, 29500 + idx
                 path = f"emulated {args.emulate} links through a bridge"
             else:
-                addr, port = "127.0.0.1", C.free_port()
+                addr, port = "127.0.0.1", free_port()
                 path = "loopback"
             cfg = _config(args, ws, cases, f"tcp://{addr}:{port}", addr, result_path, probe_pending, path,
                           link_GBps, offset, total, {})
@@ -786,9 +800,9 @@ def main_torchrun(args: argparse.Namespace, rank: int, ws: int) -> int:
     facts: Dict[str, str] = {}
     if rank == 0:
         info, problem = check_backends(args)
-        facts = C.machine_facts(info, args.device, {"network": f"torchrun env:// (MASTER_ADDR="
+        facts = machine_facts(info, args.device, {"network": f"torchrun env:// (MASTER_ADDR="
                                                                f"{os.environ.get('MASTER_ADDR', '?')})"})
-        print(C.format_facts(facts), flush=True)
+        print(format_facts(facts), flush=True)
         if problem:
             print(f"# ERROR: {problem}", flush=True)
     cases, note = build_cases(args, ws)

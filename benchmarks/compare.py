@@ -9,8 +9,8 @@ imported (the script imports ringpg only if that did not happen, and says so) --
 gloo group over the same ranks.  On the same integer-valued data it runs all_reduce,
 reduce_scatter_tensor and all_gather_into_tensor with both backends, alternating
 iterations, each op bracketed by a gloo barrier, time = median over iterations of the
-max over ranks (the conventions of ``benchmarks/bench.py``, shared through
-``benchmarks/common.py``).
+max over ranks (the conventions of ``benchmarks/bench.py``, shared through the
+package's modules: ``cases``, ``data``, ``timing``).
 
 Rank 0 prints one line per op: whether ringpg's result equals gloo's bit for bit, wrong
 elements against the exact expected result, both times and the speedup (gloo time /
@@ -32,7 +32,19 @@ if __package__ in (None, ""):  # torchrun runs this file as a script
 import torch  # noqa: E402  (runs the torch.backends entry points, ringpg's included)
 import torch.distributed as dist  # noqa: E402
 
-from benchmarks import common as C  # noqa: E402
+from benchmarks.backends import ensure_registered, transport_of  # noqa: E402
+from benchmarks.cases import CHUNKED_OPS, DTYPES, Case, canonical_dtype, canonical_op  # noqa: E402
+from benchmarks.data import CaseBuffers  # noqa: E402
+from benchmarks.launch import torchrun_env  # noqa: E402
+from benchmarks.machine import default_threads, machine_facts  # noqa: E402
+from benchmarks.timing import (  # noqa: E402
+    BackendResult,
+    CaseResult,
+    IterationPolicy,
+    measure_case,
+    ranks_share_clock,
+)
+from benchmarks.units import format_bytes, parse_bytes  # noqa: E402
 
 DEFAULT_OPS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
 
@@ -50,9 +62,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                     help="backend under test for the default group (default ringpg; gloo validates the script)")
     args = ap.parse_args(argv)
     try:
-        args.ops = [C.canonical_op(o) for o in args.ops.split(",") if o.strip()]
-        args.dtype = C.canonical_dtype(args.dtype)
-        args.size = C.parse_bytes(args.size)
+        args.ops = [canonical_op(o) for o in args.ops.split(",") if o.strip()]
+        args.dtype = canonical_dtype(args.dtype)
+        args.size = parse_bytes(args.size)
     except ValueError as e:
         ap.error(str(e))
     return args
@@ -60,18 +72,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    env = C.torchrun_env()
+    env = torchrun_env()
     if env is None:
         print("compare.py needs ranks from torchrun: torchrun --nproc-per-node 4 benchmarks/compare.py",
               file=sys.stderr)
         return 2
     rank, ws = env
-    torch.set_num_threads(C.default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", ws))))
+    torch.set_num_threads(default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", ws))))
 
     how = "built in"
     if args.backend not in ("gloo", "nccl"):
         try:
-            explicit = C.ensure_registered(args.backend)
+            explicit = ensure_registered(args.backend)
         except (ImportError, RuntimeError) as e:
             if rank == 0:
                 print(f"compare.py: backend {args.backend!r} is not available ({e}); build and install it "
@@ -84,19 +96,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     gloo = dist.new_group(backend="gloo", timeout=timeout)
     under_test = args.backend if args.backend != "gloo" else "gloo(default)"
     groups = {under_test: dist.group.WORLD, "gloo": gloo}
-    transport = C.transport_of(dist.group.WORLD, "cpu")
-    policy = C.IterationPolicy(warmup=args.warmup, iters_min=args.iters, iters_max=args.iters, case_time_s=0.0)
-    shared_clock = C.ranks_share_clock(gloo)
+    transport = transport_of(dist.group.WORLD, "cpu")
+    policy = IterationPolicy(warmup=args.warmup, iters_min=args.iters, iters_max=args.iters, case_time_s=0.0)
+    shared_clock = ranks_share_clock(gloo)
 
-    results: List[C.CaseResult] = []
+    results: List[CaseResult] = []
     for op in args.ops:
-        itemsize = torch.empty((), dtype=C.DTYPES[args.dtype]).element_size()
+        itemsize = torch.empty((), dtype=DTYPES[args.dtype]).element_size()
         numel = max(1, args.size // itemsize)
-        if op in C.CHUNKED_OPS:
+        if op in CHUNKED_OPS:
             numel = max(ws, numel // ws * ws)
-        case = C.Case(op, args.dtype, numel, ws)
-        bufs = C.CaseBuffers(case, rank, torch.device("cpu"))
-        results.append(C.measure_case(bufs, groups, gloo, policy, cross_check=True, baseline="gloo",
+        case = Case(op, args.dtype, numel, ws)
+        bufs = CaseBuffers(case, rank, torch.device("cpu"))
+        results.append(measure_case(bufs, groups, gloo, policy, cross_check=True, baseline="gloo",
                                       shared_clock=shared_clock))
         del bufs
 
@@ -104,9 +116,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lines = [
         f"# compare: {under_test} [{how}{', transport ' + transport if transport else ''}] vs gloo, "
         f"world_size={ws}, {args.dtype}, "
-        f"size {C.format_bytes(results[0].case.size_bytes) if results else '-'}, "
+        f"size {format_bytes(results[0].case.size_bytes) if results else '-'}, "
         f"median of {args.iters} iterations (max over ranks), torch {torch.__version__}, "
-        f"{C.machine_facts({}, 'cpu')['cpu']} x{os.cpu_count()}",
+        f"{machine_facts({}, 'cpu')['cpu']} x{os.cpu_count()}",
         f"{'op':<24} {'equal':>6} {'#wrong':>8} {under_test + ' us':>13} {'gloo us':>11} {'speedup':>8} "
         f"{'busbw ' + under_test:>13} {'busbw gloo':>11}",
     ]
@@ -115,10 +127,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         equal = t.error is None and g.error is None and t.differs_from_baseline == 0
         failed |= not equal or bool(t.wrong) or bool(g.wrong)
 
-        def us(r: C.BackendResult) -> str:
+        def us(r: BackendResult) -> str:
             return f"{r.time_us:.0f}" if r.time_us is not None else "ERR"
 
-        def bw(r: C.BackendResult) -> str:
+        def bw(r: BackendResult) -> str:
             return f"{r.busbw_GBps:.3f}" if r.busbw_GBps is not None else "-"
 
         speed = f"{g.time_us / t.time_us:.2f}x" if t.time_us and g.time_us else "-"

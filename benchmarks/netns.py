@@ -212,7 +212,7 @@ class EmulatedCluster:
                 "MASTER_ADDR": self.master_addr}
 
     def describe(self) -> str:
-        from .common import format_rate  # local import keeps this module usable alone
+        from .units import format_rate  # local import keeps this module usable alone
 
         return (f"{self.ranks} namespaces {self.prefix}r*, veth links to bridge {self.bridge_ns}/br0, "
                 f"{self.subnet}.0/24, tbf {format_rate(self.rate_bps)} burst {self.burst_bytes} B "
@@ -331,7 +331,7 @@ def _selftest(cluster: EmulatedCluster, seconds: float) -> float:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from .common import format_rate, parse_rate
+    from .units import format_rate, parse_rate
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, default=2)

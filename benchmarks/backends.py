@@ -1,0 +1,105 @@
+"""The backends a run compares: whether a name is usable here, and what a live group says.
+
+Plugins (ringpg) register through their ``torch.backends`` entry point when torch is
+imported; :func:`ensure_registered` imports the package of that name where that did
+not happen.  The helpers on live groups (:func:`transport_of`, :func:`global_rank`)
+serve the tests as well as the benchmarks.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception as one line of at most ``limit`` characters (a table cell, a status)."""
+    text = f"{type(e).__name__}: {e}".strip().splitlines()
+    s = text[0] if text else type(e).__name__
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def is_registered(name: str) -> bool:
+    """Whether torch.distributed knows the backend name (built-in or plugin)."""
+    return name.lower() in ("gloo", "nccl", "mpi", "ucc", "xccl") or hasattr(dist.Backend, name.upper())
+
+
+def ensure_registered(name: str) -> bool:
+    """Make ``name`` usable with ``new_group``/``init_process_group``.
+
+    Plugins are expected to register through their ``torch.backends`` entry point when
+    torch is imported; if that did not happen, import the package of the same name.
+    Returns True if an explicit import was needed.
+    """
+    if is_registered(name):
+        return False
+    import importlib
+
+    importlib.import_module(name)
+    if not is_registered(name):
+        raise RuntimeError(f"importing {name!r} did not register a torch.distributed backend {name!r}")
+    return True
+
+
+def backend_status(name: str, device: str) -> Tuple[bool, str]:
+    """(usable, description) for a backend name on this machine, without creating a group."""
+    try:
+        if name == "gloo":
+            return dist.is_gloo_available(), "built into torch"
+        if name == "nccl":
+            ok = dist.is_nccl_available() and torch.cuda.is_available()
+            ver = ".".join(map(str, torch.cuda.nccl.version())) if ok else "n/a"
+            return ok, f"NCCL {ver}" if ok else "needs CUDA"
+        explicit = ensure_registered(name)
+        how = "registered by `import`" if explicit else "registered by entry point"
+        if name == "ringpg":
+            from ringpg._loader import load_extension  # type: ignore[import-not-found]
+
+            load_extension()  # imports ringpg._C after its torch-version check
+            import ringpg  # type: ignore[import-not-found]
+
+            return True, f"ringpg {getattr(ringpg, '__version__', '?')} ({how}, _C loaded)"
+        return True, how
+    except Exception as e:  # noqa: BLE001 - described to the user
+        return False, one_line(e)
+
+
+def transport_of(group: Any, device: str = "cpu") -> Optional[str]:
+    """How a live group moves its ring traffic, for backends that say (ringpg: "shm" or
+    "tcp"); None for other backends, or where ringpg is absent or cannot load."""
+    try:
+        import ringpg  # type: ignore[import-not-found]
+
+        b = ringpg.backend(group, device)
+    except Exception:  # noqa: BLE001 - ringpg absent or unloadable: not a ringpg group
+        return None
+    return b.transport if b is not None else None
+
+
+def unique_labels(names: Sequence[str]) -> List[str]:
+    """Labels for the backend list: duplicates get ``#1``, ``#2`` (e.g. ``gloo,gloo``)."""
+    counts: Dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    seen: Dict[str, int] = {}
+    out = []
+    for n in names:
+        if counts[n] > 1:
+            seen[n] = seen.get(n, 0) + 1
+            out.append(f"{n}#{seen[n]}")
+        else:
+            out.append(n)
+    return out
+
+
+def pick_baseline(labels: Sequence[str], wanted: str = "gloo") -> str:
+    """The label ratios are taken against: ``wanted`` if present, else the last label."""
+    return wanted if wanted in labels else labels[-1]
+
+
+def global_rank(group: Any, group_rank: int) -> int:
+    """Global rank of ``group_rank`` in ``group`` (what ``src``/``dst`` of a rooted op name)."""
+    if group is None or group is dist.group.WORLD:
+        return group_rank
+    return dist.get_global_rank(group, group_rank)

@@ -1,0 +1,101 @@
+"""Reporting: nccl-tests style table rows, and a progress line that does not garble them.
+
+:class:`TableFormatter` prints size, count, type, op and redop, then per backend time,
+algbw, busbw and ``#wrong`` (with an emulated link also busbw against the link rate and
+the TCP ring ceiling), then baseline time / backend time per other backend.
+"""
+from __future__ import annotations
+
+import sys
+from typing import List, Optional, Sequence
+
+from benchmarks.timing import CaseResult
+
+
+class TableFormatter:
+    """nccl-tests style rows: size, count, type, op, redop | per backend time algbw busbw #wrong
+    [busbw/link [busbw/ring probe]] | ratio per non-baseline backend (= baseline time / backend time, which is
+    also backend busbw / baseline busbw)."""
+
+    def __init__(self, labels: Sequence[str], baseline: str, link_GBps: Optional[float] = None,
+                 ceiling_GBps: Optional[float] = None) -> None:
+        self.labels = list(labels)
+        self.baseline = baseline
+        self.others = [lb for lb in self.labels if lb != baseline]
+        self.link = link_GBps
+        # %probe: busbw against the TCP ring ceiling measured on the emulated links.
+        self.ceiling = ceiling_GBps if link_GBps else None
+        self.bw = 37 + (7 if self.link else 0) + (7 if self.ceiling else 0)
+
+    def _extra(self, link: str, probe: str) -> str:
+        return (f" {link:>6}" if self.link else "") + (f" {probe:>6}" if self.ceiling else "")
+
+    def header(self) -> str:
+        left = f"{'':>12} {'':>12} {'':>9} {'':>22} {'':>5}"
+        groups = "".join(f"  {lb:^{self.bw}}" for lb in self.labels)
+        ratio_names = "".join(f" {lb + '/' + self.baseline:>13}" for lb in self.others)
+        l1 = f"#{left[1:]}{groups}{'  busbw ratio' if self.others else ''}"
+        col = f"  {'time':>9} {'algbw':>8} {'busbw':>8} {'#wrong':>7}" + self._extra("%link", "%probe")
+        unit = f"  {'(us)':>9} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}" + self._extra("", "")
+        l2 = f"#{'size':>11} {'count':>12} {'type':>9} {'op':>22} {'redop':>5}" + col * len(self.labels) + ratio_names
+        l3 = f"#{'(B)':>11} {'(elements)':>12} {'':>9} {'':>22} {'':>5}" + unit * len(self.labels) + \
+            "".join(f" {'(=time ratio)':>13}" for _ in self.others)
+        return "\n".join([l1, l2, l3])
+
+    def row(self, res: CaseResult) -> str:
+        c = res.case
+        paired = len({v.dtype for v in res.variants.values()}) > 1
+        # Paired dtypes: the count is the first label's, the type column says "paired".
+        s = f"{c.size_bytes:>12} {c.numel:>12} {'paired' if paired else c.dtype:>9} {c.op:>22} {c.redop:>5}"
+        for lb in self.labels:
+            r = res.backends.get(lb)
+            if r is None or r.error is not None or r.time_us is None:
+                s += f"  {'ERR':>9} {'-':>8} {'-':>8} {r.wrong if r else '-':>7}" + self._extra("-", "-")
+                continue
+            s += f"  {r.time_us:>9.1f} {r.algbw_GBps or 0:>8.3f} {r.busbw_GBps or 0:>8.3f} {r.wrong:>7}"
+            busbw = r.busbw_GBps or 0
+            s += self._extra(f"{busbw / self.link:.1%}" if self.link else "",
+                             f"{busbw / self.ceiling:.1%}" if self.ceiling else "")
+        base = res.backends.get(self.baseline)
+        for lb in self.others:
+            r = res.backends.get(lb)
+            if base and r and base.time_us and r.time_us and base.error is None and r.error is None:
+                s += f" {base.time_us / r.time_us:>12.2f}x"
+            else:
+                s += f" {'-':>13}"
+        return s
+
+    def errors(self, res: CaseResult) -> List[str]:
+        return [f"#   ! {lb}: {r.error}" for lb, r in res.backends.items() if r.error]
+
+
+class Progress:
+    """One-line progress on stderr (rewritten in place on a terminal, plain lines otherwise)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self._shown = False
+
+    def update(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.tty:
+            sys.stderr.write("\r\033[K" + text)
+            self._shown = True
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.enabled and self.tty and self._shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+            self._shown = False
+
+
+def emit(line: str, progress: Optional[Progress] = None) -> None:
+    """Print a table line on stdout without garbling a progress line on the same terminal."""
+    if progress is not None:
+        progress.clear()
+    print(line, flush=True)
