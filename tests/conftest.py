@@ -2,8 +2,10 @@
 
 * The backend under test is ``$RINGPG_TEST_BACKEND`` (default ``"ringpg"``); set
   it to ``gloo`` to validate the tests themselves against gloo.
-* If ringpg is not installed, its source tree (``python/``) is put on ``sys.path``
-  so the pure-Python tests can still run; spawned workers inherit ``sys.path``.
+* ``tests/`` (for ``harness``) and the repository root (for the ``benchmarks``
+  helpers the harness shares) are put on ``sys.path``; if ringpg is not installed,
+  its source tree (``python/``) too, so the pure-Python tests can still run.
+  Spawned workers inherit ``sys.path``.
 * ``pool``: a module-scoped :class:`harness.WorkerPool` for the module's
   ``world_size`` parameter.  Declare the parameter with
   ``pytest.mark.parametrize("world_size", [...], scope="module")`` so pytest groups
@@ -19,10 +21,12 @@ from typing import Iterator
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+ROOT = os.path.dirname(HERE)
+for path in (ROOT, HERE):  # the repository root for benchmarks, then tests/ (first) for harness
+    if path not in sys.path:
+        sys.path.insert(0, path)
 if importlib.util.find_spec("ringpg") is None:
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+    sys.path.insert(0, os.path.join(ROOT, "python"))
 
 import harness  # noqa: E402
 

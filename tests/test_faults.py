@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 
 import harness
+from benchmarks.backends import transport_of
+from benchmarks.launch import free_port
 
 pytestmark = pytest.mark.skipif(harness.backend_under_test() != "ringpg", reason="ringpg-specific fault handling")
 
@@ -61,7 +63,7 @@ def run_scenario(fn: Callable[..., dict], ws: int, args: Any = None, expect: Opt
     """Runs fn(rank, ws, port, args) on ws ranks (with `env` set in each); returns results of the ranks in `expect`."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = harness.free_port()
+    port = free_port()
     procs = [ctx.Process(target=_child, args=(fn, r, ws, port, args, out, env or {}), daemon=True) for r in range(ws)]
     for p in procs:
         p.start()
@@ -120,7 +122,7 @@ def _die_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
             t_err = time.time()
             kind, again, _ = _expect_error(lambda: dist.all_reduce(torch.ones(8)))
             return {"type": type(e).__name__, "msg": str(e), "t": t_err, "again_type": kind, "again": again,
-                    "transport": harness.transport_of(dist.group.WORLD)}
+                    "transport": transport_of(dist.group.WORLD)}
     return {"type": "", "msg": "no error after 1000 all_reduce calls"}
 
 
@@ -150,7 +152,7 @@ def _freeze_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
     if rank == victim:
         os.kill(os.getpid(), signal.SIGSTOP)
     kind, msg, took = _expect_error(lambda: dist.all_reduce(x))
-    return {"type": kind, "msg": msg, "took": took, "transport": harness.transport_of(dist.group.WORLD)}
+    return {"type": kind, "msg": msg, "took": took, "transport": transport_of(dist.group.WORLD)}
 
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
@@ -218,7 +220,7 @@ def _mismatch(rank: int, ws: int, port: int, args: Any) -> dict:
     else:
         x = torch.ones(1000, dtype=torch.float32 if rank == 0 else torch.float64)
     kind, msg, took = _expect_error(lambda: dist.all_reduce(x))
-    return {"type": kind, "msg": msg, "took": took, "transport": harness.transport_of(dist.group.WORLD)}
+    return {"type": kind, "msg": msg, "took": took, "transport": transport_of(dist.group.WORLD)}
 
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
@@ -344,7 +346,7 @@ def _hostile_frames(rank: int, ws: int, port: int, args: Any) -> dict:
             time.sleep(0.5)
             os._exit(0)  # a truncated frame, then the connection closes
     kind, msg, took = _expect_error(lambda: dist.all_reduce(x))
-    res = {"type": kind, "msg": msg, "took": took, "x0": float(x[0]), "transport": harness.transport_of(dist.group.WORLD)}
+    res = {"type": kind, "msg": msg, "took": took, "x0": float(x[0]), "transport": transport_of(dist.group.WORLD)}
     if rank == 0 and not kind:
         # The op's data took the shared-memory ring, untouched by the garbage on the
         # socket; the group must still break on it, so the next op raises.
@@ -389,7 +391,7 @@ def _hostile_running_op(rank: int, ws: int, port: int, args: Any) -> dict:
         time.sleep(6.0)
         os._exit(0)
     kind, msg, took = _expect_error(lambda: dist.all_reduce(x))
-    return {"type": kind, "msg": msg, "took": took, "transport": harness.transport_of(dist.group.WORLD)}
+    return {"type": kind, "msg": msg, "took": took, "transport": transport_of(dist.group.WORLD)}
 
 
 @pytest.mark.parametrize("name,payload", [("oversized", _frame(2, 4096, 1 << 40)), ("other numel", _frame(2, 999, 64))])
@@ -468,7 +470,7 @@ def _lifecycle(rank: int, ws: int, port: int, args: Any) -> dict:
 
 
 def test_many_groups_and_create_destroy_cycles_leak_nothing() -> None:
-    res = run_scenario(_lifecycle, 2, harness.free_port(), timeout=150)
+    res = run_scenario(_lifecycle, 2, free_port(), timeout=150)
     for v in res.values():
         assert v["sums"] == [2.0 * i for i in range(12)], v
         assert v["after"] == v["before"], f"threads/fds before {v['before']} after {v['after']}"

@@ -28,6 +28,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from benchmarks.backends import transport_of
 from harness import (
     CheckReport,
     Checker,
@@ -40,7 +41,6 @@ from harness import (
     ref_all_reduce,
     run_workers,
     smoke_checks,
-    transport_of,
 )
 
 

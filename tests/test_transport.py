@@ -27,6 +27,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from benchmarks.backends import transport_of
 from harness import (
     Checker,
     CheckReport,
@@ -44,7 +45,6 @@ from harness import (
     ref_broadcast,
     ref_reduce_scatter,
     sentinel_like,
-    transport_of,
     wait_spin_of,
 )
 

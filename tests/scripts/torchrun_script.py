@@ -14,7 +14,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for harness
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [TESTS, os.path.dirname(TESTS)]  # tests/ for harness, the repository root for benchmarks
 
 from harness import PG_TIMEOUT_S, REFERENCE_BACKEND, Checker, backend_under_test, smoke_checks  # noqa: E402
 

@@ -1,0 +1,56 @@
+"""Multi-process test harness for ringpg: real processes, real sockets, gloo as the reference.
+
+One module a room; every test imports what it needs from ``harness`` itself:
+
+* :mod:`harness.backend`: which backend is under test (``$RINGPG_TEST_BACKEND``,
+  default ``ringpg``) and what a live group of it says;
+* :mod:`harness.gloo_gaps`: features gloo lacks, for runs that substitute gloo for
+  ringpg (:func:`known_gap`, :func:`skip_case`);
+* :mod:`harness.data`: deterministic integer data, dtypes, ops and sizes swept;
+* :mod:`harness.references`: gloo's results on the same ranks (:func:`ref_all_reduce`, ...);
+* :mod:`harness.checking`: :class:`Checker`, :func:`assert_reports_ok`, :func:`smoke_checks`;
+* :mod:`harness.processes`: :class:`WorkerPool` and :func:`run_workers`, which spawn the
+  ranks, run tasks on them and never hang.
+
+Helpers the benchmarks share (``free_port``, ``transport_of``) live in
+the ``benchmarks`` package; ``tests/conftest.py`` puts the repository root on
+``sys.path`` so that tests and workers can import it.
+"""
+from __future__ import annotations
+
+# Re-exported, so that a test writes ``from harness import Checker, make_data, WorkerPool``.
+from .backend import BACKEND_ENV, REFERENCE_BACKEND, backend_under_test, cpu_backend, entry_point_installed, wait_spin_of
+from .checking import CheckReport, Checker, assert_reports_ok, describe_mismatch, smoke_checks
+from .data import (
+    BIG_DTYPES,
+    BIG_NUMEL,
+    DTYPES,
+    OPS,
+    case_seed,
+    data_kind,
+    dtype_name,
+    make_data,
+    make_random_float,
+    numels_for,
+    reduce_op,
+)
+from .gloo_gaps import GLOO_GAPS, known_gap, skip_case
+from .processes import (
+    DEFAULT_RUN_TIMEOUT_S,
+    ERROR_GRACE_S,
+    PG_TIMEOUT_S,
+    SHUTDOWN_TIMEOUT_S,
+    Groups,
+    InitSpec,
+    TaskFn,
+    WorkerPool,
+    run_workers,
+)
+from .references import (
+    divide_by_world,
+    ref_all_gather,
+    ref_all_reduce,
+    ref_broadcast,
+    ref_reduce_scatter,
+    sentinel_like,
+)

@@ -1,0 +1,42 @@
+"""The backend under test, and what a live group of it says about itself.
+
+The backend under test is ``"ringpg"`` unless the environment variable
+``RINGPG_TEST_BACKEND`` names another (``RINGPG_TEST_BACKEND=gloo`` validates the
+harness and the tests themselves against gloo).  gloo is always the reference.
+How a ring moves its bytes (``transport_of``) is asked through
+:mod:`benchmarks.backends`, which the benchmarks share.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import torch
+
+BACKEND_ENV = "RINGPG_TEST_BACKEND"
+REFERENCE_BACKEND = "gloo"
+
+
+def backend_under_test() -> str:
+    """The backend the tests exercise: ``$RINGPG_TEST_BACKEND`` or ``"ringpg"``."""
+    return os.environ.get(BACKEND_ENV, "ringpg")
+
+
+def cpu_backend(group: Any) -> Any:
+    """The c10d Backend object serving ``group``'s CPU tensors (ringpg's RingBackend, say)."""
+    return group._get_backend(torch.device("cpu"))
+
+
+def wait_spin_of(group: Any) -> Optional[int]:
+    """Microseconds ringpg's waits poll before sleeping (RINGPG_SPIN_US or auto's choice); None for others."""
+    import ringpg
+
+    b = ringpg.backend(group)
+    return b.wait_spin_us if b is not None else None
+
+
+def entry_point_installed(name: str = "ringpg") -> bool:
+    """Whether a ``torch.backends`` entry point named ``name`` is installed (pip install)."""
+    from importlib.metadata import entry_points
+
+    return any(ep.name == name for ep in entry_points(group="torch.backends"))

@@ -1,0 +1,60 @@
+"""Reference results from gloo, over the same ranks as the group under test.
+
+Each reference runs the gloo op on a copy of the input; AVG is SUM divided by the
+group size (gloo has no AVG), and reduce_scatter's reference is a block of a gloo
+all_reduce, so it does not depend on gloo's reduce_scatter.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .data import reduce_op
+
+
+def divide_by_world(x: torch.Tensor, n: int) -> torch.Tensor:
+    """AVG from SUM in the same dtype (truncating division for integer dtypes)."""
+    if x.dtype.is_floating_point:
+        return torch.div(x, n)
+    return torch.div(x, n, rounding_mode="trunc")
+
+
+def ref_all_reduce(x: torch.Tensor, op: str, group: Any) -> torch.Tensor:
+    """all_reduce of a copy of ``x`` on the gloo ``group``; AVG as SUM / group size."""
+    out = x.clone()
+    dist.all_reduce(out, op=reduce_op("SUM" if op == "AVG" else op), group=group)
+    if op == "AVG":
+        out = divide_by_world(out, dist.get_world_size(group))
+    return out
+
+
+def ref_reduce_scatter(full_input: torch.Tensor, op: str, group: Any) -> torch.Tensor:
+    """This rank's block of the reduction of ``full_input`` (dim 0 split in group-size blocks).
+
+    Computed from a gloo all_reduce, so it does not depend on gloo's reduce_scatter.
+    """
+    red = ref_all_reduce(full_input, op, group)
+    block = red.shape[0] // dist.get_world_size(group)
+    return red.narrow(0, dist.get_rank(group) * block, block).clone()
+
+
+def ref_all_gather(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """gloo all_gather_into_tensor of ``x``, concatenated along dim 0."""
+    ws = dist.get_world_size(group)
+    out = torch.empty((x.shape[0] * ws, *x.shape[1:]), dtype=x.dtype)
+    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    return out
+
+
+def ref_broadcast(x: torch.Tensor, src: int, group: Any) -> torch.Tensor:
+    """gloo broadcast of a copy of ``x`` from global rank ``src``."""
+    out = x.clone()
+    dist.broadcast(out, src=src, group=group)
+    return out
+
+
+def sentinel_like(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """Output buffer pre-filled with a value the data never contains (77)."""
+    return torch.full(tuple(shape), 77, dtype=dtype)
