@@ -12,9 +12,10 @@ Builds on :mod:`harness` (worker pools, deterministic data, gloo references,
   accepts, computed with gloo where gloo has the reduction and otherwise from a
   gloo all-gather of the raw bytes followed by a single-process reduction;
 * :func:`guarded`, which turns an exception raised by one case into a recorded
-  failure, so the rest of a battery still runs and is reported;
-* :func:`surface_gap`, the features that gloo lacks (only relevant when
-  ``RINGPG_TEST_BACKEND=gloo`` substitutes gloo for ringpg to validate the tests).
+  failure, so the rest of a battery still runs and is reported.
+
+What gloo lacks (for runs that substitute it for ringpg) is in the one registry,
+:mod:`harness.gloo_gaps`.
 """
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ from harness import (
     WorkerPool,
     case_seed,
     divide_by_world,
-    known_gap,
     make_data,
     ref_all_reduce,
 )
@@ -55,28 +55,6 @@ RAW_DTYPES: tuple[torch.dtype, ...] = (
     torch.complex64,
     torch.bool,
 )
-
-# Features gloo lacks (torch 2.15), beyond harness.GLOO_GAPS.  Checks of these are
-# skipped only when gloo itself is the backend under test.
-SURFACE_GLOO_GAPS = frozenset(
-    {
-        "PREMUL_SUM",  # "Cannot use ReduceOp.PREMUL_SUM with Gloo"
-        "wide integer dtypes",  # int16/uint16/uint32/uint64: "Invalid scalar type"
-        "raw dtypes",  # same for float8 and the wide integers in any collective
-        "AVG in reduce_scatter",  # returns the SUM (pytorch#162338)
-        "complex reduce and reduce_scatter",  # reduce/reduce_scatter_tensor do not view complex as real
-        "unequal all_to_all lists",  # "ProcessGroupGloo::alltoall: invalid tensor size"
-        "complex gather",  # dist.gather does not view complex as real: "Invalid scalar type"
-        # all_reduce / broadcast on a view with gaps (x[::2], x[:, 1::3]) silently
-        # give wrong values in gloo (dense views such as x.t() are fine).
-        "in-place collectives on views with gaps",
-    }
-)
-
-
-def surface_gap(backend: str, feature: str) -> bool:
-    """True if ``feature`` is a known gap of ``backend`` (gloo only), here or in harness."""
-    return known_gap(backend, feature) or (backend == "gloo" and feature in SURFACE_GLOO_GAPS)
 
 
 # ------------------------------------------------------------------- shared pools

@@ -36,6 +36,7 @@ from harness import (
     WorkerPool,
     assert_reports_ok,
     dtype_name,
+    known_gap,
     make_data,
     reduce_op,
     ref_all_gather,
@@ -47,7 +48,6 @@ from surface_utils import (
     finish,
     guarded,
     shared_pool,  # noqa: F401  (fixture)
-    surface_gap,
 )
 
 pytestmark = pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}", scope="module")
@@ -148,7 +148,7 @@ def all_to_all_list_worker(rank: int, ws: int, groups: Groups, args: Any) -> Che
     """all_to_all on lists of tensors of pair-dependent sizes (some empty)."""
     chk = Checker(rank)
     for (sizes, size), dtype in itertools.product(A2A_LIST_SIZES.items(), (torch.float32, torch.int32)):
-        if sizes == "unequal" and surface_gap(groups.backend, "unequal all_to_all lists"):
+        if sizes == "unequal" and known_gap(groups.backend, "unequal all_to_all lists"):
             continue
         case = f"all_to_all(list) sizes={sizes} dtype={dtype_name(dtype)} ws={ws}"
         inputs = [make_data(rank, f"{case} [to {j}]", (size(rank, j), 2), dtype) for j in range(ws)]
@@ -226,7 +226,7 @@ def coalescing_manager_worker(rank: int, ws: int, groups: Groups, args: Any) -> 
             chk.equal(f"{case} [tensor {i}]", o, ref_all_gather(x, groups.ref))
 
         for op in ("SUM", "AVG"):
-            if op == "AVG" and surface_gap(groups.backend, "AVG in reduce_scatter"):
+            if op == "AVG" and known_gap(groups.backend, "AVG in reduce_scatter"):
                 continue
             case = f"coalesced reduce_scatter_tensor op={op} dtype=float32 {tag}"
             xs = [make_data(rank, f"{case} [{i}]", (s[0] * ws, *s[1:]), torch.float32) for i, s in enumerate(shapes)]

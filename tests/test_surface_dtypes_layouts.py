@@ -27,6 +27,7 @@ from harness import (
     WorkerPool,
     assert_reports_ok,
     dtype_name,
+    known_gap,
     make_data,
     reduce_op,
     ref_all_gather,
@@ -42,7 +43,6 @@ from surface_utils import (
     guarded,
     random_raw,
     shared_pool,  # noqa: F401  (fixture)
-    surface_gap,
 )
 
 pytestmark = pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}", scope="module")
@@ -52,7 +52,7 @@ GLOO_RAW_DTYPES = (torch.complex64, torch.bool)  # the RAW_DTYPES gloo itself ca
 
 
 def _raw_dtypes(backend: str) -> tuple[torch.dtype, ...]:
-    return GLOO_RAW_DTYPES if surface_gap(backend, "raw dtypes") else RAW_DTYPES
+    return GLOO_RAW_DTYPES if known_gap(backend, "raw dtypes") else RAW_DTYPES
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -87,7 +87,7 @@ def raw_dtype_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRepo
 
             for root in range(ws):
                 case = f"gather {tag} dst={root}"
-                if dtype.is_complex and surface_gap(groups.backend, "complex gather"):
+                if dtype.is_complex and known_gap(groups.backend, "complex gather"):
                     continue
                 outs = [_zeros(shape, dtype) for _ in range(ws)] if rank == root else None
                 guarded(chk, case, lambda: dist.gather(sent(rank, case), outs, dst=root, group=g))
@@ -145,7 +145,7 @@ def non_contiguous_worker(rank: int, ws: int, groups: Groups, args: Any) -> Chec
     g = groups.test
     for (name, (base_shape, view_fn)), dtype in [(item, d) for item in LAYOUTS.items() for d in LAYOUT_DTYPES]:
         tag = f"layout={name} dtype={dtype_name(dtype)} ws={ws}"
-        in_place = name == TRANSPOSED or not surface_gap(groups.backend, "in-place collectives on views with gaps")
+        in_place = name == TRANSPOSED or not known_gap(groups.backend, "in-place collectives on views with gaps")
         for op in ("SUM", "MAX") if in_place else ():
             case = f"all_reduce op={op} {tag}"
             base = make_data(rank, case, base_shape, dtype)

@@ -37,6 +37,7 @@ from harness import (
     backend_under_test,
     data_kind,
     dtype_name,
+    known_gap,
     make_data,
     ref_all_reduce,
     skip_case,
@@ -55,7 +56,6 @@ from surface_utils import (
     shared_pool,  # noqa: F401  (fixture)
     small_complex,
     small_ints,
-    surface_gap,
 )
 
 pytestmark = pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}", scope="module")
@@ -185,7 +185,7 @@ def bitwise_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport
     """BAND/BOR/BXOR on every integer dtype and on bool, random bit patterns."""
     chk = Checker(rank)
     for dtype in (*INT_DTYPES, torch.bool):
-        if dtype in WIDE_INT_DTYPES and surface_gap(groups.backend, "wide integer dtypes"):
+        if dtype in WIDE_INT_DTYPES and known_gap(groups.backend, "wide integer dtypes"):
             continue
         for op in BITWISE_OPS:
             check_reducing(
@@ -212,7 +212,7 @@ def complex_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport
     """complex64/complex128 under SUM and AVG."""
     chk = Checker(rank)
     colls = REDUCING
-    if surface_gap(groups.backend, "complex reduce and reduce_scatter"):
+    if known_gap(groups.backend, "complex reduce and reduce_scatter"):
         colls = ("all_reduce",)
     for dtype in (torch.complex64, torch.complex128):
         for op in ("SUM", "AVG"):
@@ -260,7 +260,7 @@ def test_reduce_every_dst(shared_pool: WorkerPool) -> None:
 
 
 def _skip_gap(feature: str) -> None:
-    if surface_gap(backend_under_test(), feature):
+    if known_gap(backend_under_test(), feature):
         pytest.skip(f"{backend_under_test()} lacks: {feature}")
 
 

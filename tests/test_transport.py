@@ -45,6 +45,7 @@ from harness import (
     ref_broadcast,
     ref_reduce_scatter,
     sentinel_like,
+    skip_case,
     wait_spin_of,
 )
 
@@ -125,7 +126,7 @@ def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRe
         for n in numels(ws, dtype):
             tag = f"dtype={dtype_name(dtype)} ws={ws} numel={n}"
             for op in REDUCE_OPS:
-                if op == "AVG" and not dtype.is_floating_point and groups.backend == "gloo":
+                if skip_case(groups.backend, op, dtype):
                     continue
                 case = f"all_reduce op={op} {tag}"
                 x = make_data(rank, case, (n,), dtype, data_kind(op))

@@ -4,8 +4,8 @@ One module a room; every test imports what it needs from ``harness`` itself:
 
 * :mod:`harness.backend`: which backend is under test (``$RINGPG_TEST_BACKEND``,
   default ``ringpg``) and what a live group of it says;
-* :mod:`harness.gloo_gaps`: features gloo lacks, for runs that substitute gloo for
-  ringpg (:func:`known_gap`, :func:`skip_case`);
+* :mod:`harness.gloo_gaps`: the one registry of features gloo lacks, for runs that
+  substitute gloo for ringpg (:func:`known_gap`, :func:`skip_case`);
 * :mod:`harness.data`: deterministic integer data, dtypes, ops and sizes swept;
 * :mod:`harness.references`: gloo's results on the same ranks (:func:`ref_all_reduce`, ...);
 * :mod:`harness.checking`: :class:`Checker`, :func:`assert_reports_ok`, :func:`smoke_checks`;
