@@ -20,7 +20,6 @@ Data are small integers, so results are exact in every dtype (``torch.equal``).
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any, Iterator
 
 import pytest
@@ -28,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.backends import transport_of
+from benchmarks.machine import default_tcp_congestion
 from harness import (
     Checker,
     CheckReport,
@@ -112,11 +112,9 @@ def transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str,
     import ringpg._C
 
     b = ringpg.backend(groups.test)
-    with socket.socket() as s:  # what a socket gets when nobody chooses
-        host_cc = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
     return {"transport": transport_of(groups.test), "leftover": leftover, "spin": wait_spin_of(groups.test),
             "isa": ringpg._C.reduce_isa(), "isas": ringpg._C.reduce_isas(),
-            "cc": b.tcp_congestion if b is not None else None, "host_cc": host_cc}
+            "cc": b.tcp_congestion if b is not None else None, "host_cc": default_tcp_congestion()}
 
 
 def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
