@@ -202,12 +202,6 @@ def ref_reduce(x: torch.Tensor, op: str, ref_group: Any) -> torch.Tensor:
     return local_reduce(gather_raw(x, ref_group), op)
 
 
-def rank_block(full: torch.Tensor, group: Any) -> torch.Tensor:
-    """This rank's block of ``full`` split along dim 0 into group-size equal blocks."""
-    block = full.shape[0] // dist.get_world_size(group)
-    return full.narrow(0, dist.get_rank(group) * block, block).clone()
-
-
 # --------------------------------------------------------------------- running
 
 

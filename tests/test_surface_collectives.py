@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
+from benchmarks.backends import global_rank
 from harness import (
     CheckReport,
     Checker,
@@ -56,11 +57,6 @@ ROOTED_DTYPES = (torch.float32, torch.int64, torch.bfloat16, torch.uint8)
 ROOTED_SHAPES = ((0,), (1,), (1000,), (3, 7))
 
 
-def _global(group: Any, group_rank: int) -> int:
-    """Global rank of ``group_rank`` in ``group``."""
-    return dist.get_global_rank(group, group_rank)
-
-
 # ------------------------------------------------------------ gather / scatter
 
 
@@ -73,7 +69,7 @@ def gather_scatter_worker(rank: int, ws: int, groups: Groups, args: Any) -> Chec
                 case = f"gather dtype={dtype_name(dtype)} ws={ws} shape={shape} dst={root}"
                 x = make_data(rank, case, shape, dtype)
                 outs: Optional[list[torch.Tensor]] = [sentinel_like(shape, dtype) for _ in range(ws)] if rank == root else None
-                dist.gather(x, outs, dst=_global(groups.test, root), group=groups.test)
+                dist.gather(x, outs, dst=global_rank(groups.test, root), group=groups.test)
                 expected = ref_all_gather(x.reshape(-1), groups.ref).reshape(ws, *shape)
                 if outs is not None:
                     for i, o in enumerate(outs):
@@ -82,9 +78,9 @@ def gather_scatter_worker(rank: int, ws: int, groups: Groups, args: Any) -> Chec
                 case = f"scatter dtype={dtype_name(dtype)} ws={ws} shape={shape} src={root}"
                 inputs = [make_data(rank, f"{case} [{i}]", shape, dtype) for i in range(ws)] if rank == root else None
                 got = sentinel_like(shape, dtype)
-                dist.scatter(got, inputs, src=_global(groups.test, root), group=groups.test)
+                dist.scatter(got, inputs, src=global_rank(groups.test, root), group=groups.test)
                 ref = sentinel_like(shape, dtype)
-                dist.scatter(ref, inputs, src=_global(groups.ref, root), group=groups.ref)
+                dist.scatter(ref, inputs, src=global_rank(groups.ref, root), group=groups.ref)
                 chk.equal(case, got, ref)
     return finish(chk, groups.test)
 
@@ -295,19 +291,19 @@ def object_collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> 
             check_object(chk, f"all_gather_object {what} [from {r}]", gathered[r], make_object(r, "ago"))
         for root in range(ws):
             objs: list[Any] = [make_object(rank, "bol"), rank] if rank == root else [None, None]
-            dist.broadcast_object_list(objs, src=_global(g, root), group=g)
+            dist.broadcast_object_list(objs, src=global_rank(g, root), group=g)
             check_object(chk, f"broadcast_object_list {what} src={root}", objs[0], make_object(root, "bol"))
             chk.true(f"broadcast_object_list {what} src={root} [int]", objs[1] == root, repr(objs[1]))
 
             glist: Optional[list[Any]] = [None] * ws if rank == root else None
-            dist.gather_object(make_object(rank, "go"), glist, dst=_global(g, root), group=g)
+            dist.gather_object(make_object(rank, "go"), glist, dst=global_rank(g, root), group=g)
             if glist is not None:
                 for r in range(ws):
                     check_object(chk, f"gather_object {what} dst={root} [from {r}]", glist[r], make_object(r, "go"))
 
             out: list[Any] = [None]
             ins = [make_object(100 * root + r, "sol") for r in range(ws)] if rank == root else None
-            dist.scatter_object_list(out, ins, src=_global(g, root), group=g)
+            dist.scatter_object_list(out, ins, src=global_rank(g, root), group=g)
             check_object(chk, f"scatter_object_list {what} src={root}", out[0], make_object(100 * root + rank, "sol"))
     return finish(chk, groups.test)
 

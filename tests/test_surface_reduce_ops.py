@@ -39,6 +39,7 @@ from harness import (
     dtype_name,
     known_gap,
     make_data,
+    rank_block,
     ref_all_reduce,
     skip_case,
 )
@@ -51,7 +52,6 @@ from surface_utils import (
     finish,
     guarded,
     random_raw,
-    rank_block,
     ref_reduce,
     shared_pool,  # noqa: F401  (fixture)
     small_complex,

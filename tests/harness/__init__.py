@@ -12,7 +12,7 @@ One module a room; every test imports what it needs from ``harness`` itself:
 * :mod:`harness.processes`: :class:`WorkerPool` and :func:`run_workers`, which spawn the
   ranks, run tasks on them and never hang.
 
-Helpers the benchmarks share (``free_port``, ``transport_of``) live in
+Helpers the benchmarks share (``free_port``, ``transport_of``, ``global_rank``) live in
 the ``benchmarks`` package; ``tests/conftest.py`` puts the repository root on
 ``sys.path`` so that tests and workers can import it.
 """
@@ -48,6 +48,7 @@ from .processes import (
 )
 from .references import (
     divide_by_world,
+    rank_block,
     ref_all_gather,
     ref_all_reduce,
     ref_broadcast,

@@ -15,6 +15,8 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from benchmarks.backends import global_rank
+
 from .data import data_kind, dtype_name, make_data, reduce_op
 from .references import ref_all_gather, ref_all_reduce, ref_broadcast, ref_reduce_scatter, sentinel_like
 
@@ -153,7 +155,7 @@ def smoke_checks(chk: Checker, tag: str, test_group: Any, ref_group: Any, numel:
     out = sentinel_like((numel * ws,), torch.int64)
     dist.all_gather_into_tensor(out, x, group=test_group)
     chk.equal(case, out, ref_all_gather(x, ref_group))
-    src = dist.get_global_rank(test_group, ws - 1) if test_group is not dist.group.WORLD else ws - 1
+    src = global_rank(test_group, ws - 1)
     case = f"{tag}: broadcast src={src} (global) dtype=float64 ws={ws} numel={numel}"
     x = make_data(grank, case, (numel,), torch.float64)
     got = x.clone()

@@ -35,9 +35,7 @@ def ref_reduce_scatter(full_input: torch.Tensor, op: str, group: Any) -> torch.T
 
     Computed from a gloo all_reduce, so it does not depend on gloo's reduce_scatter.
     """
-    red = ref_all_reduce(full_input, op, group)
-    block = red.shape[0] // dist.get_world_size(group)
-    return red.narrow(0, dist.get_rank(group) * block, block).clone()
+    return rank_block(ref_all_reduce(full_input, op, group), group)
 
 
 def ref_all_gather(x: torch.Tensor, group: Any) -> torch.Tensor:
@@ -58,3 +56,9 @@ def ref_broadcast(x: torch.Tensor, src: int, group: Any) -> torch.Tensor:
 def sentinel_like(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """Output buffer pre-filled with a value the data never contains (77)."""
     return torch.full(tuple(shape), 77, dtype=dtype)
+
+
+def rank_block(full: torch.Tensor, group: Any) -> torch.Tensor:
+    """This rank's block of ``full`` split along dim 0 into group-size equal blocks."""
+    block = full.shape[0] // dist.get_world_size(group)
+    return full.narrow(0, dist.get_rank(group) * block, block).clone()
