@@ -16,6 +16,6 @@ share:
 * ``table``: nccl-tests style rows and the progress line;
 * ``units``: sizes (``256MiB``) and link rates (``1gbit``) as typed on the command line.
 
-The tests use some of these too (``tests/harness`` takes ``free_port`` and
-``transport_of`` from here).
+The tests import a few of these too (``free_port``, ``transport_of``, ``global_rank``,
+``default_tcp_congestion``) rather than keep copies of their own.
 """
