@@ -102,16 +102,21 @@ class ProcessGroupRingpg(ProcessGroupWrapper):
     def _collect(self) -> None:
         """Record the error of every finished tracked op, forget finished ops.
 
-        ringpg marks a Work finished (so ``wait()`` returns or raises) before it runs
-        the Future's callbacks, so errors are read from the Works themselves.  An op
-        still pending past its timeout counts as failed too: ``wait()`` has already
-        raised "timed out after" for it, and the worker fails it at the same deadline.
+        Errors are read here, when asked, rather than in a Future callback: ringpg
+        marks a Work finished (so ``wait()`` returns or raises) just before it completes
+        the Work's Future and runs its callbacks, so a callback could record an error
+        after ``errored()`` was read.  A finished Work's Future is complete or about to
+        be.  An op still pending past its timeout counts as failed too: ``wait()`` has
+        already raised "timed out after" for it, and ringpg fails it at that deadline.
         """
         now = time.monotonic()
         pending = []
         for work, deadline in self._works:
             if work.is_completed():
-                self._record(work.exception())
+                try:
+                    work.get_future().wait()
+                except Exception as e:  # noqa: BLE001 - the op's error
+                    self._record(e)
             else:
                 if now >= deadline:
                     ms = int(work.timeout.total_seconds() * 1000)
@@ -126,11 +131,13 @@ class ProcessGroupRingpg(ProcessGroupWrapper):
 
     @contextmanager
     def _run_context(self) -> Generator[None, None, None]:
-        # A call that fails at once (its group already failed, or an op that ran in the
-        # caller's thread failed) marks the group as errored too.
+        # A call that fails at once with a distributed error (its group already failed,
+        # or an op that ran in the caller's thread failed) marks the group as errored
+        # too; a call refused for its arguments (ValueError, RuntimeError from ringpg's
+        # validation, before any rank moved) leaves the group usable.
         try:
             yield
-        except Exception as e:
+        except dist.DistError as e:
             self._record(e)
             raise
 
