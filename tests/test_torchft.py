@@ -273,6 +273,24 @@ def test_two_ringpg_groups_in_one_process_run_interleaved(thread_groups: Any) ->
     assert all(pg.errored() is None for g in groups for pg in g[:2])
 
 
+def test_future_is_complete_when_wait_returns(thread_groups: Any) -> None:
+    """torchft's Manager chains then() on get_future() after wait() and needs the Future
+    complete by then (with gloo it is); otherwise its callback chain trips an assertion
+    and a healthy step is discarded."""
+    ex, groups = thread_groups
+
+    def run(rank: int) -> int:
+        late = 0
+        for i in range(200):
+            t = torch.full((16,), rank, dtype=torch.int64)
+            w = groups[rank][0].allreduce([t], ReduceOp.SUM)
+            w.wait()
+            late += not w.get_future().done()
+        return late
+
+    assert [f.result(timeout=60) for f in [ex.submit(run, r) for r in range(WS)]] == [0] * WS
+
+
 # ------------------------------------------------------------------ a failing rank, then reconfigure
 
 
