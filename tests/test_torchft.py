@@ -3,8 +3,10 @@
 * Every collective torchft's process groups expose, run through the torchft wrapper
   with ranks as threads of one process (as torchft's own tests run them, which also
   shows that several ringpg groups live side by side in one process), compared with
-  torchft's ``ProcessGroupGloo`` on the same integer inputs, exactly.  The three ops
-  torchft's gloo group refuses are compared with what gloo's allreduce/allgather give.
+  torchft's ``ProcessGroupGloo`` on the same integer inputs, exactly.  The two ops
+  torchft's gloo group refuses (reduce_scatter, reduce_scatter_tensor_coalesced) are
+  compared with what gloo's allreduce gives.  (alltoall_base, which issue 19 lists as
+  refused too, works through torchft 0.2.0's gloo group; its own tests skip it.)
 * A failing rank (SIGKILL) and a frozen one, with real processes: the survivors' ops
   fail within the timeout, ``errored()`` is set, and ``configure()`` on a new store
   prefix gives a working group.
@@ -89,8 +91,8 @@ def _env_with_src() -> dict[str, str]:
 def _cases(pg: Any, rank: int, ws: int) -> dict[str, Any]:
     """Every collective of torchft's ProcessGroup API on integer data; returns the outputs.
 
-    ``pg`` is a torchft wrapper (ringpg's or gloo's); the three ops torchft's gloo
-    group refuses are computed from its allreduce/allgather instead (``_gloo_refused``).
+    ``pg`` is a torchft wrapper (ringpg's or gloo's); the two ops torchft's gloo group
+    refuses are computed from its allreduce instead (``_gloo_refused``).
     """
     out: dict[str, Any] = {}
     n = 7  # odd: chunks of a ring are uneven
@@ -135,6 +137,14 @@ def _cases(pg: Any, rank: int, ws: int) -> dict[str, Any]:
         w.wait()
     out["send_recv"] = t
 
+    t = torch.empty(ws * 2, dtype=torch.int64)
+    pg.alltoall_base(t, base(torch.int64, ws * 2), [], [], AllToAllOptions()).wait()
+    out["alltoall_base_even"] = t
+    in_sizes, out_sizes = _split_sizes(ws, rank)
+    t = torch.empty(sum(in_sizes), dtype=torch.int64)
+    pg.alltoall_base(t, base(torch.int64, sum(out_sizes)), in_sizes, out_sizes, AllToAllOptions()).wait()
+    out["alltoall_base_uneven"] = t
+
     if _is_ringpg(pg):
         out.update(_refused_by_gloo(pg, rank, ws, base))
     else:
@@ -161,19 +171,11 @@ def _refused_by_gloo(pg: Any, rank: int, ws: int, base: Callable[..., torch.Tens
     outs = [torch.empty(5, dtype=torch.int64), torch.empty(2, dtype=torch.int64)]
     pg.reduce_scatter_tensor_coalesced(outs, [base(torch.int64, ws * 5), base(torch.int64, ws * 2)], opts).wait()
     out["reduce_scatter_tensor_coalesced"] = outs
-
-    t = torch.empty(ws * 2, dtype=torch.int64)
-    pg.alltoall_base(t, base(torch.int64, ws * 2), [], [], AllToAllOptions()).wait()
-    out["alltoall_base_even"] = t
-    in_sizes, out_sizes = _split_sizes(ws, rank)
-    t = torch.empty(sum(in_sizes), dtype=torch.int64)
-    pg.alltoall_base(t, base(torch.int64, sum(out_sizes)), in_sizes, out_sizes, AllToAllOptions()).wait()
-    out["alltoall_base_uneven"] = t
     return out
 
 
 def _gloo_refused(pg: Any, rank: int, ws: int, base: Callable[..., torch.Tensor]) -> dict[str, Any]:
-    """What the ops torchft's gloo group refuses must give, from gloo's allreduce and allgather."""
+    """What the ops torchft's gloo group refuses must give, from gloo's allreduce."""
     out: dict[str, Any] = {}
     for ref in ("reduce_scatter", "reduce_scatter_tensor_coalesced"):
         with pytest.raises(RuntimeError, match="does not support"):
@@ -184,20 +186,6 @@ def _gloo_refused(pg: Any, rank: int, ws: int, base: Callable[..., torch.Tensor]
     a, b = base(torch.int64, ws * 5), base(torch.int64, ws * 2)
     pg.allreduce_coalesced([a, b], AllreduceCoalescedOptions()).wait()
     out["reduce_scatter_tensor_coalesced"] = [a.view(ws, 5)[rank].clone(), b.view(ws, 2)[rank].clone()]
-
-    def gathered(k: int) -> list[torch.Tensor]:
-        outs = [[torch.empty(k, dtype=torch.int64) for _ in range(ws)]]
-        pg.allgather(outs, [base(torch.int64, k)], AllgatherOptions()).wait()
-        return outs[0]
-
-    out["alltoall_base_even"] = torch.cat([g.view(ws, 2)[rank] for g in gathered(ws * 2)])
-    pieces = []
-    # Rank src sends the first sum(its sizes) elements of base(): gather the longest.
-    for src, g in enumerate(gathered(sum(_split_sizes(ws, ws - 1)[1]))):
-        sizes = _split_sizes(ws, src)[1]  # what src sends to each rank
-        start = sum(sizes[:rank])
-        pieces.append(g[start:start + sizes[rank]])
-    out["alltoall_base_uneven"] = torch.cat(pieces)
     return out
 
 

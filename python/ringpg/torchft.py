@@ -10,9 +10,9 @@ group for that role, in the place of its ``ProcessGroupGloo``::
     from ringpg.torchft import ProcessGroupRingpg
     manager = torchft.Manager(pg=ProcessGroupRingpg(timeout=timedelta(seconds=10)), ...)
 
-Every collective torchft's process groups expose works, including the three that
-torchft's gloo group refuses (``reduce_scatter``, ``reduce_scatter_tensor_coalesced``,
-``alltoall_base``).
+Every collective torchft's process groups expose works, including the two that
+torchft's gloo group refuses (``reduce_scatter``, ``reduce_scatter_tensor_coalesced``),
+and ``alltoall_base`` with uneven splits.
 
 torchft is an optional extra (``pip install 'ringpg[torchft]'``): ``import ringpg``
 never imports this module, and importing it without torchft raises an ImportError
