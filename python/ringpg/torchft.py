@@ -29,6 +29,7 @@ next ``configure()`` on; per-op timeouts (``opts.timeout``) apply as in ringpg.
 """
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from datetime import timedelta
@@ -65,6 +66,9 @@ class ProcessGroupRingpg(ProcessGroupWrapper):
         self._errored: Optional[Exception] = None
         # ops of the current group not yet seen finished, with their deadlines
         self._works: List[Tuple[Any, float]] = []
+        # ops may be issued from autograd's thread (DDP comm hooks) while another
+        # thread reads errored()
+        self._works_lock = threading.Lock()
 
     def getBackendName(self) -> str:
         return "torchft-ringpg"
@@ -78,7 +82,8 @@ class ProcessGroupRingpg(ProcessGroupWrapper):
         """
         _C = load_extension()
         self._errored = None
-        self._works = []
+        with self._works_lock:
+            self._works = []
         backend = _C.RingBackend(store, rank, world_size, self._timeout, self._backend_group_name())
         pg = dist.ProcessGroup(store, rank, world_size)
         pg._set_default_backend(_CUSTOM)
@@ -102,16 +107,17 @@ class ProcessGroupRingpg(ProcessGroupWrapper):
     def _collect(self) -> None:
         """Record the error of every finished tracked op, forget finished ops.
 
-        Errors are read here, when asked, rather than in a Future callback: ringpg
-        marks a Work finished (so ``wait()`` returns or raises) just before it completes
-        the Work's Future and runs its callbacks, so a callback could record an error
-        after ``errored()`` was read.  A finished Work's Future is complete or about to
-        be.  An op still pending past its timeout counts as failed too: ``wait()`` has
-        already raised "timed out after" for it, and ringpg fails it at that deadline.
+        Errors are read from the Works here, when asked, rather than recorded by a
+        Future callback: callbacks run on ringpg's thread after the Work has finished,
+        so one could record an error only after ``errored()`` was read.  An op still
+        pending past its timeout counts as failed too: ``wait()`` has already raised
+        "timed out after" for it, and ringpg fails it at that deadline.
         """
         now = time.monotonic()
         pending = []
-        for work, deadline in self._works:
+        with self._works_lock:
+            works, self._works = self._works, []
+        for work, deadline in works:
             if work.is_completed():
                 try:
                     work.get_future().wait()
@@ -127,7 +133,8 @@ class ProcessGroupRingpg(ProcessGroupWrapper):
                         )
                     )
                 pending.append((work, deadline))
-        self._works = pending
+        with self._works_lock:
+            self._works = pending + self._works
 
     @contextmanager
     def _run_context(self) -> Generator[None, None, None]:
@@ -144,7 +151,8 @@ class ProcessGroupRingpg(ProcessGroupWrapper):
     def _wrap_work(self, work: Any, opts: object) -> Any:
         # Tracked until it finishes; a finished op costs nothing more than a check.
         self._collect()
-        self._works.append((work, time.monotonic() + work.timeout.total_seconds()))
+        with self._works_lock:
+            self._works.append((work, time.monotonic() + work.timeout.total_seconds()))
         return work
 
     def errored(self) -> Optional[Exception]:
