@@ -20,6 +20,17 @@ if [ ${#need[@]} -gt 0 ]; then
   $PY -m pip install -q "${need[@]}"
 fi
 
+# The torchft extra (tests/test_torchft.py): optional, so a failed install (no
+# network, no wheel for this platform or torch) leaves setup working and those tests
+# skip.  RINGPG_WITH_TORCHFT=0 leaves it out.
+if [ "${RINGPG_WITH_TORCHFT:-1}" = 1 ] && ! $PY -c "import torchft" 2>/dev/null; then
+  echo "setup: installing the torchft extra (torchft==0.2.0)"
+  # torch pinned to the one installed: the extra must not swap the torch ringpg builds against.
+  tv=$($PY -c "import torch; print(torch.__version__)")
+  $PY -m pip install -q "torchft==0.2.0" "torch==$tv" \
+    || echo "setup: could not install torchft; tests/test_torchft.py will skip"
+fi
+
 # Build against the torch installed above (no build isolation), in place, so that
 # `import ringpg` and the torch.backends entry point both work.
 if ! $PY -c "import ringpg._C" 2>/dev/null || [ "${RINGPG_REBUILD:-0}" = 1 ]; then

@@ -82,6 +82,11 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
                             " ms; the op has not completed (for a receive: no matching send arrived)"));
     }
   }
+  // complete() finishes the Work just before it completes the Future; wait for that
+  // too, so that after wait() the Future is complete, as with gloo (torchft chains
+  // then() on get_future() after wait() and relies on it).  The Future is marked
+  // complete before its callbacks run, so a callback that waits here cannot deadlock.
+  future_->wait();
   return c10d::Work::wait(::kNoTimeout); // completed: rethrows its error, then synchronize()
 }
 
