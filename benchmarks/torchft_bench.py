@@ -25,7 +25,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from benchmarks.common import bus_factor, format_bytes, parse_bytes
+from benchmarks.cases import bus_factor
+from benchmarks.units import format_bytes, parse_bytes
 
 
 def _sizes(lo: int, hi: int) -> list[int]:
