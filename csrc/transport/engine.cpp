@@ -27,26 +27,6 @@ constexpr size_t kPassBytes = 1 << 20;
 // announcing more is treated as corrupt rather than trusted with an allocation.
 constexpr uint64_t kMaxStashBytes = 1ULL << 36;
 
-const char* kindName(uint8_t k) {
-  switch (static_cast<FrameKind>(k)) {
-    case FrameKind::Collective: return "collective";
-    case FrameKind::P2P: return "p2p";
-    case FrameKind::Bye: return "goodbye";
-    case FrameKind::Abort: return "abort";
-  }
-  return "unknown";
-}
-
-std::string describeFrame(const FrameHeader& h) {
-  return c10::str(kindName(h.kind), " frame(key=", h.key, ", op=", int(h.opcode), ", dtype=",
-                  int(h.dtype), ", op_numel=", h.opNumel, ", nbytes=", h.nbytes, ")");
-}
-
-std::string p2pSizeMismatch(int rank, int peer, size_t expected, uint64_t key, uint64_t got) {
-  return c10::str("ringpg::recv: rank ", rank, " expected ", expected, " bytes with tag ", key, " from rank ", peer,
-                  " but the message has ", got, " bytes");
-}
-
 // Removes and returns the first request in `q` waiting for tag `key`, or null.
 RequestPtr takeByTag(std::deque<RequestPtr>& q, uint64_t key) {
   for (auto it = q.begin(); it != q.end(); ++it) {
@@ -59,38 +39,12 @@ RequestPtr takeByTag(std::deque<RequestPtr>& q, uint64_t key) {
   return nullptr;
 }
 
-} // namespace
-
-bool ofSameOp(const FrameHeader& op, const FrameHeader& got) {
-  return op.key == got.key && op.opcode == got.opcode && op.dtype == got.dtype && op.opNumel == got.opNumel;
-}
-
-bool sameCollective(const FrameHeader& expected, const FrameHeader& got) {
-  return ofSameOp(expected, got) && expected.nbytes == got.nbytes;
-}
-
-constexpr const char* kSameCollectivesHint =
-    ". All ranks must call the same collectives, in the same order, with the same sizes and dtypes";
-
-std::string collectiveMismatch(int rank, int peer, const FrameHeader& expected, const FrameHeader& got) {
-  return c10::str("ringpg: collective mismatch between ranks: rank ", rank, " expected ", describeFrame(expected),
-                  " from rank ", peer, " but received ", describeFrame(got), kSameCollectivesHint);
-}
-
-namespace {
-
 std::string abortedBy(int peer, const std::string& why) {
   return c10::str("ringpg: rank ", peer, " aborted the group: ", why);
 }
 
 std::string implausibleFrame(int peer, const FrameHeader& h) {
   return c10::str("ringpg: rank ", peer, " announced an implausible ", describeFrame(h));
-}
-
-std::string runningOpMismatch(int rank, int peer, const FrameHeader& op, const FrameHeader& got) {
-  return c10::str("ringpg: collective mismatch between ranks: rank ", rank, " runs seq ", op.key,
-                  " (op=", int(op.opcode), ", dtype=", int(op.dtype), ", op_numel=", op.opNumel, ") but rank ",
-                  peer, " sent ", describeFrame(got), kSameCollectivesHint);
 }
 
 } // namespace
@@ -173,7 +127,7 @@ void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<
   size_t hdrGot = P.headerReady && !P.inPayload ? sizeof(FrameHeader) : P.hdrGot;
   size_t skip = P.inPayload ? P.hdr.nbytes - P.payloadGot : 0; // payload left of the current frame
   std::string abortWhy;
-  bool inAbort = P.inPayload && P.stashTarget && P.hdr.kind == static_cast<uint8_t>(FrameKind::Abort);
+  bool inAbort = P.inPayload && P.stashTarget && hasKind(P.hdr, FrameKind::Abort);
   if (inAbort) {
     abortWhy.assign(P.stashing.data.data(), P.payloadGot);
   }
@@ -198,11 +152,11 @@ void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<
           break;
         }
         skip = h.nbytes;
-        inAbort = h.kind == static_cast<uint8_t>(FrameKind::Abort);
+        inAbort = hasKind(h, FrameKind::Abort);
         if (inAbort && h.nbytes > kMaxAbortBytes) {
           break;
         }
-        if (h.kind == static_cast<uint8_t>(FrameKind::Collective) && haveOp && h.key == op.key &&
+        if (hasKind(h, FrameKind::Collective) && haveOp && h.key == op.key &&
             !ofSameOp(op, h)) {
           reason = runningOpMismatch(rank_, p, op, h);
           network = false;
@@ -300,7 +254,7 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
       failRequest(req, broken_, done, brokenNetwork_);
     } else if (peer >= 0 && peers_[peer].gone) {
       failRequest(req, c10::str("ringpg: rank ", peer, " has shut down this process group"), done);
-    } else if (static_cast<FrameKind>(expect.kind) == FrameKind::Collective) {
+    } else if (hasKind(expect, FrameKind::Collective)) {
       Peer& P = peers_[peer];
       P.collPosted.push_back(req);
       drainStash(peer, done);
@@ -414,9 +368,7 @@ void Engine::shutdown(Deadline deadline) {
     if (q == rank_) {
       continue;
     }
-    FrameHeader h;
-    h.kind = static_cast<uint8_t>(FrameKind::Bye);
-    byes.push_back(postSend(q, h, nullptr, 0));
+    byes.push_back(postSend(q, frameOfKind(FrameKind::Bye), nullptr, 0));
   }
   for (auto& b : byes) {
     waitUntil(b, deadline); // best effort: a dead peer must not delay shutdown past the deadline
@@ -572,8 +524,7 @@ void Engine::failLocked(const std::string& reason, Completions& done, bool netwo
 // socket in the middle of a frame cannot carry a new one; closing it still tells the
 // peer (a truncated frame, then end of stream).
 void Engine::broadcastAbortLocked() {
-  FrameHeader h;
-  h.kind = static_cast<uint8_t>(FrameKind::Abort);
+  FrameHeader h = frameOfKind(FrameKind::Abort);
   const std::string why = broken_.substr(0, kMaxAbortBytes);
   h.nbytes = why.size();
   for (const auto q : c10::irange(size_)) {

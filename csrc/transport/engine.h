@@ -1,7 +1,7 @@
 // The transport engine: a full mesh of TCP pairs (one socket per direction per peer,
 // so the two directions of a ring never share a socket) driven by one progress thread.
 //
-// Every message is a frame: a 32-byte FrameHeader, then `nbytes` of payload.  Two
+// Every message is a frame (transport/wire.h): a FrameHeader, then its payload.  Two
 // streams share each socket and are matched separately on the receiving side:
 //   * collective frames, keyed by the op's sequence number, matched strictly in order
 //     against the receives the op posted (the plan is deterministic on both sides);
@@ -33,31 +33,9 @@
 
 #include "common/errors.h"
 #include "transport/socket.h"
+#include "transport/wire.h"
 
 namespace ringpg {
-
-enum class FrameKind : uint8_t {
-  Collective = 1, // payload of a collective, keyed by sequence number
-  P2P = 2,        // payload of a send, keyed by tag
-  Bye = 3,        // orderly shutdown: the connection closes next, and that is fine
-  Abort = 4,      // the sender's group failed; payload: the reason (at most kMaxAbortBytes)
-};
-
-constexpr uint64_t kMaxAbortBytes = 4096;
-
-constexpr uint32_t kFrameMagic = 0x31475052; // "RPG1"
-
-struct FrameHeader {
-  uint32_t magic = kFrameMagic;
-  uint8_t kind = 0;     // FrameKind
-  uint8_t opcode = 0;   // collective: c10d::OpType of the op (mismatch diagnostics)
-  uint8_t dtype = 0;    // collective: c10::ScalarType of the op
-  uint8_t reserved = 0;
-  uint64_t key = 0;     // collective: sequence number; p2p: tag
-  uint64_t opNumel = 0; // collective: the op's element count as the sender sees it
-  uint64_t nbytes = 0;  // payload bytes after the header
-};
-static_assert(sizeof(FrameHeader) == 32, "FrameHeader is a wire format");
 
 // One posted send or receive.  The engine owns it while Pending; the poster keeps
 // the buffer alive until it is not Pending any more.
@@ -84,13 +62,6 @@ RequestPtr makeRequest(const FrameHeader& hdr, const void* buf, size_t len, int 
 // Ends a pending request with `why` (`network`: a peer/connection failure); the
 // state is published last, so a waiter that sees Failed also sees the reason.
 void markFailed(Request& req, const std::string& why, bool network);
-
-// Does `got` (any fragment) belong to the op whose header is `op`?  The payload length
-// differs between fragments, everything else must not.
-bool ofSameOp(const FrameHeader& op, const FrameHeader& got);
-// A collective frame belongs to the receive posted for it only if every field agrees.
-bool sameCollective(const FrameHeader& expected, const FrameHeader& got);
-std::string collectiveMismatch(int rank, int peer, const FrameHeader& expected, const FrameHeader& got);
 
 // Throws the c10d error a failed request stands for (DistNetworkError for a lost
 // peer, DistBackendError otherwise), prefixed with the op's description.

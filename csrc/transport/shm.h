@@ -33,6 +33,7 @@
 
 #include "transport/engine.h"
 #include "transport/socket.h"
+#include "transport/wire.h"
 
 namespace ringpg {
 
