@@ -32,6 +32,7 @@
 #include <string>
 
 #include "transport/engine.h"
+#include "transport/request.h"
 #include "transport/socket.h"
 #include "transport/wire.h"
 
