@@ -10,7 +10,7 @@
   non-contiguous pair, each compared with the gloo subgroup of the same ranks;
 * ranks that disagree on the transport (one sets RINGPG_TRANSPORT=tcp): the group
   agrees through the Store and uses TCP on every rank;
-* a rank whose /dev/shm is a tiny one of its own (a container's): no segment fits and
+* a rank whose /dev/shm is a tiny one of its own (a container's): no region fits and
   its neighbours' are invisible, so the group falls back to TCP without a crash and
   leaves no names behind;
 * a RINGPG_TCP_CONGESTION the host cannot give fails the group's creation, saying why.

@@ -13,7 +13,7 @@ may have cores); the TCP one with ``RINGPG_TCP_CONGESTION=reno`` too.
 
 Each configuration checks which transport the group really uses, which congestion
 control its sockets run, that no named
-shared-memory segment is left behind once the group is up, and every collective
+shared-memory region is left behind once the group is up, and every collective
 that sends to a ring neighbour, on sizes around the slot and chunk boundaries.
 Data are small integers, so results are exact in every dtype (``torch.equal``).
 """

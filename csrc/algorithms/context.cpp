@@ -7,8 +7,7 @@
 namespace ringpg {
 
 FrameHeader OpContext::header() const {
-  FrameHeader h;
-  h.kind = static_cast<uint8_t>(FrameKind::Collective);
+  FrameHeader h = frameOfKind(FrameKind::Collective);
   h.opcode = opcode_;
   h.dtype = static_cast<uint8_t>(dtype_);
   h.key = tag_.seq;
@@ -48,7 +47,7 @@ RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t co
 void OpContext::wait(const RequestPtr& req) {
   const bool done = req->viaShm ? shm_->waitUntil(engine_, req, deadline_) : engine_.waitUntil(req, deadline_);
   if (!done) {
-    const bool isSend = req->hdr.kind == static_cast<uint8_t>(FrameKind::Collective) && req->progress > 0;
+    const bool isSend = hasKind(req->hdr, FrameKind::Collective) && req->progress > 0;
     const std::string msg = c10::str(
         describe(tag_), ": timed out waiting for rank ", req->peer, " (", req->len, "-byte ",
         isSend ? "send" : "transfer", " pending); the op's deadline (the group's timeout) has passed. "

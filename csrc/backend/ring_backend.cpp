@@ -443,8 +443,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::p2p(OpType type, const char* name, a
   const char* title = isSend ? "ringpg:send" : (peer < 0 ? "ringpg:recvAnySource" : "ringpg:recv");
   auto work = c10::make_intrusive<RingWork>(getRank(), type, seq, title, std::vector<at::Tensor>{tensor},
                                             std::vector<at::Tensor>{tensor}, timeout_);
-  FrameHeader h;
-  h.kind = static_cast<uint8_t>(FrameKind::P2P);
+  FrameHeader h = frameOfKind(FrameKind::P2P);
   h.key = static_cast<uint64_t>(tag);
   const OpTag opTag{name, seq, getRank()};
   // CUDA or non-contiguous tensors travel through a contiguous host copy: a send

@@ -1,6 +1,5 @@
 #include "transport/engine.h"
 
-#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -20,32 +19,14 @@
 namespace ringpg {
 namespace {
 
+using RxState = FrameReceiver::State;
+
 // Bytes one socket may move per pass of the progress loop, so one busy peer cannot
 // starve the others (or keep the lock from posting threads for long).
 constexpr size_t kPassBytes = 1 << 20;
-// Largest payload the engine will stash for a frame nobody has asked for yet.  A peer
-// announcing more is treated as corrupt rather than trusted with an allocation.
+// Largest payload the engine will read aside for a frame nobody has asked for yet.  A
+// peer announcing more is treated as corrupt rather than trusted with an allocation.
 constexpr uint64_t kMaxStashBytes = 1ULL << 36;
-
-const char* kindName(uint8_t k) {
-  switch (static_cast<FrameKind>(k)) {
-    case FrameKind::Collective: return "collective";
-    case FrameKind::P2P: return "p2p";
-    case FrameKind::Bye: return "goodbye";
-    case FrameKind::Abort: return "abort";
-  }
-  return "unknown";
-}
-
-std::string describeFrame(const FrameHeader& h) {
-  return c10::str(kindName(h.kind), " frame(key=", h.key, ", op=", int(h.opcode), ", dtype=",
-                  int(h.dtype), ", op_numel=", h.opNumel, ", nbytes=", h.nbytes, ")");
-}
-
-std::string p2pSizeMismatch(int rank, int peer, size_t expected, uint64_t key, uint64_t got) {
-  return c10::str("ringpg::recv: rank ", rank, " expected ", expected, " bytes with tag ", key, " from rank ", peer,
-                  " but the message has ", got, " bytes");
-}
 
 // Removes and returns the first request in `q` waiting for tag `key`, or null.
 RequestPtr takeByTag(std::deque<RequestPtr>& q, uint64_t key) {
@@ -59,26 +40,6 @@ RequestPtr takeByTag(std::deque<RequestPtr>& q, uint64_t key) {
   return nullptr;
 }
 
-} // namespace
-
-bool ofSameOp(const FrameHeader& op, const FrameHeader& got) {
-  return op.key == got.key && op.opcode == got.opcode && op.dtype == got.dtype && op.opNumel == got.opNumel;
-}
-
-bool sameCollective(const FrameHeader& expected, const FrameHeader& got) {
-  return ofSameOp(expected, got) && expected.nbytes == got.nbytes;
-}
-
-constexpr const char* kSameCollectivesHint =
-    ". All ranks must call the same collectives, in the same order, with the same sizes and dtypes";
-
-std::string collectiveMismatch(int rank, int peer, const FrameHeader& expected, const FrameHeader& got) {
-  return c10::str("ringpg: collective mismatch between ranks: rank ", rank, " expected ", describeFrame(expected),
-                  " from rank ", peer, " but received ", describeFrame(got), kSameCollectivesHint);
-}
-
-namespace {
-
 std::string abortedBy(int peer, const std::string& why) {
   return c10::str("ringpg: rank ", peer, " aborted the group: ", why);
 }
@@ -87,10 +48,77 @@ std::string implausibleFrame(int peer, const FrameHeader& h) {
   return c10::str("ringpg: rank ", peer, " announced an implausible ", describeFrame(h));
 }
 
-std::string runningOpMismatch(int rank, int peer, const FrameHeader& op, const FrameHeader& got) {
-  return c10::str("ringpg: collective mismatch between ranks: rank ", rank, " runs seq ", op.key,
-                  " (op=", int(op.opcode), ", dtype=", int(op.dtype), ", op_numel=", op.opNumel, ") but rank ",
-                  peer, " sent ", describeFrame(got), kSameCollectivesHint);
+std::string shutDownBy(int peer) {
+  return c10::str("ringpg: rank ", peer, " has shut down this process group");
+}
+
+bool wouldBlock(int err) {
+  return err == EAGAIN || err == EWOULDBLOCK || err == EINTR;
+}
+
+// Reads on from `at` in the stream of socket `fd`, whose connection to peer `peer`
+// just failed, for the frames it still had in flight: returns the reason they give
+// (the Abort's reason, or a mismatch with `op`, the op running here, when not null),
+// "" when they give none.  `network` becomes false for a mismatch.  The bytes read are
+// never delivered: the group fails next.  Bounded in time (a peer that is really gone
+// gives end-of-stream at once) and in bytes; runs without the engine's lock.
+std::string readCauseOfLoss(int fd, FrameReceiver::Position at, int rank, int peer, const FrameHeader* op,
+                            bool& network) {
+  constexpr auto kPatience = std::chrono::milliseconds(200);
+  constexpr size_t kMaxDrainBytes = size_t(256) << 20;
+  const auto until = std::chrono::steady_clock::now() + kPatience;
+  FrameHeader& h = at.hdr;
+  size_t hdrGot = at.headerGot;
+  size_t skip = at.payloadLeft; // payload left of the current frame
+  bool inAbort = at.inAbort;
+  std::string& abortWhy = at.abortSoFar;
+  std::vector<char> sink(64 << 10);
+  size_t drained = 0;
+  while (drained < kMaxDrainBytes) {
+    if (hdrGot == sizeof(FrameHeader)) { // a whole header: what does it say?
+      hdrGot = 0;
+      if (h.magic != kFrameMagic) {
+        break;
+      }
+      skip = h.nbytes;
+      inAbort = hasKind(h, FrameKind::Abort);
+      if (inAbort && h.nbytes > kMaxAbortBytes) {
+        break;
+      }
+      if (hasKind(h, FrameKind::Collective) && op && h.key == op->key && !ofSameOp(*op, h)) {
+        network = false;
+        return runningOpMismatch(rank, peer, *op, h);
+      }
+    }
+    if (inAbort && skip == 0) {
+      return abortedBy(peer, abortWhy);
+    }
+    char* dst = skip > 0 ? sink.data() : reinterpret_cast<char*>(&h) + hdrGot;
+    const size_t want = skip > 0 ? std::min(skip, sink.size()) : sizeof(FrameHeader) - hdrGot;
+    const ssize_t r = ::recv(fd, dst, want, MSG_DONTWAIT);
+    if (r > 0) {
+      drained += static_cast<size_t>(r);
+      if (skip > 0) {
+        skip -= static_cast<size_t>(r);
+        if (inAbort) {
+          abortWhy.append(dst, static_cast<size_t>(r));
+        }
+      } else {
+        hdrGot += static_cast<size_t>(r);
+      }
+      continue;
+    }
+    if (r == 0 || !wouldBlock(errno)) {
+      break; // end of stream or a dead socket: nothing more to learn
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      break;
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    (void)::poll(&pfd, 1, static_cast<int>(left.count()));
+  }
+  return "";
 }
 
 } // namespace
@@ -102,12 +130,12 @@ Engine::Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int s
     if (q == rank) {
       continue;
     }
-    peers_[q].tx = std::move(tx[q]);
-    peers_[q].rx = std::move(rx[q]);
-    tuneDataSocket(peers_[q].tx.get(), socketBuffer, congestion);
-    tuneDataSocket(peers_[q].rx.get(), socketBuffer, congestion);
-    setNonBlocking(peers_[q].tx.get(), true);
-    setNonBlocking(peers_[q].rx.get(), true);
+    peers_[q].txFd = std::move(tx[q]);
+    peers_[q].rxFd = std::move(rx[q]);
+    tuneDataSocket(peers_[q].txFd.get(), socketBuffer, congestion);
+    tuneDataSocket(peers_[q].rxFd.get(), socketBuffer, congestion);
+    setNonBlocking(peers_[q].txFd.get(), true);
+    setNonBlocking(peers_[q].rxFd.get(), true);
   }
   wake_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   TORCH_CHECK(wake_.valid(), "ringpg: eventfd failed: ", std::strerror(errno));
@@ -115,10 +143,10 @@ Engine::Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int s
 }
 
 std::string Engine::congestionControl() const {
-  // The sockets are fixed after construction and closed only by the destructor.
+  // No lock: the sockets are fixed after construction and closed only by the destructor.
   for (const auto& p : peers_) {
-    if (p.tx.valid()) {
-      return congestionControlOf(p.tx.get());
+    if (p.txFd.valid()) {
+      return congestionControlOf(p.txFd.get());
     }
   }
   return "";
@@ -126,7 +154,7 @@ std::string Engine::congestionControl() const {
 
 Engine::~Engine() {
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::lock_guard<std::mutex> lk(mu_); // stop_ is read by the progress thread under mu_
     stop_ = true;
   }
   wake();
@@ -135,7 +163,7 @@ Engine::~Engine() {
   }
   Completions done;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::lock_guard<std::mutex> lk(mu_); // waiters may still look at the queues
     failLocked("ringpg: the process group was destroyed", done);
   }
   runCallbacks(done);
@@ -147,115 +175,6 @@ void Engine::wake() {
   (void)rc; // a full eventfd counter still wakes poll()
 }
 
-std::string Engine::peerLostReason(int p, const char* how) {
-  return c10::str("ringpg: rank ", rank_, " lost its connection to rank ", p, ": ", how,
-                  " (the peer process probably exited, crashed or was killed)");
-}
-
-// The connection to peer p failed (`how`) while this group was healthy.  Before
-// blaming the network, reads what p still had in flight and looks for the real cause:
-//   - an Abort frame: p's group failed first and p said why before closing;
-//   - a frame of the op running here with another op/dtype/size: the ranks called
-//     different collectives, p saw it first and closed (its Abort could not follow a
-//     frame it was half-way through writing).
-// Without this, the rank whose *write* fails first reports "broken pipe" although the
-// reason is sitting, unread, in its receive buffer.  The group is about to fail, so the
-// bytes consumed here are never delivered to anyone.  Bounded in time (a peer that is
-// really gone gives end-of-stream at once) and in bytes; best effort.
-void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<std::mutex>& lk, Completions& done) {
-  Peer& P = peers_[p];
-  if (!broken_.empty() || P.rxBusy || !P.rx.valid()) {
-    failLocked(peerLostReason(p, how.c_str()), done);
-    return;
-  }
-  // The receive state machine as it stands; only the rxBusy holder touches it.
-  FrameHeader h = P.hdr;
-  size_t hdrGot = P.headerReady && !P.inPayload ? sizeof(FrameHeader) : P.hdrGot;
-  size_t skip = P.inPayload ? P.hdr.nbytes - P.payloadGot : 0; // payload left of the current frame
-  std::string abortWhy;
-  bool inAbort = P.inPayload && P.stashTarget && P.hdr.kind == static_cast<uint8_t>(FrameKind::Abort);
-  if (inAbort) {
-    abortWhy.assign(P.stashing.data.data(), P.payloadGot);
-  }
-  const bool haveOp = haveCurrent_;
-  const FrameHeader op = currentOp_;
-  const int fd = P.rx.get();
-
-  std::string reason;
-  bool network = true;
-  P.rxBusy = true;
-  lk.unlock();
-  {
-    constexpr auto kPatience = std::chrono::milliseconds(200);
-    constexpr size_t kMaxDrainBytes = size_t(256) << 20;
-    const auto until = std::chrono::steady_clock::now() + kPatience;
-    std::vector<char> sink(64 << 10);
-    size_t drained = 0;
-    while (reason.empty() && drained < kMaxDrainBytes) {
-      if (hdrGot == sizeof(FrameHeader)) { // a whole header: what does it say?
-        hdrGot = 0;
-        if (h.magic != kFrameMagic) {
-          break;
-        }
-        skip = h.nbytes;
-        inAbort = h.kind == static_cast<uint8_t>(FrameKind::Abort);
-        if (inAbort && h.nbytes > kMaxAbortBytes) {
-          break;
-        }
-        if (h.kind == static_cast<uint8_t>(FrameKind::Collective) && haveOp && h.key == op.key &&
-            !ofSameOp(op, h)) {
-          reason = runningOpMismatch(rank_, p, op, h);
-          network = false;
-          break;
-        }
-      }
-      if (inAbort && skip == 0) {
-        reason = abortedBy(p, abortWhy);
-        break;
-      }
-      char* dst = skip > 0 ? sink.data() : reinterpret_cast<char*>(&h) + hdrGot;
-      const size_t want = skip > 0 ? std::min(skip, sink.size()) : sizeof(FrameHeader) - hdrGot;
-      const ssize_t r = ::recv(fd, dst, want, MSG_DONTWAIT);
-      if (r > 0) {
-        drained += static_cast<size_t>(r);
-        if (skip > 0) {
-          skip -= static_cast<size_t>(r);
-          if (inAbort) {
-            abortWhy.append(dst, static_cast<size_t>(r));
-          }
-        } else {
-          hdrGot += static_cast<size_t>(r);
-        }
-        continue;
-      }
-      if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        break; // end of stream or a dead socket: nothing more to learn
-      }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
-      if (left.count() <= 0) {
-        break;
-      }
-      pollfd pfd{fd, POLLIN, 0};
-      (void)::poll(&pfd, 1, static_cast<int>(left.count()));
-    }
-  }
-  lk.lock();
-  P.rxBusy = false;
-  // Whatever was consumed left the state machine behind: nothing reads this socket
-  // again, because the group fails now (first reason wins if another thread was first).
-  failLocked(reason.empty() ? peerLostReason(p, how.c_str()) : reason, done, network);
-}
-
-RequestPtr makeRequest(const FrameHeader& hdr, const void* buf, size_t len, int peer) {
-  auto req = std::make_shared<Request>();
-  req->hdr = hdr;
-  req->hdr.nbytes = len;
-  req->buf = static_cast<char*>(const_cast<void*>(buf));
-  req->len = len;
-  req->peer = peer;
-  return req;
-}
-
 RequestPtr Engine::postSend(int peer, const FrameHeader& hdr, const void* data, size_t len,
                             std::function<void(Request&)> onComplete) {
   RequestPtr req = makeRequest(hdr, data, len, peer);
@@ -264,12 +183,12 @@ RequestPtr Engine::postSend(int peer, const FrameHeader& hdr, const void* data, 
   Completions done;
   bool needWake = false;
   {
-    std::unique_lock<std::mutex> lk(mu_);
+    std::unique_lock<std::mutex> lk(mu_); // the send queue; writePeer drops it around send()
     Peer& P = peers_[peer];
     if (!broken_.empty()) {
       failRequest(req, broken_, done, brokenNetwork_);
-    } else if (P.gone) {
-      failRequest(req, c10::str("ringpg: rank ", peer, " has shut down this process group"), done);
+    } else if (P.rx.closed()) {
+      failRequest(req, shutDownBy(peer), done);
     } else {
       const bool wasIdle = P.txq.empty() && !P.txBusy;
       P.txq.push_back(req);
@@ -295,18 +214,20 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
   Completions done;
   bool needWake = false;
   {
-    std::unique_lock<std::mutex> lk(mu_);
+    std::unique_lock<std::mutex> lk(mu_); // the posted queues and stashes; readPeer drops it around recv()
     if (!broken_.empty()) {
       failRequest(req, broken_, done, brokenNetwork_);
-    } else if (peer >= 0 && peers_[peer].gone) {
-      failRequest(req, c10::str("ringpg: rank ", peer, " has shut down this process group"), done);
-    } else if (static_cast<FrameKind>(expect.kind) == FrameKind::Collective) {
+    } else if (peer >= 0 && peers_[peer].rx.closed()) {
+      failRequest(req, shutDownBy(peer), done);
+    } else if (hasKind(expect, FrameKind::Collective)) {
       Peer& P = peers_[peer];
       P.collPosted.push_back(req);
       drainStash(peer, done);
-      // A paused header may be waiting for exactly this receive.
-      if (P.headerReady && !P.inPayload && !P.collPosted.empty()) {
-        if (routeHeader(peer, done)) {
+      // A paused header may be waiting for exactly this receive.  (A paused socket
+      // that is busy is being read by the failure path: the group fails next.)
+      if (P.rx.state() == RxState::kPaused && !P.rxBusy && !P.collPosted.empty()) {
+        routeHeader(peer, done);
+        if (broken_.empty() && P.rx.readsSocket()) {
           // Its payload is most likely in the socket already (the peer was ahead of
           // us): read it from this thread, as postSend writes eagerly, instead of
           // waking the progress thread to read it and then wake us.  The progress
@@ -347,7 +268,7 @@ bool Engine::waitUntil(const RequestPtr& req, Deadline deadline) {
   if (req->state.load(std::memory_order_acquire) != Request::State::Pending) {
     return true;
   }
-  std::unique_lock<std::mutex> lk(mu_);
+  std::unique_lock<std::mutex> lk(mu_); // cv_'s mutex: completions notify after taking it
   return cv_.wait_until(lk, deadline, [&] {
     return req->state.load(std::memory_order_acquire) != Request::State::Pending;
   });
@@ -356,13 +277,13 @@ bool Engine::waitUntil(const RequestPtr& req, Deadline deadline) {
 void Engine::pollPeer(int p) {
   Completions done;
   {
-    std::unique_lock<std::mutex> lk(mu_);
+    std::unique_lock<std::mutex> lk(mu_); // peer p's queues and receive state
     Peer& P = peers_[p];
-    if (broken_.empty() && !stop_ && !P.gone) {
+    if (broken_.empty() && !stop_ && !P.rx.closed()) {
       if (!P.txq.empty() && !P.txBusy) {
         writePeer(p, lk, done);
       }
-      if (broken_.empty() && P.rx.valid()) {
+      if (broken_.empty() && P.rxFd.valid()) {
         readPeer(p, lk, done); // returns at once when paused, busy elsewhere or empty
       }
     }
@@ -371,7 +292,7 @@ void Engine::pollPeer(int p) {
 }
 
 void Engine::setCurrentCollective(const FrameHeader& op) {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard<std::mutex> lk(mu_); // currentOp_ is read by routing, under mu_
   haveCurrent_ = true;
   currentOp_ = op;
 }
@@ -379,7 +300,7 @@ void Engine::setCurrentCollective(const FrameHeader& op) {
 void Engine::fail(const std::string& reason, bool network) {
   Completions done;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::lock_guard<std::mutex> lk(mu_); // broken_ and every queue
     failLocked(reason, done, network);
   }
   wake();
@@ -387,7 +308,7 @@ void Engine::fail(const std::string& reason, bool network) {
 }
 
 std::string Engine::brokenReason(bool* network) {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard<std::mutex> lk(mu_); // broken_ / brokenNetwork_
   if (network) {
     *network = brokenNetwork_;
   }
@@ -396,7 +317,7 @@ std::string Engine::brokenReason(bool* network) {
 
 void Engine::debugSendRaw(int peer, std::string bytes) {
   auto req = std::make_shared<Request>();
-  std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard<std::mutex> lk(mu_); // rawKeepAlive_ and the send queue
   rawKeepAlive_.push_back(std::move(bytes));
   const std::string& raw = rawKeepAlive_.back();
   // A header-less request: progress starts past the header, so only `raw` is written.
@@ -414,15 +335,13 @@ void Engine::shutdown(Deadline deadline) {
     if (q == rank_) {
       continue;
     }
-    FrameHeader h;
-    h.kind = static_cast<uint8_t>(FrameKind::Bye);
-    byes.push_back(postSend(q, h, nullptr, 0));
+    byes.push_back(postSend(q, frameOfKind(FrameKind::Bye), nullptr, 0));
   }
   for (auto& b : byes) {
     waitUntil(b, deadline); // best effort: a dead peer must not delay shutdown past the deadline
   }
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::lock_guard<std::mutex> lk(mu_); // stop_ is read by the progress thread under mu_
     stop_ = true;
   }
   wake();
@@ -435,67 +354,73 @@ void Engine::shutdown(Deadline deadline) {
 // Progress loop
 
 void Engine::loop() {
-  std::vector<pollfd> fds;
-  std::vector<std::pair<int, bool>> who; // (peer, isTx) per pollfd after the first
-  while (true) {
-    fds.clear();
-    who.clear();
-    fds.push_back(pollfd{wake_.get(), POLLIN, 0});
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (stop_) {
-        return;
-      }
-      if (broken_.empty()) {
-        for (const auto q : c10::irange(size_)) {
-          Peer& P = peers_[q];
-          if (q == rank_ || P.gone) {
-            continue;
-          }
-          // A paused header waits for its receive to be posted: stop reading (flow control).
-          if (!(P.headerReady && !P.inPayload) && P.rx.valid()) {
-            fds.push_back(pollfd{P.rx.get(), POLLIN, 0});
-            who.emplace_back(q, false);
-          }
-          if (!P.txq.empty() && !P.txBusy) {
-            fds.push_back(pollfd{P.tx.get(), POLLOUT, 0});
-            who.emplace_back(q, true);
-          }
-        }
-      }
-    }
-    int n = ::poll(fds.data(), fds.size(), -1);
+  PollSet set;
+  while (collectPollSet(set)) {
+    // Without the lock: posting and waiting threads keep moving bytes meanwhile.
+    const int n = ::poll(set.fds.data(), set.fds.size(), -1);
     if (n < 0) {
-      if (errno == EINTR) {
-        continue;
+      if (errno != EINTR) {
+        fail(c10::str("ringpg: poll failed on rank ", rank_, ": ", std::strerror(errno)));
       }
-      fail(c10::str("ringpg: poll failed on rank ", rank_, ": ", std::strerror(errno)));
       continue;
     }
-    if (fds[0].revents & POLLIN) {
+    if (set.fds[0].revents & POLLIN) {
       uint64_t v;
       while (::read(wake_.get(), &v, sizeof(v)) > 0) {
       }
     }
-    Completions done;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      for (size_t i = 1; i < fds.size() && broken_.empty() && !stop_; ++i) {
-        if (fds[i].revents == 0) {
-          continue;
+    serviceReady(set);
+  }
+}
+
+bool Engine::collectPollSet(PollSet& set) {
+  set.fds.clear();
+  set.who.clear();
+  set.fds.push_back(pollfd{wake_.get(), POLLIN, 0});
+  std::lock_guard<std::mutex> lk(mu_); // stop_, broken_, the queues and receive states
+  if (stop_) {
+    return false;
+  }
+  if (!broken_.empty()) {
+    return true; // a broken engine moves no byte: sleep until woken to stop
+  }
+  for (const auto q : c10::irange(size_)) {
+    Peer& P = peers_[q];
+    if (q == rank_ || P.rx.closed()) {
+      continue; // a peer that said goodbye sends and takes nothing more
+    }
+    // A paused header waits for its receive to be posted: not reading is the flow control.
+    if (P.rx.readsSocket() && P.rxFd.valid()) {
+      set.fds.push_back(pollfd{P.rxFd.get(), POLLIN, 0});
+      set.who.emplace_back(q, false);
+    }
+    if (!P.txq.empty() && !P.txBusy) {
+      set.fds.push_back(pollfd{P.txFd.get(), POLLOUT, 0});
+      set.who.emplace_back(q, true);
+    }
+  }
+  return true;
+}
+
+void Engine::serviceReady(const PollSet& set) {
+  Completions done;
+  {
+    std::unique_lock<std::mutex> lk(mu_); // the queues; dropped around each recv() / send()
+    for (size_t i = 1; i < set.fds.size() && broken_.empty() && !stop_; ++i) {
+      if (set.fds[i].revents == 0) {
+        continue;
+      }
+      const auto [q, isTx] = set.who[i - 1];
+      if (isTx) {
+        if (!peers_[q].txBusy) { // else a posting thread is writing this socket now
+          writePeer(q, lk, done);
         }
-        const auto [q, isTx] = who[i - 1];
-        if (isTx) {
-          if (!peers_[q].txBusy) { // else a posting thread is writing this socket now
-            writePeer(q, lk, done);
-          }
-        } else {
-          readPeer(q, lk, done);
-        }
+      } else {
+        readPeer(q, lk, done); // the state may have moved since poll(): readPeer looks again
       }
     }
-    runCallbacks(done);
   }
+  runCallbacks(done);
 }
 
 void Engine::runCallbacks(Completions& done) {
@@ -522,11 +447,8 @@ void Engine::complete(const RequestPtr& req, Completions& done) {
   done.push_back(req);
 }
 
-void markFailed(Request& req, const std::string& why, bool network) {
-  req.error = why;
-  req.networkError = network;
-  req.state.store(Request::State::Failed, std::memory_order_release);
-}
+// ---------------------------------------------------------------------------------
+// Failure path
 
 void Engine::failRequest(const RequestPtr& req, const std::string& why, Completions& done, bool network) {
   markFailed(*req, why, network);
@@ -556,11 +478,12 @@ void Engine::failLocked(const std::string& reason, Completions& done, bool netwo
     failAll(P.txq);
     failAll(P.collPosted);
     failAll(P.p2pPosted);
-    if (P.cur && !P.rxBusy) { // a busy reader fails its own request (see readPeer)
+    if (!P.rxBusy) { // a busy reader abandons the receive state itself (see readPeer)
       // A receive in flight whose payload will never come: fail it; nothing touches
       // its buffer again because a broken engine reads no more.
-      failRequest(P.cur, broken_, done, brokenNetwork_);
-      P.cur.reset();
+      if (RequestPtr inFlight = P.rx.abandon()) {
+        failRequest(inFlight, broken_, done, brokenNetwork_);
+      }
     }
     P.collStash.clear();
     P.p2pStash.clear();
@@ -572,28 +495,64 @@ void Engine::failLocked(const std::string& reason, Completions& done, bool netwo
 // socket in the middle of a frame cannot carry a new one; closing it still tells the
 // peer (a truncated frame, then end of stream).
 void Engine::broadcastAbortLocked() {
-  FrameHeader h;
-  h.kind = static_cast<uint8_t>(FrameKind::Abort);
+  FrameHeader h = frameOfKind(FrameKind::Abort);
   const std::string why = broken_.substr(0, kMaxAbortBytes);
   h.nbytes = why.size();
   for (const auto q : c10::irange(size_)) {
     Peer& P = peers_[q];
-    if (q == rank_ || !P.tx.valid()) {
+    if (q == rank_ || !P.txFd.valid()) {
       continue;
     }
     const bool midFrame = P.txBusy || (!P.txq.empty() && P.txq.front()->progress > 0);
-    if (!midFrame && !P.gone) {
+    if (!midFrame && !P.rx.closed()) {
       iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(why.data()), why.size()}};
       msghdr msg{};
       msg.msg_iov = iov;
       msg.msg_iovlen = 2;
-      (void)::sendmsg(P.tx.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      (void)::sendmsg(P.txFd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     }
-    ::shutdown(P.tx.get(), SHUT_RDWR);
-    if (P.rx.valid()) {
-      ::shutdown(P.rx.get(), SHUT_RDWR);
+    ::shutdown(P.txFd.get(), SHUT_RDWR);
+    if (P.rxFd.valid()) {
+      ::shutdown(P.rxFd.get(), SHUT_RDWR);
     }
   }
+}
+
+std::string Engine::peerLostReason(int p, const char* how) {
+  return c10::str("ringpg: rank ", rank_, " lost its connection to rank ", p, ": ", how,
+                  " (the peer process probably exited, crashed or was killed)");
+}
+
+// The connection to peer p failed (`how`) while this group was healthy.  Before
+// blaming the network, reads what p still had in flight and looks for the real cause
+// (readCauseOfLoss):
+//   - an Abort frame: p's group failed first and p said why before closing;
+//   - a frame of the op running here with another op/dtype/size: the ranks called
+//     different collectives, p saw it first and closed (its Abort could not follow a
+//     frame it was half-way through writing).
+// Without this, the rank whose *write* fails first reports "broken pipe" although the
+// reason is sitting, unread, in its receive buffer.
+void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<std::mutex>& lk, Completions& done) {
+  Peer& P = peers_[p];
+  // Already broken, the socket being read by another thread (its state is that
+  // thread's), or a peer that said goodbye: there is nothing more to learn.
+  if (!broken_.empty() || P.rxBusy || !P.rxFd.valid() || P.rx.closed()) {
+    failLocked(peerLostReason(p, how.c_str()), done);
+    return;
+  }
+  // Copies: the lock goes down, and currentOp_ may change meanwhile.
+  FrameReceiver::Position at = P.rx.position();
+  const bool haveOp = haveCurrent_;
+  const FrameHeader op = currentOp_;
+  bool network = true;
+  P.rxBusy = true; // the socket is ours while the lock is down
+  lk.unlock();
+  const std::string reason = readCauseOfLoss(P.rxFd.get(), std::move(at), rank_, p, haveOp ? &op : nullptr, network);
+  lk.lock();
+  P.rxBusy = false;
+  // Whatever was consumed left the receive state behind: nothing reads this socket
+  // again, because the group fails now (first reason wins if another thread was first).
+  failLocked(reason.empty() ? peerLostReason(p, how.c_str()) : reason, done, network);
 }
 
 // ---------------------------------------------------------------------------------
@@ -625,7 +584,7 @@ bool Engine::writePeer(int p, std::unique_lock<std::mutex>& lk, Completions& don
     msg.msg_iovlen = cnt;
     P.txBusy = true;
     lk.unlock();
-    ssize_t w = ::sendmsg(P.tx.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t w = ::sendmsg(P.txFd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     const int err = errno;
     lk.lock();
     P.txBusy = false;
@@ -635,7 +594,7 @@ bool Engine::writePeer(int p, std::unique_lock<std::mutex>& lk, Completions& don
       return false;
     }
     if (w < 0) {
-      if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) {
+      if (wouldBlock(err)) {
         return true;
       }
       failLostPeerLocked(p, std::strerror(err), lk, done);
@@ -652,219 +611,202 @@ bool Engine::writePeer(int p, std::unique_lock<std::mutex>& lk, Completions& don
 }
 
 // ---------------------------------------------------------------------------------
-// Receiving
+// Receiving: the engine's side of FrameReceiver (transport/receiver.h).  readPeer
+// moves bytes; routeHeader picks the transition out of kPaused; finishPayload takes
+// what a complete payload was read for.
 
-bool Engine::readPeer(int p, std::unique_lock<std::mutex>& lk, Completions& done) {
+void Engine::readPeer(int p, std::unique_lock<std::mutex>& lk, Completions& done) {
   Peer& P = peers_[p];
   if (P.rxBusy) {
-    return true; // another thread is reading this socket right now
+    return; // another thread is reading this socket right now
   }
+  FrameReceiver& rx = P.rx;
   size_t budget = kPassBytes;
-  while (budget > 0 && broken_.empty()) {
-    if (P.headerReady && !P.inPayload) {
-      return true; // paused: waits for a receive to be posted
-    }
-    char* dst;
-    size_t want;
-    if (!P.inPayload) {
-      dst = reinterpret_cast<char*>(&P.hdr) + P.hdrGot;
-      want = sizeof(FrameHeader) - P.hdrGot;
-    } else {
-      const size_t n = P.hdr.nbytes;
-      if (P.cur) {
-        dst = P.cur->buf + P.payloadGot;
-      } else {
-        dst = P.stashing.data.data() + P.payloadGot;
-      }
-      want = std::min(n - P.payloadGot, budget);
-    }
+  // Stops when paused (waiting for a receive to be posted), closed, broken or drained.
+  while (budget > 0 && broken_.empty() && rx.readsSocket()) {
+    const auto [dst, want] = rx.nextRead(budget);
     P.rxBusy = true;
-    RequestPtr into = P.cur; // keeps the destination's request alive across the unlock
     lk.unlock();
-    ssize_t r = ::recv(P.rx.get(), dst, want, MSG_DONTWAIT);
+    const ssize_t r = ::recv(P.rxFd.get(), dst, want, MSG_DONTWAIT);
     const int err = errno;
     lk.lock();
     P.rxBusy = false;
     if (!broken_.empty()) {
-      // The group failed while we were reading; failLocked left this request to us.
+      // The group failed while we were reading; failLocked left the receive state to us.
+      RequestPtr into = rx.abandon();
       if (into && into->state.load() == Request::State::Pending) {
         failRequest(into, broken_, done, brokenNetwork_);
       }
-      P.cur.reset();
-      return false;
+      return;
     }
     if (r == 0) {
-      if (!P.inPayload && P.hdrGot == 0 && P.gone) {
-        return true;
-      }
       failLostPeerLocked(p, "connection closed by peer", lk, done);
-      return false;
+      return;
     }
     if (r < 0) {
-      if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) {
-        return true;
+      if (!wouldBlock(err)) {
+        failLostPeerLocked(p, std::strerror(err), lk, done);
       }
-      failLostPeerLocked(p, std::strerror(err), lk, done);
-      return false;
+      return;
     }
     budget -= std::min(budget, static_cast<size_t>(r));
-    if (!P.inPayload) {
-      P.hdrGot += static_cast<size_t>(r);
-      if (P.hdrGot < sizeof(FrameHeader)) {
-        continue;
-      }
-      P.headerReady = true;
-      if (!routeHeader(p, done)) {
-        return true; // paused, or broken
-      }
-    } else {
-      P.payloadGot += static_cast<size_t>(r);
-      if (P.payloadGot == P.hdr.nbytes) {
+    switch (rx.advance(static_cast<size_t>(r))) {
+      case FrameReceiver::Completed::kNothing:
+        break;
+      case FrameReceiver::Completed::kHeader:
+        routeHeader(p, done);
+        break;
+      case FrameReceiver::Completed::kPayload:
         finishPayload(p, done);
-      }
+        break;
     }
   }
-  return true;
 }
 
-// Decides where the payload of a complete header goes.  Returns true when the
-// payload phase started (or the frame was fully handled), false when paused/broken.
-bool Engine::routeHeader(int p, Completions& done) {
+void Engine::routeHeader(int p, Completions& done) {
   Peer& P = peers_[p];
-  const FrameHeader& h = P.hdr;
+  FrameReceiver& rx = P.rx;
+  TORCH_INTERNAL_ASSERT(rx.state() == RxState::kPaused && !P.rxBusy);
+  const FrameHeader& h = rx.header();
   if (h.magic != kFrameMagic) {
     failLocked(c10::str("ringpg: rank ", rank_, " received a corrupt frame from rank ", p,
                         " (bad magic 0x", std::hex, h.magic, "); closing the group"),
                done);
-    return false;
+    return;
   }
-  P.cur.reset();
-  P.stashTarget = false;
-  P.payloadGot = 0;
   switch (static_cast<FrameKind>(h.kind)) {
     case FrameKind::Bye: {
-      P.gone = true;
-      P.headerReady = false;
-      P.hdrGot = 0;
+      rx.close();
       // Receives still waiting on this peer can never complete.
-      const std::string why = c10::str("ringpg: rank ", p, " has shut down this process group");
+      const std::string why = shutDownBy(p);
       for (auto& r : P.collPosted) failRequest(r, why, done);
       for (auto& r : P.p2pPosted) failRequest(r, why, done);
       P.collPosted.clear();
       P.p2pPosted.clear();
-      return true;
+      return;
     }
     case FrameKind::Abort:
       if (h.nbytes > kMaxAbortBytes) {
         failLocked(c10::str("ringpg: rank ", p, " sent an oversized ", describeFrame(h)), done);
-        return false;
+        return;
       }
-      P.stashTarget = true; // read the reason, then fail (finishPayload)
+      readAside(p, /*keep=*/true, done); // read the reason, then fail (finishPayload)
       break;
-    case FrameKind::Collective: {
-      if (!P.collPosted.empty()) {
-        const RequestPtr& want = P.collPosted.front();
-        if (!sameCollective(want->hdr, h)) {
-          failLocked(collectiveMismatch(rank_, p, want->hdr, h), done, /*network=*/false);
-          return false;
-        }
-        P.cur = want;
-        P.collPosted.pop_front();
-      } else if (haveCurrent_ && h.key == currentOp_.key) {
-        // Pause: the running op will post this receive next.  Whatever can be checked
-        // is checked now, because an op that runs over shared memory may never post it.
-        if (!ofSameOp(currentOp_, h)) {
-          failLocked(runningOpMismatch(rank_, p, currentOp_, h), done, /*network=*/false);
-        } else if (h.nbytes > kMaxStashBytes) {
-          failLocked(implausibleFrame(p, h), done);
-        }
-        return false;
-      } else if (!haveCurrent_ || h.key > currentOp_.key) {
-        P.stashTarget = true;
-      } else {
-        failLocked(c10::str("ringpg: rank ", rank_, " received ", describeFrame(h), " from rank ", p,
-                            " for an op that already finished here (seq ", currentOp_.key,
-                            " is running): the ranks disagree on the collectives they called"),
-                   done, /*network=*/false);
-        return false;
-      }
+    case FrameKind::Collective:
+      routeCollective(p, done);
       break;
-    }
-    case FrameKind::P2P: {
-      P.cur = takeP2PReceiver(p, h.key);
-      if (!P.cur) {
-        P.stashTarget = true;
-      } else if (P.cur->len != h.nbytes) {
-        // The user posted a receive of another size: that receive fails, the payload
-        // is read aside so the stream stays in step.
-        failRequest(P.cur, p2pSizeMismatch(rank_, p, P.cur->len, h.key, h.nbytes), done, /*network=*/false);
-        P.cur.reset();
-        P.stashTarget = true; // read into a throw-away buffer
-        P.hdr.kind = 0;       // marks the stash as discard
-      }
+    case FrameKind::P2P:
+      routeP2P(p, done);
       break;
-    }
     default:
       failLocked(c10::str("ringpg: rank ", rank_, " received a corrupt frame from rank ", p,
                           " (unknown kind ", int(h.kind), ")"),
                  done);
-      return false;
+      return;
   }
-  if (P.stashTarget) {
-    // Whatever is read aside (stashed, discarded or an abort reason) is bounded before
-    // anything is allocated for it: a peer's length is never trusted with memory.
-    if (P.hdr.nbytes > kMaxStashBytes) {
-      failLocked(implausibleFrame(p, P.hdr), done);
-      return false;
+  if (broken_.empty() && rx.payloadComplete()) {
+    finishPayload(p, done); // a 0-byte payload: the frame is whole already
+  }
+}
+
+void Engine::routeCollective(int p, Completions& done) {
+  Peer& P = peers_[p];
+  const FrameHeader& h = P.rx.header();
+  if (!P.collPosted.empty()) {
+    const FrameHeader& want = P.collPosted.front()->hdr;
+    if (!sameCollective(want, h)) {
+      failLocked(collectiveMismatch(rank_, p, want, h), done, /*network=*/false);
+      return;
     }
-    try {
-      P.stashing.hdr = P.hdr;
-      P.stashing.data.assign(P.hdr.nbytes, 0);
-    } catch (const std::bad_alloc&) {
-      failLocked(c10::str("ringpg: out of memory stashing ", describeFrame(P.hdr), " from rank ", p), done);
-      return false;
+    RequestPtr req = std::move(P.collPosted.front());
+    P.collPosted.pop_front();
+    P.rx.deliverTo(std::move(req));
+  } else if (haveCurrent_ && h.key == currentOp_.key) {
+    // Stay paused: the running op will post this receive next.  Whatever can be
+    // checked is checked now, because an op that runs over shared memory may never post it.
+    if (!ofSameOp(currentOp_, h)) {
+      failLocked(runningOpMismatch(rank_, p, currentOp_, h), done, /*network=*/false);
+    } else if (h.nbytes > kMaxStashBytes) {
+      failLocked(implausibleFrame(p, h), done);
     }
+  } else if (!haveCurrent_ || h.key > currentOp_.key) {
+    readAside(p, /*keep=*/true, done); // a later op's frame
+  } else {
+    failLocked(c10::str("ringpg: rank ", rank_, " received ", describeFrame(h), " from rank ", p,
+                        " for an op that already finished here (seq ", currentOp_.key,
+                        " is running): the ranks disagree on the collectives they called"),
+               done, /*network=*/false);
   }
-  P.headerReady = false;
-  P.inPayload = true;
-  if (P.hdr.nbytes == 0) {
-    finishPayload(p, done);
+}
+
+void Engine::routeP2P(int p, Completions& done) {
+  Peer& P = peers_[p];
+  const FrameHeader& h = P.rx.header();
+  RequestPtr req = takeP2PReceiver(p, h.key);
+  if (!req) {
+    readAside(p, /*keep=*/true, done);
+  } else if (req->len != h.nbytes) {
+    // The user posted a receive of another size: that receive fails, the payload is
+    // read and dropped so the stream stays in step.
+    failRequest(req, p2pSizeMismatch(rank_, p, req->len, h.key, h.nbytes), done, /*network=*/false);
+    readAside(p, /*keep=*/false, done);
+  } else {
+    P.rx.deliverTo(std::move(req));
   }
-  return true;
+}
+
+void Engine::readAside(int p, bool keep, Completions& done) {
+  FrameReceiver& rx = peers_[p].rx;
+  const FrameHeader& h = rx.header();
+  // Whatever is read aside (stashed, discarded or an abort reason) is bounded before
+  // anything is allocated for it: a peer's length is never trusted with memory.
+  if (h.nbytes > kMaxStashBytes) {
+    failLocked(implausibleFrame(p, h), done);
+    return;
+  }
+  try {
+    if (keep) {
+      rx.stash();
+    } else {
+      rx.discard();
+    }
+  } catch (const std::bad_alloc&) {
+    failLocked(c10::str("ringpg: out of memory stashing ", describeFrame(h), " from rank ", p), done);
+  }
 }
 
 void Engine::finishPayload(int p, Completions& done) {
-  Peer& P = peers_[p];
-  P.inPayload = false;
-  P.hdrGot = 0;
-  P.payloadGot = 0;
-  if (P.cur) {
-    P.cur->sourceRank = p;
-    complete(P.cur, done);
-    P.cur.reset();
-    return;
+  FrameReceiver& rx = peers_[p].rx;
+  switch (rx.state()) {
+    case RxState::kPayload: {
+      RequestPtr req = rx.endDelivery();
+      req->sourceRank = p;
+      complete(req, done);
+      return;
+    }
+    case RxState::kDiscard:
+      rx.endDiscard();
+      return;
+    case RxState::kStash:
+      break;
+    default:
+      TORCH_INTERNAL_ASSERT(false, "finishPayload outside a payload state");
   }
-  if (!P.stashTarget) {
-    return;
-  }
-  P.stashTarget = false;
-  Stashed s = std::move(P.stashing);
-  P.stashing = Stashed{};
+  Stashed s = rx.endStash();
   switch (static_cast<FrameKind>(s.hdr.kind)) {
     case FrameKind::Collective:
-      P.collStash.push_back(std::move(s));
+      peers_[p].collStash.push_back(std::move(s));
       drainStash(p, done);
       break;
     case FrameKind::P2P:
-      P.p2pStash.push_back(std::move(s));
+      peers_[p].p2pStash.push_back(std::move(s));
       drainStash(p, done);
       break;
     case FrameKind::Abort:
-      failLocked(abortedBy(p, std::string(s.data.begin(), s.data.end())),
-                 done, /*network=*/true);
+      failLocked(abortedBy(p, std::string(s.data.begin(), s.data.end())), done, /*network=*/true);
       break;
     default:
-      break; // discarded payload
+      TORCH_INTERNAL_ASSERT(false, "stashed a ", describeFrame(s.hdr)); // routeHeader stashes no other kind
   }
 }
 
@@ -927,14 +869,6 @@ bool Engine::matchP2PStash(const RequestPtr& req, Completions& done) {
     }
   }
   return false;
-}
-
-void throwRequestError(const OpTag& tag, const Request& req) {
-  const std::string msg = c10::str(describe(tag), ": ", req.error);
-  if (req.networkError) {
-    throwNetwork(msg);
-  }
-  throwBackend(msg);
 }
 
 } // namespace ringpg

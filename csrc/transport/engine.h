@@ -1,7 +1,7 @@
 // The transport engine: a full mesh of TCP pairs (one socket per direction per peer,
 // so the two directions of a ring never share a socket) driven by one progress thread.
 //
-// Every message is a frame: a 32-byte FrameHeader, then `nbytes` of payload.  Two
+// Every message is a frame (transport/wire.h): a FrameHeader, then its payload.  Two
 // streams share each socket and are matched separately on the receiving side:
 //   * collective frames, keyed by the op's sequence number, matched strictly in order
 //     against the receives the op posted (the plan is deterministic on both sides);
@@ -9,7 +9,9 @@
 //     receive with that tag (any order across tags).
 // A frame nobody has asked for yet is either stashed (p2p, or a collective of a later
 // op) or left in the kernel's socket buffer (a collective of the running op: the
-// receive is about to be posted, and not reading is the flow control).
+// receive is about to be posted, and not reading is the flow control).  Each
+// socket's receive side is a FrameReceiver (transport/receiver.h), a state machine
+// whose transitions the engine picks from its queues.
 //
 // Lengths and keys that arrive from a peer are only compared with what this rank
 // expects; payload is written only into buffers this rank posted, up to their size.
@@ -19,6 +21,8 @@
 // the reason (an Abort frame) before the sockets close, so a failure anywhere
 // reaches every rank at once, not only the failed rank's neighbours.
 #pragma once
+
+#include <poll.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -32,69 +36,12 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "transport/receiver.h"
+#include "transport/request.h"
 #include "transport/socket.h"
+#include "transport/wire.h"
 
 namespace ringpg {
-
-enum class FrameKind : uint8_t {
-  Collective = 1, // payload of a collective, keyed by sequence number
-  P2P = 2,        // payload of a send, keyed by tag
-  Bye = 3,        // orderly shutdown: the connection closes next, and that is fine
-  Abort = 4,      // the sender's group failed; payload: the reason (at most kMaxAbortBytes)
-};
-
-constexpr uint64_t kMaxAbortBytes = 4096;
-
-constexpr uint32_t kFrameMagic = 0x31475052; // "RPG1"
-
-struct FrameHeader {
-  uint32_t magic = kFrameMagic;
-  uint8_t kind = 0;     // FrameKind
-  uint8_t opcode = 0;   // collective: c10d::OpType of the op (mismatch diagnostics)
-  uint8_t dtype = 0;    // collective: c10::ScalarType of the op
-  uint8_t reserved = 0;
-  uint64_t key = 0;     // collective: sequence number; p2p: tag
-  uint64_t opNumel = 0; // collective: the op's element count as the sender sees it
-  uint64_t nbytes = 0;  // payload bytes after the header
-};
-static_assert(sizeof(FrameHeader) == 32, "FrameHeader is a wire format");
-
-// One posted send or receive.  The engine owns it while Pending; the poster keeps
-// the buffer alive until it is not Pending any more.
-struct Request {
-  enum class State : uint8_t { Pending, Done, Failed };
-  std::atomic<State> state{State::Pending};
-  std::string error;        // set before state becomes Failed
-  bool networkError = true; // peer/connection failure (else: mismatch, misuse, timeout)
-  FrameHeader hdr;          // send: header to write; receive: the frame expected
-  char* buf = nullptr;      // send: source; receive: destination
-  size_t len = 0;
-  size_t progress = 0;      // bytes moved so far (a send counts its header)
-  int peer = -1;            // send: destination; receive: source, -1 = any (p2p only)
-  int sourceRank = -1;      // receive: who actually sent it
-  bool viaShm = false;      // moved by the shared-memory ring (transport/shm.h), not the engine
-  std::function<void(Request&)> onComplete; // run by the engine, outside its lock
-};
-using RequestPtr = std::shared_ptr<Request>;
-
-// A pending request for `len` bytes at `buf` to / from `peer`, with `hdr` (its nbytes
-// set to `len`): what a send writes, or what a receive expects.
-RequestPtr makeRequest(const FrameHeader& hdr, const void* buf, size_t len, int peer);
-
-// Ends a pending request with `why` (`network`: a peer/connection failure); the
-// state is published last, so a waiter that sees Failed also sees the reason.
-void markFailed(Request& req, const std::string& why, bool network);
-
-// Does `got` (any fragment) belong to the op whose header is `op`?  The payload length
-// differs between fragments, everything else must not.
-bool ofSameOp(const FrameHeader& op, const FrameHeader& got);
-// A collective frame belongs to the receive posted for it only if every field agrees.
-bool sameCollective(const FrameHeader& expected, const FrameHeader& got);
-std::string collectiveMismatch(int rank, int peer, const FrameHeader& expected, const FrameHeader& got);
-
-// Throws the c10d error a failed request stands for (DistNetworkError for a lost
-// peer, DistBackendError otherwise), prefixed with the op's description.
-[[noreturn]] void throwRequestError(const OpTag& tag, const Request& req);
 
 class Engine {
  public:
@@ -144,43 +91,50 @@ class Engine {
   void shutdown(Deadline deadline);
 
  private:
-  struct Stashed {
-    FrameHeader hdr;
-    std::vector<char> data;
-  };
   struct Peer {
-    Fd tx, rx;
-    std::deque<RequestPtr> txq;
-    std::deque<RequestPtr> collPosted;
-    std::deque<RequestPtr> p2pPosted;
-    std::deque<Stashed> collStash;
-    std::deque<Stashed> p2pStash;
-    // Receive state machine.
-    FrameHeader hdr;
-    size_t hdrGot = 0;
-    bool headerReady = false; // header complete, payload not routed yet (paused)
-    bool inPayload = false;
-    RequestPtr cur;           // destination request, or null when stashing/discarding
-    Stashed stashing;         // payload being stashed
-    bool stashTarget = false;
-    size_t payloadGot = 0;
-    bool gone = false;        // said goodbye and closed
+    Fd txFd, rxFd;                  // our socket to the peer / from the peer
+    std::deque<RequestPtr> txq;     // sends, written in order; the head may be part-written
+    std::deque<RequestPtr> collPosted; // collective receives, matched in order
+    std::deque<RequestPtr> p2pPosted;  // p2p receives from this peer, matched by tag
+    std::deque<Stashed> collStash;  // collective frames of later ops, in arrival order
+    std::deque<Stashed> p2pStash;   // p2p frames nobody has asked for yet
+    FrameReceiver rx;               // where rxFd's next bytes go (transport/receiver.h)
     // A thread is inside recv()/send() on this peer's socket with mu_ released.
     // While set, no other thread does I/O on that socket, and the request it reads
     // into / writes from is not failed by others (the I/O thread does it when the
     // syscall returns), so no buffer goes back to its owner while the kernel may
-    // still touch it.
+    // still touch it.  rxBusy also makes the holder the only one to touch `rx`.
     bool rxBusy = false;
     bool txBusy = false;
   };
   using Completions = std::vector<RequestPtr>;
+  // The descriptors one pass of the progress loop waits on: the wake-up eventfd
+  // first, then sockets, with (peer, isTx) for each socket in `who`.  Kept across
+  // passes so building it allocates nothing once it has grown.
+  struct PollSet {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<int, bool>> who;
+  };
 
+  // The progress thread: wait for a socket that is ready, move its bytes, repeat.
   void loop();
+  // Fills `set` with what is worth waiting for now; false once the engine stops.
+  bool collectPollSet(PollSet& set);
+  // Moves the bytes of every socket poll() found ready.
+  void serviceReady(const PollSet& set);
   void wake();
   // All helpers below run with mu_ held; readPeer/writePeer release it around the
   // socket syscalls (so one rank's sending and receiving copies run in parallel).
-  bool readPeer(int p, std::unique_lock<std::mutex>& lk, Completions& done);
-  bool routeHeader(int p, Completions& done);
+  void readPeer(int p, std::unique_lock<std::mutex>& lk, Completions& done);
+  // Decides where the payload of peer p's paused header goes (FrameReceiver's
+  // routing transitions), or leaves it paused; fails the group on a bad frame.
+  void routeHeader(int p, Completions& done);
+  void routeCollective(int p, Completions& done);
+  void routeP2P(int p, Completions& done);
+  // Reads the paused payload aside: kept (`keep`, FrameReceiver::stash) or dropped
+  // (discard), after bounding its length.
+  void readAside(int p, bool keep, Completions& done);
+  // Takes what the payload that just completed was read for: a receive, a stash, an abort.
   void finishPayload(int p, Completions& done);
   bool writePeer(int p, std::unique_lock<std::mutex>& lk, Completions& done);
   // Without mu_ held: moves what peer p's sockets take or hold right now, never
@@ -193,6 +147,8 @@ class Engine {
   void deliverStashed(const RequestPtr& req, const Stashed& s, int from, Completions& done);
   bool matchP2PStash(const RequestPtr& req, Completions& done);
   void complete(const RequestPtr& req, Completions& done);
+  // The failure path: marks the engine broken (first reason wins), tells every peer,
+  // and fails every queued request.
   void failLocked(const std::string& reason, Completions& done, bool network = true);
   void failRequest(const RequestPtr& req, const std::string& why, Completions& done, bool network = true);
   void runCallbacks(Completions& done);
@@ -211,7 +167,9 @@ class Engine {
   Fd wake_;                           // eventfd that interrupts poll()
 
   // mu_ guards every field above that changes after construction (queues, receive
-  // state, stashes) and broken_/currentOp_; the poll() call itself runs unlocked.
+  // state, stashes, rawKeepAlive_) and every field below but brokenFlag_ and thread_.
+  // It is never held across a blocking call: poll() runs unlocked, and readPeer /
+  // writePeer drop it around recv() / send() (rxBusy / txBusy keep the socket theirs).
   std::mutex mu_;
   std::condition_variable cv_; // signalled when any request completes or fails
   std::string broken_;

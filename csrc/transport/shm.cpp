@@ -23,11 +23,11 @@
 namespace ringpg {
 namespace {
 
-constexpr uint64_t kSegmentMagic = 0x314d485347504752ULL; // "RGPGSHM1"
+constexpr uint64_t kRegionMagic = 0x314d485347504752ULL; // "RGPGSHM1"
 constexpr uint64_t kSlots = 8;
 constexpr size_t kLine = 64;
 
-struct SegmentHeader {
+struct RegionHeader {
   uint64_t magic;
   uint64_t nonce;
   uint64_t slots;
@@ -54,7 +54,7 @@ struct SlotHeader {
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
               "futex words and counters must be plain memory shared between processes");
-static_assert(sizeof(SegmentHeader) <= kLine && sizeof(Bell) <= kLine && sizeof(SlotHeader) <= kLine);
+static_assert(sizeof(RegionHeader) <= kLine && sizeof(Bell) <= kLine && sizeof(SlotHeader) <= kLine);
 
 constexpr size_t kBellOffset = kLine;
 constexpr size_t kLinkOffset = 2 * kLine;
@@ -64,7 +64,7 @@ size_t slotStride(size_t slotBytes) {
   return kLine + slotBytes; // SlotHeader padded to a line, then the payload
 }
 
-size_t segmentBytes(size_t slotBytes) {
+size_t regionBytes(size_t slotBytes) {
   return kSlotsOffset + kSlots * slotStride(slotBytes);
 }
 
@@ -109,14 +109,14 @@ std::string hex(uint64_t v) {
 
 } // namespace
 
-// One mapping of a segment; the creator also owns its name until it is unlinked.
-struct ShmRing::Segment {
+// One mapping of a region; the creator also owns its name until it is unlinked.
+struct ShmRing::Region {
   std::string name;
   char* base = nullptr;
   size_t bytes = 0;
   bool named = false; // the creator has not unlinked the name yet
 
-  ~Segment() {
+  ~Region() {
     if (base) {
       ::munmap(base, bytes);
     }
@@ -128,30 +128,30 @@ struct ShmRing::Segment {
       named = false;
     }
   }
-  SegmentHeader& header() { return *reinterpret_cast<SegmentHeader*>(base); }
+  RegionHeader& header() { return *reinterpret_cast<RegionHeader*>(base); }
   Bell& bell() { return *reinterpret_cast<Bell*>(base + kBellOffset); }
   LinkHeader& link() { return *reinterpret_cast<LinkHeader*>(base + kLinkOffset); }
   char* slot(uint64_t i, size_t slotBytes) { return base + kSlotsOffset + (i % kSlots) * slotStride(slotBytes); }
 
-  // Creates and maps a fresh segment; null when the system refuses (no /dev/shm, or
+  // Creates and maps a fresh region; null when the system refuses (no /dev/shm, or
   // not enough room for it: pages are reserved now, so a full /dev/shm cannot turn
   // into a SIGBUS later).
-  static std::unique_ptr<Segment> create(const std::string& name, uint64_t nonce, size_t slotBytes,
+  static std::unique_ptr<Region> create(const std::string& name, uint64_t nonce, size_t slotBytes,
                                          std::string& why) {
     const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
       why = c10::str("shm_open(", name, "): ", std::strerror(errno));
       return nullptr;
     }
-    auto s = std::make_unique<Segment>();
+    auto s = std::make_unique<Region>();
     s->name = name;
     s->named = true;
-    s->bytes = segmentBytes(slotBytes);
+    s->bytes = regionBytes(slotBytes);
     const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(s->bytes));
     if (rc != 0) {
       why = c10::str("reserving ", s->bytes, " bytes of shared memory: ", std::strerror(rc));
       ::close(fd);
-      return nullptr; // ~Segment unlinks the name
+      return nullptr; // ~Region unlinks the name
     }
     void* p = ::mmap(nullptr, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);
@@ -160,13 +160,13 @@ struct ShmRing::Segment {
       return nullptr;
     }
     s->base = static_cast<char*>(p);
-    // A new segment reads as zeros: head = tail = 0, bell quiet.
-    s->header() = SegmentHeader{kSegmentMagic, nonce, kSlots, slotBytes};
+    // A new region reads as zeros: head = tail = 0, bell quiet.
+    s->header() = RegionHeader{kRegionMagic, nonce, kSlots, slotBytes};
     return s;
   }
 
-  // Maps a neighbour's segment and checks that it is the one it announced.
-  static std::unique_ptr<Segment> open(const std::string& name, uint64_t nonce, size_t slotBytes,
+  // Maps a neighbour's region and checks that it is the one it announced.
+  static std::unique_ptr<Region> open(const std::string& name, uint64_t nonce, size_t slotBytes,
                                        std::string& why) {
     const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
     if (fd < 0) {
@@ -174,7 +174,7 @@ struct ShmRing::Segment {
       return nullptr;
     }
     struct stat st {};
-    const size_t want = segmentBytes(slotBytes);
+    const size_t want = regionBytes(slotBytes);
     if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != want) {
       why = c10::str(name, " has an unexpected size");
       ::close(fd);
@@ -186,13 +186,13 @@ struct ShmRing::Segment {
       why = c10::str("mmap: ", std::strerror(errno));
       return nullptr;
     }
-    auto s = std::make_unique<Segment>();
+    auto s = std::make_unique<Region>();
     s->name = name;
     s->base = static_cast<char*>(p);
     s->bytes = want;
-    const SegmentHeader& h = s->header();
-    if (h.magic != kSegmentMagic || h.nonce != nonce || h.slots != kSlots || h.slotBytes != slotBytes) {
-      why = c10::str(name, " is not the segment its creator announced");
+    const RegionHeader& h = s->header();
+    if (h.magic != kRegionMagic || h.nonce != nonce || h.slots != kSlots || h.slotBytes != slotBytes) {
+      why = c10::str(name, " is not the region its creator announced");
       return nullptr;
     }
     return s;
@@ -205,7 +205,7 @@ ShmRing::ShmRing(int rank, int size, size_t slotBytes, int spinMicros)
 
 ShmRing::~ShmRing() = default;
 
-ShmRing::Segment& ShmRing::toRight() {
+ShmRing::Region& ShmRing::toRight() {
   return fromRight_ ? *fromRight_ : *fromLeft_;
 }
 
@@ -223,14 +223,14 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, const std::string&
   const uint64_t nonce = randomNonce();
   const std::string name = c10::str("/ringpg-", ::getpid(), "-", hex(nonce));
   if (wanted) {
-    self->own_ = Segment::create(name, nonce, slotBytes, why);
+    self->own_ = Region::create(name, nonce, slotBytes, why);
   }
   const std::string host = hostIdentity();
   store.set(c10::str(prefix, "shm/", rank),
             toBytes(c10::str(self->own_ ? name : std::string("-"), " ", nonce, " ", host)));
 
-  // Maps neighbour q's segment if it is on this host and was created.
-  auto mapPeer = [&](int q) -> std::unique_ptr<Segment> {
+  // Maps neighbour q's region if it is on this host and was created.
+  auto mapPeer = [&](int q) -> std::unique_ptr<Region> {
     auto bytes = store.get(c10::str(prefix, "shm/", q));
     std::istringstream in(std::string(bytes.begin(), bytes.end()));
     std::string peerName, peerHost;
@@ -238,10 +238,10 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, const std::string&
     in >> peerName >> peerNonce;
     std::getline(in >> std::ws, peerHost);
     if (peerName == "-" || peerHost != host) {
-      why = c10::str("rank ", q, peerName == "-" ? " has no shared-memory segment" : " is on another host");
+      why = c10::str("rank ", q, peerName == "-" ? " has no shared-memory region" : " is on another host");
       return nullptr;
     }
-    return Segment::open(peerName, peerNonce, slotBytes, why);
+    return Region::open(peerName, peerNonce, slotBytes, why);
   };
   bool ok = self->own_ != nullptr;
   if (ok) {
@@ -263,7 +263,7 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, const std::string&
   const auto left = std::max<int64_t>(1, msUntil(deadline));
   store.wait({doneKey}, std::chrono::milliseconds(left));
   const bool all = store.add(okKey, 0) == size;
-  // Every neighbour has mapped our segment (or given up): the name is no longer
+  // Every neighbour has mapped our region (or given up): the name is no longer
   // needed, and unlinking it now means a crash later leaks nothing in /dev/shm.
   if (self->own_) {
     self->own_->unlinkName();

@@ -6,13 +6,16 @@
 // direct algorithms' other peers, goodbyes and abort notices), so a dead or failing
 // peer is still noticed through its sockets and the engine's broken state.
 //
-// Segment layout (one per rank, created by it, mapped by it and both neighbours):
-//   SegmentHeader   magic, the creator's nonce, slot geometry
+// Region layout (one mapped shared-memory area per rank, created by it, mapped by it
+// and both neighbours):
+//   RegionHeader    magic, the creator's nonce, slot geometry
 //   Bell            the futex word the *creator* sleeps on; its neighbours ring it
 //   LinkHeader      head (slots published by the creator) / tail (slots released by
 //                   the right neighbour), each on its own cache line
 //   slots[kSlots]   SlotHeader + slotBytes of payload each
-// so rank r sends into its own segment and receives from its left neighbour's.
+// so rank r sends into its own region and receives from its left neighbour's.  (A
+// *region* is this mapped area; a *segment* is the ring's pipeline slice of a chunk,
+// algorithms/ring_plan.h, which travels through the slots as one or more fragments.)
 //
 // Both directions are driven by the thread that waits (the one thread that runs the
 // group's current op): a send that finds no free slot stays queued and is pushed on
@@ -32,7 +35,9 @@
 #include <string>
 
 #include "transport/engine.h"
+#include "transport/request.h"
 #include "transport/socket.h"
+#include "transport/wire.h"
 
 namespace ringpg {
 
@@ -42,9 +47,9 @@ using FragmentConsumer = std::function<void(const char* src, size_t offset, size
 
 class ShmRing {
  public:
-  struct Segment; // one mapped segment (defined in shm.cpp)
+  struct Region; // one mapped region (defined in shm.cpp)
 
-  // Collective over the group: every rank creates its segment and maps its
+  // Collective over the group: every rank creates its region and maps its
   // neighbours'; shm is used only if every rank succeeded (all ranks then agree, so
   // both ends of every link use the same transport).  Returns null when it is not
   // used: world size < 2, !wanted on some rank (RINGPG_TRANSPORT=tcp), ranks on
@@ -84,17 +89,17 @@ class ShmRing {
   bool pullRecvs(Engine& engine);
   void failAll(const std::string& reason, bool network);
   void finish(const RequestPtr& req);
-  // The right neighbour's segment, whose bell we ring: the left one's when they are
+  // The right neighbour's region, whose bell we ring: the left one's when they are
   // the same rank (world size 2).
-  Segment& toRight();
+  Region& toRight();
 
   const int rank_;
   const int left_, right_;
   const size_t slotBytes_;
   const int spinMicros_;
-  std::unique_ptr<Segment> own_;   // we send into it; our bell is in it
-  std::unique_ptr<Segment> fromLeft_;  // we receive from it and ring the left's bell
-  std::unique_ptr<Segment> fromRight_; // mapped for its bell only; null when right == left
+  std::unique_ptr<Region> own_;   // we send into it; our bell is in it
+  std::unique_ptr<Region> fromLeft_;  // we receive from it and ring the left's bell
+  std::unique_ptr<Region> fromRight_; // mapped for its bell only; null when right == left
   std::deque<RequestPtr> sends_;
   std::deque<Recv> recvs_;
 };

@@ -1,0 +1,31 @@
+#include "transport/request.h"
+
+#include <c10/util/StringUtil.h>
+
+namespace ringpg {
+
+RequestPtr makeRequest(const FrameHeader& hdr, const void* buf, size_t len, int peer) {
+  auto req = std::make_shared<Request>();
+  req->hdr = hdr;
+  req->hdr.nbytes = len;
+  req->buf = static_cast<char*>(const_cast<void*>(buf));
+  req->len = len;
+  req->peer = peer;
+  return req;
+}
+
+void markFailed(Request& req, const std::string& why, bool network) {
+  req.error = why;
+  req.networkError = network;
+  req.state.store(Request::State::Failed, std::memory_order_release);
+}
+
+void throwRequestError(const OpTag& tag, const Request& req) {
+  const std::string msg = c10::str(describe(tag), ": ", req.error);
+  if (req.networkError) {
+    throwNetwork(msg);
+  }
+  throwBackend(msg);
+}
+
+} // namespace ringpg
