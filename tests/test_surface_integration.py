@@ -54,6 +54,10 @@ from surface_utils import finish, shared_pool  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}", scope="module")
 
+# torch 2.6's functional reduce_scatter_tensor with op "max" on a gloo mesh returns wrong
+# values (eager gloo and ringpg agree with each other); there the reference is eager gloo.
+GLOO_FUNCOL_MAX_IS_WRONG = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 7)
+
 TRAIN_STEPS = 3
 LR = 0.05
 BATCH = 8
@@ -284,7 +288,11 @@ def funcol_mesh_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRe
                 shape = (ws * 3, 4) if dim == 0 else (3, ws * 4)
                 x = make_data(rank, case, shape, dtype)
                 got = funcol.wait_tensor(funcol.reduce_scatter_tensor(x, op, dim, mesh))
-                chk.equal(case, got, funcol.wait_tensor(funcol.reduce_scatter_tensor(x, op, dim, gloo_mesh)))
+                if op == "sum" or not GLOO_FUNCOL_MAX_IS_WRONG:
+                    chk.equal(case, got, funcol.wait_tensor(funcol.reduce_scatter_tensor(x, op, dim, gloo_mesh)))
+                elif dim != 0:
+                    ref = ref_reduce_scatter(x.movedim(dim, 0).contiguous(), op.upper(), groups.ref).movedim(0, dim)
+                    chk.equal(case + " [vs eager gloo]", got, ref)
                 if dim == 0:
                     chk.equal(case + " [vs eager gloo]", got, ref_reduce_scatter(x, op.upper(), groups.ref))
 
@@ -319,6 +327,9 @@ def test_ddp_matches_gloo(shared_pool: WorkerPool) -> None:
 
 
 def test_fsdp2_and_checkpoint(shared_pool: WorkerPool, tmp_path: Any) -> None:
+    if not hasattr(torch.cpu.Stream, "record_event"):
+        # torch 2.6's FSDP2 records events on its CPU streams, which cannot (any backend).
+        pytest.skip(f"torch {torch.__version__}: FSDP2 cannot run on CPU (torch.cpu.Stream has no record_event)")
     ckpt = os.path.join(str(tmp_path), "ckpt")
     assert_reports_ok(shared_pool.run(fsdp2_dcp_worker, ckpt, timeout=240))
 
