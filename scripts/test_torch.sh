@@ -5,26 +5,32 @@
 #   bash scripts/test_torch.sh 2.8.0            # full suite
 #   bash scripts/test_torch.sh --quick 2.6.0    # the quick subset (QUICK_TESTS below)
 #   bash scripts/test_torch.sh --rm 2.9.1 -x    # delete the venv afterwards; options go to pytest
+#   bash scripts/test_torch.sh --build-only 2.7.1   # venv and build, no tests
 #   bash scripts/test_torch.sh 2.8.0 tests/test_faults.py   # test paths replace the selection
+#                                   (so give option values joined: -kEXPR, --opt=value)
 #
 # The venv lives in $RINGPG_VENV_DIR (default ~/.cache/ringpg-venvs)/torch-VERSION and
 # is kept for the next run (torch's CUDA wheels pull some GB of nvidia-* packages: keep
 # two or three at most, or use --rm).  The sources of this checkout (tracked and
 # untracked, not ignored) are copied to VENV/src and installed from there with
 # `pip install --no-build-isolation`, as a user would, so building for one release never
-# touches the in-place build of another; the tests then run from this checkout with the
-# venv's python.  MAX_JOBS (default 2) bounds the compile jobs.
+# touches the in-place build of another; the tests then run in that copy (edits to the
+# checkout meanwhile do not reach a run) with the venv's python.  MAX_JOBS (default 2)
+# bounds the compile jobs.
 set -euo pipefail
+{ # one compound command: bash reads it whole, so editing this file cannot upset a run
 cd "$(dirname "$0")/.."
 REPO=$PWD
 
 quick=0
 remove=0
+build_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1; shift ;;
     --rm) remove=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --build-only) build_only=1; shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -83,6 +89,8 @@ if ! MAX_JOBS=${MAX_JOBS:-2} "$PY" -m pip install -q --no-build-isolation --no-d
 fi
 log "built in $(( $(date +%s) - start )) s: $("$PY" -c 'import ringpg._C as c, ringpg._build_config as b; print("torch", b.TORCH_VERSION, "kernels", c.reduce_isa())')"
 
+[ "$build_only" = 1 ] && exit 0
+
 # The venv's python (and torchrun) first; nothing from this checkout's python/ on the path.
 export PATH="$VENV/bin:$PATH"
 unset PYTHONPATH
@@ -93,9 +101,10 @@ if [ "$paths" = 0 ]; then
   if [ "$quick" = 1 ]; then set -- "${QUICK_TESTS[@]}" "$@"; else set -- tests "$@"; fi
 fi
 rc=0
-"$PY" -m pytest -q --timeout=300 -p no:cacheprovider "$@" || rc=$?
+(cd "$SRC" && "$PY" -m pytest -q --timeout=300 -p no:cacheprovider "$@") || rc=$?
 if [ "$remove" = 1 ]; then
   log "removing $VENV"
   rm -rf "$VENV"
 fi
 exit $rc
+}
