@@ -110,7 +110,7 @@ def test_features_follow_the_torch_release() -> None:
 def test_unavailable_feature_message_names_the_release() -> None:
     with pytest.raises(_features.FeatureUnavailable) as e:
         _features.missing_backend_attribute(object(), "shrink")
-    assert "from torch 2.14 on" in str(e.value) and torch.__version__ in str(e.value)
+    assert "from torch 2.10 on" in str(e.value) and torch.__version__ in str(e.value)
     assert isinstance(e.value, AttributeError)  # hasattr() stays False
     with pytest.raises(AttributeError) as e:
         _features.missing_backend_attribute(object(), "no_such_method")

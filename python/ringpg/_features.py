@@ -58,8 +58,8 @@ _NOT_IMPLEMENTED = "ringpg does not implement it on any torch; there torch answe
 BACKEND_METHODS: Dict[str, Tuple[Tuple[int, int], str]] = {
     "supports_coalescing": ((2, 7), "ringpg answers False"),
     "set_timeout": ((2, 9), "ringpg keeps the timeout the group was created with"),
-    "supports_shrinking": ((2, 14), "ringpg answers False"),
-    "shrink": ((2, 14), _NOT_IMPLEMENTED),
+    "supports_shrinking": ((2, 10), "ringpg answers False"),
+    "shrink": ((2, 10), _NOT_IMPLEMENTED),
     "supports_reconfigure": ((2, 14), "ringpg answers False"),
     "reconfigure": ((2, 14), _NOT_IMPLEMENTED),
     "get_reconfigure_handle": ((2, 14), _NOT_IMPLEMENTED),
