@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # The tests: the multi-process pytest suite (every test has a timeout), then the
-# benchmark in --check mode (correctness at small sizes only; speed is never asserted).
+# benchmark in --check mode (correctness at small sizes only; speed is never asserted),
+# both on the installed torch; then a build and the quick subset on the oldest torch
+# ringpg supports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 python3 -m pytest -q --timeout=300 tests "$@"
 python3 -m benchmarks.bench --check
+# The oldest supported torch, in a virtual environment of its own: build, then the quick
+# multi-process subset (scripts/test_torch.sh).  RINGPG_SKIP_OLDEST_TORCH=1 skips it in
+# dev loops; CI runs it.
+if [ "${RINGPG_SKIP_OLDEST_TORCH:-0}" != 1 ]; then
+  bash scripts/test_torch.sh --quick "${RINGPG_OLDEST_TORCH:-2.6.0}"
+fi

@@ -155,6 +155,12 @@ def local_reduce(stack: torch.Tensor, op: str) -> torch.Tensor:
     integers truncates toward zero, as harness.divide_by_world does.
     """
     n = stack.shape[0]
+    if op in ("MIN", "MAX") and stack.dtype in UNSIGNED_AS_SIGNED:
+        # torch 2.6 has no CPU minimum/maximum for uint16/32/64: flipping the sign bit maps
+        # them onto the signed type of their width in order.
+        signed = UNSIGNED_AS_SIGNED[stack.dtype]
+        flip = torch.iinfo(signed).min
+        return (local_reduce(stack.view(signed) ^ flip, op) ^ flip).view(stack.dtype)
     if op in BITWISE_OPS or op in ("MIN", "MAX"):
         fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = {
             "BAND": torch.bitwise_and,
@@ -179,6 +185,8 @@ def local_reduce(stack: torch.Tensor, op: str) -> torch.Tensor:
         raise ValueError(f"no local reduction for {op!r}")
     return red.to(stack.dtype)
 
+
+UNSIGNED_AS_SIGNED = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 
 BOOL_AS_UINT8 = {"SUM": "MAX", "MAX": "MAX", "BOR": "MAX", "MIN": "MIN", "PRODUCT": "MIN", "BAND": "MIN", "BXOR": "BXOR"}
 

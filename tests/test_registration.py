@@ -1,4 +1,6 @@
-"""Registration of the "ringpg" backend name and the build/torch version check.
+"""Registration of the "ringpg" backend name, the build/torch version check, and what
+ringpg says about features the running torch lacks (ringpg.features(), the clear error
+for a newer torch's Backend methods).
 
 Mostly in-process (no process group needed).  ``dist.get_backend`` needs a group:
 it runs in a spawned world-size-1 job of the backend under test.  The
@@ -16,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import ringpg
-from ringpg import _loader
+from ringpg import _features, _loader
 from harness import Groups, backend_under_test, entry_point_installed, run_workers
 
 
@@ -96,3 +98,52 @@ def test_backend_returns_the_groups_ringbackend_and_none_for_others() -> None:
         assert transport in ("shm", "tcp") and spin >= 0, v
         assert v["ref"] is None, v   # the gloo reference group
         assert v["cuda"], v
+
+
+def test_features_follow_the_torch_release() -> None:
+    """ringpg.features(), compiled from csrc/common/torch_compat.h, agrees with the
+    releases that _features.FEATURES (README's feature table) names."""
+    running = _features.torch_release()
+    assert ringpg.features() == {name: running >= f.since for name, f in _features.FEATURES.items()}
+
+
+def test_unavailable_feature_message_names_the_release() -> None:
+    with pytest.raises(_features.FeatureUnavailable) as e:
+        _features.missing_backend_attribute(object(), "shrink")
+    assert "from torch 2.10 on" in str(e.value) and torch.__version__ in str(e.value)
+    assert isinstance(e.value, AttributeError)  # hasattr() stays False
+    with pytest.raises(AttributeError) as e:
+        _features.missing_backend_attribute(object(), "no_such_method")
+    assert not isinstance(e.value, _features.FeatureUnavailable)
+
+
+def backend_methods_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict:
+    b = ringpg.backend(groups.test)
+    out = {}
+    for name in list(_features.BACKEND_METHODS) + ["abort", "shutdown", "no_such_method"]:
+        try:
+            getattr(b, name)
+            out[name] = "present"
+        except _features.FeatureUnavailable as e:
+            out[name] = f"unavailable: {e}"
+        except AttributeError as e:
+            out[name] = f"bare: {e}"
+    return out
+
+
+def test_backend_methods_of_a_newer_torch_are_present_or_raise_a_clear_error() -> None:
+    """Checks _features.BACKEND_METHODS against the running torch's own Backend binding:
+    a method is there from the release the table names, and before it the error says so."""
+    if backend_under_test() != "ringpg":
+        pytest.skip("ringpg.backend() describes ringpg groups only")
+    v = run_workers(backend_methods_worker, 1)[0]
+    running = _features.torch_release()
+    for name, (since, _) in _features.BACKEND_METHODS.items():
+        if running >= since:
+            assert v[name] == "present", (name, v[name])
+        else:
+            assert v[name].startswith("unavailable: "), (name, v[name])
+            assert f"from torch {since[0]}.{since[1]} on" in v[name], (name, v[name])
+    # ringpg binds abort/shutdown itself where torch's Backend lacks them (before 2.7).
+    assert v["abort"] == v["shutdown"] == "present", v
+    assert v["no_such_method"].startswith("bare: "), v

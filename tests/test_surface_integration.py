@@ -284,9 +284,13 @@ def funcol_mesh_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRe
                 shape = (ws * 3, 4) if dim == 0 else (3, ws * 4)
                 x = make_data(rank, case, shape, dtype)
                 got = funcol.wait_tensor(funcol.reduce_scatter_tensor(x, op, dim, mesh))
-                chk.equal(case, got, funcol.wait_tensor(funcol.reduce_scatter_tensor(x, op, dim, gloo_mesh)))
-                if dim == 0:
-                    chk.equal(case + " [vs eager gloo]", got, ref_reduce_scatter(x, op.upper(), groups.ref))
+                want = ref_reduce_scatter(x.movedim(dim, 0).contiguous(), op.upper(), groups.ref).movedim(0, dim)
+                chk.equal(case + " [vs eager gloo]", got, want)
+                gloo_funcol = funcol.wait_tensor(funcol.reduce_scatter_tensor(x, op, dim, gloo_mesh))
+                # gloo's own functional reduce_scatter_tensor with op max returns wrong values
+                # on some torch releases (2.6, 2.8); compare with it only where it is right.
+                if op == "sum" or torch.equal(gloo_funcol, want):
+                    chk.equal(case, got, gloo_funcol)
 
         for op in ("sum", "max", "min", "avg"):
             if op == "avg" and not dtype.is_floating_point:
@@ -319,6 +323,9 @@ def test_ddp_matches_gloo(shared_pool: WorkerPool) -> None:
 
 
 def test_fsdp2_and_checkpoint(shared_pool: WorkerPool, tmp_path: Any) -> None:
+    if not hasattr(torch.cpu.Stream, "record_event"):
+        # torch 2.6's FSDP2 records events on its CPU streams, which cannot (any backend).
+        pytest.skip(f"torch {torch.__version__}: FSDP2 cannot run on CPU (torch.cpu.Stream has no record_event)")
     ckpt = os.path.join(str(tmp_path), "ckpt")
     assert_reports_ok(shared_pool.run(fsdp2_dcp_worker, ckpt, timeout=240))
 

@@ -113,7 +113,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(OpType type, const char* nam
   std::unique_lock<std::mutex> lk(queueMu_);
   RINGPG_CHECK(!stopping_, name, "the process group has been shut down");
   const uint64_t seq = ++seq_;
-  auto work = c10::make_intrusive<RingWork>(getRank(), type, seq, profilingTitle, std::move(outputs), inputs,
+  auto work = c10::make_intrusive<RingWork>(getRank(), type, name, seq, profilingTitle, std::move(outputs), inputs,
                                             effectiveTimeout(timeout));
   if (sync) {
     work->setOnSynchronize([sync] { sync->blockCurrentStream(); });
@@ -210,7 +210,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
   at::Tensor t = tensors[0];
   const Reduction red = toReduction(op, opts.reduceOp, t.scalar_type());
   return enqueue(OpType::ALLREDUCE, op, "ringpg:all_reduce", reduceDtype(t.scalar_type()), t.numel(), opts.timeout,
-                 opts.asyncOp, tensors, tensors, [t, red](OpContext& c) { collectives::allreduce(c, t, red); });
+                 compat::asyncOp(opts), tensors, tensors,
+                 [t, red](OpContext& c) { collectives::allreduce(c, t, red); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -220,7 +221,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce_coalesced(std::vector<at::
   const Reduction red = toReduction(op, opts.reduceOp, tensors[0].scalar_type());
   std::vector<at::Tensor> ts = tensors;
   return enqueue(OpType::ALLREDUCE_COALESCED, op, "ringpg:allreduce_coalesced", reduceDtype(ts[0].scalar_type()),
-                 total, opts.timeout, opts.asyncOp, tensors, tensors,
+                 total, opts.timeout, compat::asyncOp(opts), tensors, tensors,
                  [ts, red](OpContext& c) { collectives::allreduceCoalesced(c, ts, red); });
 }
 
@@ -231,8 +232,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& t
   checkRoot(op, opts.rootRank, getSize());
   at::Tensor t = tensors[0];
   const int root = static_cast<int>(opts.rootRank);
-  return enqueue(OpType::BROADCAST, op, "ringpg:broadcast", t.scalar_type(), t.numel(), opts.timeout, opts.asyncOp,
-                 tensors, tensors, [t, root](OpContext& c) { collectives::broadcast(c, t, root); });
+  return enqueue(OpType::BROADCAST, op, "ringpg:broadcast", t.scalar_type(), t.numel(), opts.timeout,
+                 compat::asyncOp(opts), tensors, tensors,
+                 [t, root](OpContext& c) { collectives::broadcast(c, t, root); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::reduce(std::vector<at::Tensor>& tensors,
@@ -244,7 +246,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce(std::vector<at::Tensor>& tens
   const Reduction red = toReduction(op, opts.reduceOp, t.scalar_type());
   const int root = static_cast<int>(opts.rootRank);
   return enqueue(OpType::REDUCE, op, "ringpg:reduce", reduceDtype(t.scalar_type()), t.numel(), opts.timeout,
-                 opts.asyncOp, tensors, tensors,
+                 compat::asyncOp(opts), tensors, tensors,
                  [t, red, root](OpContext& c) { collectives::reduce(c, t, red, root); });
 }
 
@@ -254,7 +256,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::_allgather_base(at::Tensor& output, 
   checkScaledPair(op, input, output, getSize(), "input", "output");
   at::Tensor in = input, out = output;
   return enqueue(OpType::_ALLGATHER_BASE, op, "ringpg:all_gather_into_tensor", input.scalar_type(), input.numel(),
-                 opts.timeout, opts.asyncOp, {output}, {input},
+                 opts.timeout, compat::asyncOp(opts), {output}, {input},
                  [in, out](OpContext& c) { collectives::allGatherInto(c, in, out); });
 }
 
@@ -266,7 +268,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather(std::vector<std::vector<at
   at::Tensor in = inputs[0];
   std::vector<at::Tensor> outs = checkPerRankList(op, outputs, in, getSize(), "output");
   return enqueue(OpType::ALLGATHER, op, "ringpg:all_gather", in.scalar_type(), in.numel(), opts.timeout,
-                 opts.asyncOp, outs, inputs, [in, outs](OpContext& c) { collectives::allGather(c, in, outs); });
+                 compat::asyncOp(opts), outs, inputs,
+                 [in, outs](OpContext& c) { collectives::allGather(c, in, outs); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
@@ -285,7 +288,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather_coalesced(std::vector<std:
   }
   std::vector<at::Tensor> ins = inputs;
   return enqueue(OpType::ALLGATHER_COALESCED, op, "ringpg:allgather_coalesced", inputs[0].scalar_type(), total,
-                 opts.timeout, opts.asyncOp, outs, inputs,
+                 opts.timeout, compat::asyncOp(opts), outs, inputs,
                  [ins, outs](OpContext& c) { collectives::allGatherCoalesced(c, ins, outs); });
 }
 
@@ -303,7 +306,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather_into_tensor_coalesced(std:
   }
   std::vector<at::Tensor> ins = inputs, outs = outputs;
   return enqueue(OpType::COALESCED, op, "ringpg:allgather_into_tensor_coalesced", inputs[0].scalar_type(), total,
-                 opts.timeout, opts.asyncOp, outputs, inputs,
+                 opts.timeout, compat::asyncOp(opts), outputs, inputs,
                  [ins, outs](OpContext& c) { collectives::allGatherIntoCoalesced(c, ins, outs); });
 }
 
@@ -314,7 +317,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::_reduce_scatter_base(at::Tensor& out
   const Reduction red = toReduction(op, opts.reduceOp, input.scalar_type());
   at::Tensor in = input, out = output;
   return enqueue(OpType::_REDUCE_SCATTER_BASE, op, "ringpg:reduce_scatter_tensor", reduceDtype(input.scalar_type()),
-                 input.numel(), opts.timeout, opts.asyncOp, {output}, {input},
+                 input.numel(), opts.timeout, compat::asyncOp(opts), {output}, {input},
                  [in, out, red](OpContext& c) { collectives::reduceScatterInto(c, in, out, red); });
 }
 
@@ -327,7 +330,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(std::vector<at::Tenso
   std::vector<at::Tensor> ins = checkPerRankList(op, inputs, out, getSize(), "input");
   const Reduction red = toReduction(op, opts.reduceOp, out.scalar_type());
   return enqueue(OpType::REDUCE_SCATTER, op, "ringpg:reduce_scatter", reduceDtype(out.scalar_type()),
-                 out.numel() * getSize(), opts.timeout, opts.asyncOp, outputs, ins,
+                 out.numel() * getSize(), opts.timeout, compat::asyncOp(opts), outputs, ins,
                  [ins, out, red](OpContext& c) { collectives::reduceScatter(c, ins, out, red); });
 }
 
@@ -344,7 +347,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter_tensor_coalesced(std:
   const Reduction red = toReduction(op, opts.reduceOp, inputs[0].scalar_type());
   std::vector<at::Tensor> ins = inputs, outs = outputs;
   return enqueue(OpType::COALESCED, op, "ringpg:reduce_scatter_tensor_coalesced",
-                 reduceDtype(inputs[0].scalar_type()), total, opts.timeout, opts.asyncOp, outputs, inputs,
+                 reduceDtype(inputs[0].scalar_type()), total, opts.timeout, compat::asyncOp(opts), outputs, inputs,
                  [ins, outs, red](OpContext& c) { collectives::reduceScatterIntoCoalesced(c, ins, outs, red); });
 }
 
@@ -357,8 +360,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::gather(std::vector<std::vector<at::T
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor in = inputs[0];
   std::vector<at::Tensor> outs = checkRootList(op, outputs, in, getRank(), root, getSize(), "output");
-  return enqueue(OpType::GATHER, op, "ringpg:gather", in.scalar_type(), in.numel(), opts.timeout, opts.asyncOp, outs,
-                 inputs, [in, outs, root](OpContext& c) { collectives::gather(c, in, outs, root); });
+  return enqueue(OpType::GATHER, op, "ringpg:gather", in.scalar_type(), in.numel(), opts.timeout,
+                 compat::asyncOp(opts), outs, inputs,
+                 [in, outs, root](OpContext& c) { collectives::gather(c, in, outs, root); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -370,8 +374,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::scatter(std::vector<at::Tensor>& out
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor out = outputs[0];
   std::vector<at::Tensor> ins = checkRootList(op, inputs, out, getRank(), root, getSize(), "input");
-  return enqueue(OpType::SCATTER, op, "ringpg:scatter", out.scalar_type(), out.numel(), opts.timeout, opts.asyncOp,
-                 outputs, ins, [ins, out, root](OpContext& c) { collectives::scatter(c, ins, out, root); });
+  return enqueue(OpType::SCATTER, op, "ringpg:scatter", out.scalar_type(), out.numel(), opts.timeout,
+                 compat::asyncOp(opts), outputs, ins,
+                 [ins, out, root](OpContext& c) { collectives::scatter(c, ins, out, root); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -395,8 +400,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output, at
   RINGPG_CHECK(ins[getRank()] * inRow == outs[getRank()] * outRow, op,
                "this rank's own input and output splits differ in size");
   at::Tensor in = input, out = output;
-  return enqueue(OpType::ALLTOALL_BASE, op, "ringpg:all_to_all", input.scalar_type(), 0, opts.timeout, opts.asyncOp,
-                 {output}, {input},
+  return enqueue(OpType::ALLTOALL_BASE, op, "ringpg:all_to_all", input.scalar_type(), 0, opts.timeout,
+                 compat::asyncOp(opts), {output}, {input},
                  [in, out, ins, outs](OpContext& c) { collectives::allToAllSingle(c, in, out, ins, outs); });
 }
 
@@ -418,13 +423,14 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& ou
   RINGPG_CHECK(inputs[getRank()].numel() == outputs[getRank()].numel(), op,
                "this rank's own input and output differ in size");
   std::vector<at::Tensor> ins = inputs, outs = outputs;
-  return enqueue(OpType::ALLTOALL, op, "ringpg:all_to_all", inputs[0].scalar_type(), 0, opts.timeout, opts.asyncOp,
-                 outputs, inputs, [ins, outs](OpContext& c) { collectives::allToAll(c, ins, outs); });
+  return enqueue(OpType::ALLTOALL, op, "ringpg:all_to_all", inputs[0].scalar_type(), 0, opts.timeout,
+                 compat::asyncOp(opts), outputs, inputs,
+                 [ins, outs](OpContext& c) { collectives::allToAll(c, ins, outs); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::barrier(const c10d::BarrierOptions& opts) {
-  return enqueue(OpType::BARRIER, "barrier", "ringpg:barrier", at::kByte, getSize(), opts.timeout, opts.asyncOp, {},
-                 {}, [](OpContext& c) { collectives::barrier(c); });
+  return enqueue(OpType::BARRIER, "barrier", "ringpg:barrier", at::kByte, getSize(), opts.timeout,
+                 compat::asyncOp(opts), {}, {}, [](OpContext& c) { collectives::barrier(c); });
 }
 
 // ---- Point-to-point ----------------------------------------------------------------
@@ -441,7 +447,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::p2p(OpType type, const char* name, a
     seq = ++p2pSeq_;
   }
   const char* title = isSend ? "ringpg:send" : (peer < 0 ? "ringpg:recvAnySource" : "ringpg:recv");
-  auto work = c10::make_intrusive<RingWork>(getRank(), type, seq, title, std::vector<at::Tensor>{tensor},
+  auto work = c10::make_intrusive<RingWork>(getRank(), type, name, seq, title, std::vector<at::Tensor>{tensor},
                                             std::vector<at::Tensor>{tensor}, timeout_);
   FrameHeader h = frameOfKind(FrameKind::P2P);
   h.key = static_cast<uint64_t>(tag);

@@ -25,6 +25,7 @@
 #include "algorithms/context.h"
 #include "backend/ring_work.h"
 #include "common/config.h"
+#include "common/torch_compat.h"
 #include "transport/engine.h"
 #include "transport/shm.h"
 
@@ -86,11 +87,13 @@ class RingBackend final : public c10d::Backend {
 
   uint64_t getSequenceNumberForGroup() override;
   void setSequenceNumberForGroup() override {}
-  bool supportsCoalescing() const override {
+  bool supportsCoalescing() const RINGPG_OVERRIDE_SINCE_2_7 {
     return false;
   }
-  void shutdown() override;
-  void abort() override;
+  // Virtuals of c10d::Backend since torch 2.7 (common/torch_compat.h); before that
+  // they are ringpg's own, reached through ringpg.backend(group).
+  void shutdown() RINGPG_OVERRIDE_SINCE_2_7;
+  void abort() RINGPG_OVERRIDE_SINCE_2_7;
 
   // Test hook (see Engine::debugSendRaw).
   void debugSendRaw(int peer, std::string bytes) {

@@ -24,13 +24,14 @@ std::vector<c10::Device> devicesOf(const std::vector<at::Tensor>& tensors) {
 
 } // namespace
 
-RingWork::RingWork(int rank, c10d::OpType opType, uint64_t seq, const char* profilingTitle,
+RingWork::RingWork(int rank, c10d::OpType opType, const char* opName, uint64_t seq, const char* profilingTitle,
                    std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs,
                    std::chrono::milliseconds timeout)
     : c10d::Work(rank, opType, profilingTitle, std::optional<std::vector<at::Tensor>>(inputs)),
       outputs_(std::move(outputs)),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                        devicesOf(outputs_))),
+      opName_(opName),
       seq_(seq),
       timeout_(timeout) {}
 
@@ -77,8 +78,7 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!cv_.wait_for(lock, limit, [&] { return completed_; })) {
-      const std::string op = c10d::opTypeToString(opType_);
-      throwBackend(c10::str(describe(OpTag{op.c_str(), seq_, rank_}), ": Work.wait() timed out after ", limit.count(),
+      throwBackend(c10::str(describe(OpTag{opName_, seq_, rank_}), ": Work.wait() timed out after ", limit.count(),
                             " ms; the op has not completed (for a receive: no matching send arrived)"));
     }
   }

@@ -8,11 +8,14 @@
 #include <functional>
 #include <vector>
 
+#include "common/torch_compat.h"
+
 namespace ringpg {
 
 class RingWork : public c10d::Work {
  public:
-  RingWork(int rank, c10d::OpType opType, uint64_t seq, const char* profilingTitle,
+  // `opName`: the op's c10d name ("all_reduce"), as every ringpg message names it.
+  RingWork(int rank, c10d::OpType opType, const char* opName, uint64_t seq, const char* profilingTitle,
            std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs,
            std::chrono::milliseconds timeout);
 
@@ -22,7 +25,8 @@ class RingWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
   uint64_t getSequencenumber() const override;
-  std::chrono::milliseconds getTimeout() const override;
+  // A virtual of c10d::Work since torch 2.14 (common/torch_compat.h).
+  std::chrono::milliseconds getTimeout() const RINGPG_OVERRIDE_SINCE_2_14;
   int sourceRank() const override;
   // Every wait has a deadline: with no timeout given, the op's own (the group's or the
   // op's timeout).  Collectives end by their deadline anyway; a receive whose sender
@@ -42,6 +46,7 @@ class RingWork : public c10d::Work {
  private:
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  const char* opName_;
   uint64_t seq_;
   std::chrono::milliseconds timeout_;
   std::atomic<int> sourceRank_{-1};

@@ -1,6 +1,7 @@
 #include "backend/validation.h"
 
 #include "common/errors.h"
+#include "common/torch_compat.h"
 #include "reduce/reduce.h"
 
 namespace ringpg {
@@ -109,7 +110,7 @@ Reduction toReduction(const char* op, const c10d::ReduceOp& rop, at::ScalarType 
     case c10d::ReduceOp::BXOR: r.op = RedOp::Bxor; break;
     case c10d::ReduceOp::PREMUL_SUM: {
       r.op = RedOp::Sum;
-      auto* sup = dynamic_cast<c10d::PreMulSumSupplement*>(rop.supplement_.get());
+      auto* sup = dynamic_cast<compat::PreMulSumSupplement*>(rop.supplement_.get());
       RINGPG_CHECK(sup, op, "PREMUL_SUM without its factor");
       if (sup->tensor_factor.defined()) {
         r.premulTensor = sup->tensor_factor;

@@ -10,6 +10,7 @@
 #include "backend/ring_backend.h"
 #include "common/config.h"
 #include "common/host.h"
+#include "common/torch_compat.h"
 #include "reduce/reduce.h"
 
 namespace py = pybind11;
@@ -49,7 +50,9 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "ringpg's compiled core";
   py::module_::import("torch.distributed");
 
-  py::class_<ringpg::RingBackend, c10d::Backend, c10::intrusive_ptr<ringpg::RingBackend>>(m, "RingBackend")
+  auto backend =
+      py::class_<ringpg::RingBackend, c10d::Backend, c10::intrusive_ptr<ringpg::RingBackend>>(m, "RingBackend");
+  backend
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, std::string groupName) {
              return c10::make_intrusive<ringpg::RingBackend>(store, rank, size, timeout, std::move(groupName));
@@ -66,6 +69,26 @@ PYBIND11_MODULE(_C, m) {
       .def("_debug_send_raw", [](ringpg::RingBackend& b, int peer, py::bytes data) {
         b.debugSendRaw(peer, std::string(data));
       }, "Test hook: put raw bytes on the connection to `peer` (plays a hostile peer).");
+#if !RINGPG_HAS_BACKEND_ABORT_SHUTDOWN
+  // torch's own Backend binding has these from 2.7 on (common/torch_compat.h).
+  backend
+      .def("abort", &ringpg::RingBackend::abort, py::call_guard<py::gil_scoped_release>(),
+           "Fail every pending and later op of the group at once, telling the peers")
+      .def("shutdown", &ringpg::RingBackend::shutdown, py::call_guard<py::gil_scoped_release>(),
+           "Finish the queued ops, then close the group; later ops are refused");
+#endif
+
+  // Which c10d APIs this build was compiled with (common/torch_compat.h; read by
+  // ringpg.features()).
+  m.def("torch_compat", [] {
+    py::dict d;
+    d["built_for"] = TORCH_VERSION;
+    d["backend_abort_shutdown"] = static_cast<bool>(RINGPG_HAS_BACKEND_ABORT_SHUTDOWN);
+    d["async_op_in_all_options"] = static_cast<bool>(RINGPG_HAS_ASYNC_OP_IN_ALL_OPTIONS);
+    d["premul_sum_supplement"] = static_cast<bool>(RINGPG_HAS_PREMUL_SUM_SUPPLEMENT);
+    d["work_timeout"] = static_cast<bool>(RINGPG_HAS_WORK_TIMEOUT);
+    return d;
+  });
 
   m.def("chunk_range", [](int64_t count, int parts, int c) {
     const auto r = ringpg::chunkRange(count, parts, c);

@@ -9,6 +9,9 @@ for the cpu and cuda devices; after that (or with no import at all, through the
 ``ringpg.backend(group)`` gives the live backend object of a group (its transport,
 its spin), see :mod:`ringpg._introspect`.
 
+ringpg builds against torch 2.6 and newer; ``ringpg.features()`` says which of its
+torch-dependent features this build carries (:mod:`ringpg._features`).
+
 The compiled core lives in ``ringpg._C`` and is loaded lazily by the creator,
 after :func:`ringpg._loader.load_extension` has checked that it was built for the
 torch that is running.
@@ -19,10 +22,11 @@ from __future__ import annotations
 # among them, which must find this package's modules whole, not half-imported.
 import torch  # noqa: F401
 
+from ._features import FeatureUnavailable, features
 from ._introspect import backend
 from ._registration import BACKEND_NAME, register
 
-__all__ = ["BACKEND_NAME", "backend", "register"]
+__all__ = ["BACKEND_NAME", "FeatureUnavailable", "backend", "features", "register"]
 __version__ = "0.1.0"
 
 register()

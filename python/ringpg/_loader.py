@@ -42,5 +42,7 @@ def load_extension() -> types.ModuleType:
     import torch.distributed as _dist  # noqa: F401  (registers the c10d pybind base classes)
 
     from . import _C
+    from ._features import install
 
+    install(_C.RingBackend)
     return _C

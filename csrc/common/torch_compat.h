@@ -1,0 +1,74 @@
+// Every difference between the c10d APIs of the torch releases ringpg builds against
+// (2.6.0 through 2.15.x), decided at compile time from torch's own version macros.
+// Each entry names the release that introduced the difference; code elsewhere uses
+// only what is defined here, never TORCH_VERSION_* directly.  Found by reading each
+// release's headers (torch/include/torch/csrc/distributed/c10d/{Backend,Work,Types}.hpp).
+//
+// What a difference means for a user (a feature present or absent on their torch) is
+// in README.md's feature table and in ringpg.features() (python/ringpg/_features.py),
+// which reads the RINGPG_HAS_* values below through ringpg._C.torch_compat().
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/version.h>
+
+#define RINGPG_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+#if !RINGPG_TORCH_AT_LEAST(2, 6)
+#error "ringpg needs torch 2.6 or newer (this is torch " TORCH_VERSION ")"
+#endif
+
+// torch 2.7: c10d::Backend gains the virtuals abort(), shutdown() and
+// supportsCoalescing() (and Python's Backend.abort/shutdown/supports_coalescing);
+// destroy_process_group() and _abort_process_group() call them for every backend.
+// Before 2.7 RingBackend still has abort() and shutdown() (ringpg binds them itself,
+// so ringpg.backend(g).abort() works), but torch never calls them.
+#define RINGPG_HAS_BACKEND_ABORT_SHUTDOWN RINGPG_TORCH_AT_LEAST(2, 7)
+#if RINGPG_HAS_BACKEND_ABORT_SHUTDOWN
+#define RINGPG_OVERRIDE_SINCE_2_7 override
+#else
+#define RINGPG_OVERRIDE_SINCE_2_7
+#endif
+
+// torch 2.8: every op's options struct carries asyncOp (2.6 and 2.7 have it on
+// broadcast, allgather, scatter and reduce_scatter only).  ringpg runs a synchronous
+// op on CPU tensors in the caller's thread when the group is idle; without the flag
+// every op is treated as asynchronous and goes through the worker (same results, one
+// thread hand-off more per op).
+#define RINGPG_HAS_ASYNC_OP_IN_ALL_OPTIONS RINGPG_TORCH_AT_LEAST(2, 8)
+
+// torch 2.13: c10d::NCCLPreMulSumSupplement (PREMUL_SUM's factor) is renamed
+// c10d::PreMulSumSupplement; the old name stays as an alias.
+#define RINGPG_HAS_PREMUL_SUM_SUPPLEMENT RINGPG_TORCH_AT_LEAST(2, 13)
+
+// torch 2.14: c10d::Work gains the virtual getTimeout() (Python: Work.timeout()).
+// Before 2.14 RingWork keeps its timeout for its own waits only.
+#define RINGPG_HAS_WORK_TIMEOUT RINGPG_TORCH_AT_LEAST(2, 14)
+#if RINGPG_HAS_WORK_TIMEOUT
+#define RINGPG_OVERRIDE_SINCE_2_14 override
+#else
+#define RINGPG_OVERRIDE_SINCE_2_14
+#endif
+
+namespace ringpg::compat {
+
+#if RINGPG_HAS_PREMUL_SUM_SUPPLEMENT
+using PreMulSumSupplement = c10d::PreMulSumSupplement;
+#else
+using PreMulSumSupplement = c10d::NCCLPreMulSumSupplement;
+#endif
+
+// Whether the caller asked for an asynchronous op (async_op=True).  Unknown before
+// torch 2.8 for most ops, so taken as asynchronous there (see above).
+template <class Options>
+bool asyncOp(const Options& opts) {
+#if RINGPG_HAS_ASYNC_OP_IN_ALL_OPTIONS
+  return opts.asyncOp;
+#else
+  (void)opts;
+  return true;
+#endif
+}
+
+} // namespace ringpg::compat

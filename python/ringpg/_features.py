@@ -1,0 +1,117 @@
+"""What ringpg can do on the running torch: the feature table of README.md, in code.
+
+ringpg builds against every torch from 2.6 on; some of what it offers rides on c10d
+APIs that a torch release introduced (csrc/common/torch_compat.h says which).  On an
+older torch such a feature is absent, never a crash:
+
+* ``ringpg.features()`` says which of ringpg's features this build carries;
+* ``ringpg.backend(group).<a newer torch's Backend method>`` (``shrink``,
+  ``set_timeout``, ``register_abort_hook``, ...) raises :class:`FeatureUnavailable`
+  (an ``AttributeError``, so ``hasattr`` stays False) naming the torch release that has
+  it, instead of a bare "object has no attribute".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Tuple
+
+import torch
+
+
+class FeatureUnavailable(AttributeError):
+    """A ringpg or c10d feature that the running torch does not carry."""
+
+
+@dataclass(frozen=True)
+class Feature:
+    since: Tuple[int, int]  # the first torch release that carries it
+    compat_flag: str        # its key in ringpg._C.torch_compat() (csrc/common/torch_compat.h)
+    what: str
+    before: str             # what ringpg does on an older torch
+
+
+# ringpg's features that depend on the torch it is built for (README: "Supported torch").
+FEATURES: Dict[str, Feature] = {
+    "abort_shutdown": Feature(
+        (2, 7), "backend_abort_shutdown",
+        "torch's destroy_process_group() and _abort_process_group() shut down / abort the group",
+        "ringpg.backend(group).shutdown() and .abort() work (ringpg binds them itself); "
+        "destroy_process_group() lets the group stop when it is freed, and _abort_process_group() "
+        "only warns (it aborts NCCL groups alone)",
+    ),
+    "inline_sync_ops": Feature(
+        (2, 8), "async_op_in_all_options",
+        "a synchronous op on CPU tensors runs in the caller's thread while the group is idle",
+        "every op goes through the group's worker thread: same results, one thread hand-off more per op",
+    ),
+    "work_timeout": Feature(
+        (2, 14), "work_timeout",
+        "Work.timeout() reports the op's timeout",
+        "torch's Work has no timeout(); ringpg's waits still end at the op's deadline",
+    ),
+}
+
+# Methods of torch's c10d Backend (the Python class RingBackend extends) that a newer
+# torch has, with the release whose Python binding first has them (checked against each
+# release by tests/test_registration.py), and what ringpg makes of them where they exist.
+_NOT_IMPLEMENTED = "ringpg does not implement it on any torch; there torch answers that the backend does not support it"
+BACKEND_METHODS: Dict[str, Tuple[Tuple[int, int], str]] = {
+    "supports_coalescing": ((2, 7), "ringpg answers False"),
+    "set_timeout": ((2, 9), "ringpg keeps the timeout the group was created with"),
+    "supports_shrinking": ((2, 10), "ringpg answers False"),
+    "shrink": ((2, 10), _NOT_IMPLEMENTED),
+    "supports_reconfigure": ((2, 14), "ringpg answers False"),
+    "reconfigure": ((2, 14), _NOT_IMPLEMENTED),
+    "get_reconfigure_handle": ((2, 14), _NOT_IMPLEMENTED),
+    "supports_window": ((2, 14), "ringpg answers False"),
+    "new_window": ((2, 14), _NOT_IMPLEMENTED),
+    "register_abort_hook": ((2, 14), _NOT_IMPLEMENTED),
+    "unregister_abort_hook": ((2, 14), _NOT_IMPLEMENTED),
+    "supports_abort_hooks": ((2, 15), "ringpg answers False"),
+    "supports_completion_hooks": ((2, 15), "ringpg answers False"),
+}
+
+
+def torch_release(version: str = torch.__version__) -> Tuple[int, int]:
+    """(major, minor) of a torch version string such as '2.8.0+cu128'."""
+    major, minor = version.split("+", 1)[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def _fmt(release: Tuple[int, int]) -> str:
+    return f"{release[0]}.{release[1]}"
+
+
+def features() -> Dict[str, bool]:
+    """Which of ringpg's torch-dependent features this build carries (see FEATURES)."""
+    from ._loader import load_extension
+
+    compiled = load_extension().torch_compat()
+    return {name: bool(compiled[f.compat_flag]) for name, f in FEATURES.items()}
+
+
+def require(name: str) -> None:
+    """Raise FeatureUnavailable unless this build of ringpg carries feature ``name``."""
+    f = FEATURES[name]
+    if not features()[name]:
+        raise FeatureUnavailable(
+            f"ringpg: {name} ({f.what}) needs torch >= {_fmt(f.since)}; this is torch {torch.__version__}. "
+            f"Here: {f.before}."
+        )
+
+
+def missing_backend_attribute(obj: Any, attr: str) -> Any:
+    """RingBackend.__getattr__: runs only for attributes that normal lookup did not find."""
+    known = BACKEND_METHODS.get(attr)
+    if known is None:
+        raise AttributeError(f"'{type(obj).__name__}' object has no attribute '{attr}'")
+    since, note = known
+    raise FeatureUnavailable(
+        f"ringpg: RingBackend.{attr} is not available with torch {torch.__version__}: torch's c10d Backend "
+        f"has it from torch {_fmt(since)} on ({note}). See 'Supported torch' in ringpg's README."
+    )
+
+
+def install(ring_backend_class: type) -> None:
+    """Give the compiled RingBackend class the clear error above for missing methods."""
+    ring_backend_class.__getattr__ = missing_backend_attribute
