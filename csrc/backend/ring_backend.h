@@ -25,6 +25,7 @@
 #include "algorithms/context.h"
 #include "backend/ring_work.h"
 #include "common/config.h"
+#include "common/trace.h"
 #include "transport/engine.h"
 #include "transport/shm.h"
 
@@ -165,6 +166,7 @@ class RingBackend final : public c10d::Backend {
   std::thread worker_;
   std::vector<char> scratch_;   // used by the op that is running_ only
   std::vector<char> workspace_; // likewise (OpContext::workspace)
+  std::unique_ptr<Tracer> tracer_; // RINGPG_TRACE (common/trace.h), else null
 };
 
 } // namespace ringpg
