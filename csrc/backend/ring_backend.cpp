@@ -77,6 +77,7 @@ void RingBackend::stop(bool graceful) {
   if (worker_.joinable()) {
     worker_.join(); // drains the queue first: each op ends by its deadline
   }
+  tracer_.reset(); // closes the trace file: a complete JSON array from here on
   if (engine_) {
     if (graceful) {
       engine_->shutdown(Clock::now() + std::chrono::seconds(2));
