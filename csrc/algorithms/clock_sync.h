@@ -25,13 +25,22 @@ namespace ringpg {
 struct ClockOffset {
   int64_t offsetNs = 0; // add to this rank's steady clock to read rank 0's
   int64_t rttNs = 0;    // the round trip of the round kept (0 on rank 0)
-  int rounds = 0;
+  int rounds = 0;       // rounds this rank ran (0 on rank 0)
 };
 
-// Collective over the group, before its first op: rank 0 answers `rounds` pings from
-// every other rank in turn, over the group's TCP links with the frames ops use
-// (sequence number 0, which no op has).
-ClockOffset measureClockOffset(Engine& engine, const Config& cfg, int rank, int size, int rounds,
+// How many ping-pongs: at least `min`, then more until one took at most `goodRttNs`,
+// but at most `max` and for at most `maxNs` in all (a few ms when the host is idle).
+struct ClockRounds {
+  int min = 64;
+  int max = 1024;
+  int64_t goodRttNs = 20 * 1000;
+  int64_t maxNs = 200 * 1000 * 1000;
+};
+
+// Collective over the group, before its first op: rank 0 answers the pings of every
+// other rank in turn (each says whether more follow), over the group's TCP links with
+// the frames ops use (sequence number 0, which no op has).
+ClockOffset measureClockOffset(Engine& engine, const Config& cfg, int rank, int size, const ClockRounds& plan,
                                Deadline deadline);
 
 // The group's tracer when RINGPG_TRACE is set (after the clock exchange; collective),
