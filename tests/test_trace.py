@@ -101,6 +101,10 @@ def test_op_spans_name_op_seq_and_bytes(traced: Dict[str, Any]) -> None:
         assert [o["args"]["bytes"] for o in ops] == [SMALL * 4, MEDIUM * 4, 8 * 4]
         assert ops[1]["args"]["algorithm"] == "ring" and ops[1]["args"]["fused"] == (traced["transport"] == "shm")
         assert ops[1]["args"]["segments"] > 1
+        # The tracer's own cost follows each op: writing out its events.
+        writes = [e for e in t.events if e["cat"] == "trace"]
+        assert [w["args"]["op_seq"] for w in writes] == [1, 2, 3]
+        assert all(w["ts"] >= o["ts"] + o["dur"] - TOL_US for w, o in zip(writes, ops))
         for seq in (SMALL_SEQ, MEDIUM_SEQ):
             op = _op(t, seq)
             for e in t.op_events(seq):  # every step inside its op, on the op's thread

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cstdarg>
 #include <cstring>
@@ -80,6 +81,32 @@ void appendf(std::string& out, const char* fmt, ...) {
   }
 }
 
+// Fast appends for the per-event loop (snprintf cost ~1.5 us an event, a 16 MiB
+// all_reduce on 3 ranks writes ~120 of them).
+void appendInt(std::string& out, int64_t v) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  out.append(buf, r.ptr);
+}
+
+// `ns` nanoseconds as microseconds with three decimals: "12.345".
+void appendMicros(std::string& out, int64_t ns) {
+  if (ns < 0) {
+    out += '-';
+    ns = -ns;
+  }
+  appendInt(out, ns / 1000);
+  const int f = static_cast<int>(ns % 1000);
+  const char frac[4] = {'.', static_cast<char>('0' + f / 100), static_cast<char>('0' + f / 10 % 10),
+                        static_cast<char>('0' + f % 10)};
+  out.append(frac, 4);
+}
+
+void appendField(std::string& out, const char* key, int64_t v) {
+  out += key;
+  appendInt(out, v);
+}
+
 } // namespace
 
 Tracer::Tracer(const std::string& dir, const std::string& group, int rank, int size, const std::string& transport,
@@ -103,23 +130,31 @@ Tracer::Tracer(const std::string& dir, const std::string& group, int rank, int s
                    jsonString(group), ",\"rank\":", rank, ",\"size\":", size, ",\"transport\":", jsonString(transport),
                    ",\"clock_offset_ns\":", clockOffsetNs, ",\"clock_rtt_ns\":", clockRttNs,
                    ",\"clock_rounds\":", clockRounds, ",\"pid\":", ::getpid(), "}}");
-  write(head);
+  // Buffered: an op's events reach the disk when a MiB has gathered, after a failed
+  // op, and when the group stops (a write per op cost ~20 us of the op's thread).
+  std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
+  write(head, /*flush=*/true);
 }
 
 Tracer::~Tracer() {
+  std::string last;
+  lastWriteEvent(last);
   std::lock_guard<std::mutex> lk(mu_);
   if (file_) {
+    std::fputs(last.c_str(), file_);
     std::fputs("\n]\n", file_);
     std::fclose(file_);
     file_ = nullptr;
   }
 }
 
-void Tracer::write(const std::string& text) noexcept {
+void Tracer::write(const std::string& text, bool flush) noexcept {
   std::lock_guard<std::mutex> lk(mu_);
   if (file_) {
     std::fwrite(text.data(), 1, text.size(), file_);
-    std::fflush(file_); // an op's events are on disk once it ends
+    if (flush) {
+      std::fflush(file_);
+    }
   }
 }
 
@@ -136,11 +171,24 @@ OpTrace* Tracer::beginOp(const char* name, uint64_t seq, int64_t bytes, const ch
   return &op_;
 }
 
+void Tracer::lastWriteEvent(std::string& out) const {
+  if (writeBegin_ == 0) {
+    return;
+  }
+  appendf(out,
+          ",\n{\"name\":\"trace_write\",\"cat\":\"trace\",\"ph\":\"X\",\"pid\":%d,\"tid\":%ld,\"ts\":%.3f,"
+          "\"dur\":%.3f,\"args\":{\"op_seq\":%llu,\"events\":%lld,\"bytes\":%lld}}",
+          rank_, writeThread_, static_cast<double>(writeBegin_ + offsetNs_) / 1000.0,
+          static_cast<double>(writeEnd_ - writeBegin_) / 1000.0, static_cast<unsigned long long>(writeSeq_),
+          static_cast<long long>(writeEvents_), static_cast<long long>(writeBytes_));
+}
+
 void Tracer::endOp(bool failed) noexcept {
   const int64_t opEnd = traceNow();
   try {
     std::string& out = text_;
     out.clear();
+    lastWriteEvent(out); // the tracer's own cost, one op late: formatting and writing the last op
     const long tid = opThread_;
     const auto us = [this](int64_t ns) { return static_cast<double>(ns + offsetNs_) / 1000.0; };
     if (std::find(knownThreads_.begin(), knownThreads_.end(), tid) == knownThreads_.end()) {
@@ -171,23 +219,43 @@ void Tracer::endOp(bool failed) noexcept {
       out += ",\"failed\":true";
     }
     out += "}}";
+    const int64_t seq = static_cast<int64_t>(opSeq_);
     for (const TraceEvent& e : op_.events_) {
-      appendf(out, ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%ld,\"ts\":%.3f,\"dur\":%.3f,",
-              e.name, categoryOf(e.kind), rank_, tid, us(e.begin), static_cast<double>(e.end - e.begin) / 1000.0);
+      out += ",\n{\"name\":\"";
+      out += e.name;
+      out += "\",\"cat\":\"";
+      out += categoryOf(e.kind);
+      appendField(out, "\",\"ph\":\"X\",\"pid\":", rank_);
+      appendField(out, ",\"tid\":", tid);
+      out += ",\"ts\":";
+      appendMicros(out, e.begin + offsetNs_);
+      out += ",\"dur\":";
+      appendMicros(out, e.end - e.begin);
+      appendField(out, ",\"args\":{\"seq\":", seq);
+      appendField(out, ",\"step\":", e.step);
       if (e.kind == TraceKind::Primitive) {
-        appendf(out, "\"args\":{\"seq\":%llu,\"step\":%d,\"recv_chunk\":%d,\"send_chunk\":%d}}",
-                static_cast<unsigned long long>(opSeq_), e.step, e.chunk, e.segment);
+        appendField(out, ",\"recv_chunk\":", e.chunk);
+        appendField(out, ",\"send_chunk\":", e.segment);
+        out += "}}";
         continue;
       }
-      appendf(out, "\"args\":{\"seq\":%llu,\"step\":%d,\"chunk\":%d,\"segment\":%d,\"bytes\":%lld,\"peer\":%d",
-              static_cast<unsigned long long>(opSeq_), e.step, e.chunk, e.segment, static_cast<long long>(e.bytes),
-              e.peer);
+      appendField(out, ",\"chunk\":", e.chunk);
+      appendField(out, ",\"segment\":", e.segment);
+      appendField(out, ",\"bytes\":", e.bytes);
+      appendField(out, ",\"peer\":", e.peer);
       if (e.kind == TraceKind::Recv) {
-        appendf(out, ",\"posted_us\":%.3f", us(e.posted));
+        out += ",\"posted_us\":";
+        appendMicros(out, e.posted + offsetNs_);
       }
       out += "}}";
     }
-    write(out);
+    write(out, /*flush=*/failed);
+    writeBegin_ = opEnd;
+    writeEnd_ = traceNow();
+    writeThread_ = tid;
+    writeSeq_ = opSeq_;
+    writeEvents_ = static_cast<int64_t>(op_.events_.size());
+    writeBytes_ = static_cast<int64_t>(out.size());
   } catch (...) {
     // Tracing never fails an op.
   }

@@ -19,8 +19,10 @@
 //
 // Cost: off, each recording site is one branch on a null pointer.  On, each event is
 // two clock reads and a push into a buffer that only the op's thread touches (no lock);
-// the buffer is written out (formatted, one write) when the op ends, so a trace of a
-// long job grows on disk, not in memory.
+// the buffer is formatted into the file's stdio buffer when the op ends (on disk every
+// MiB, after a failed op, and when the group stops), so a trace of a long job grows on
+// disk, not in memory.  That write is itself in the trace: a
+// "trace_write" event (cat "trace", args op_seq, events, bytes) right after each op.
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -118,7 +120,9 @@ class Tracer {
   void endOp(bool failed) noexcept;
 
  private:
-  void write(const std::string& text) noexcept;
+  void write(const std::string& text, bool flush) noexcept;
+  // Appends the "trace_write" event of the last op's flush (the tracer's own cost).
+  void lastWriteEvent(std::string& out) const;
 
   const int rank_;
   const int64_t offsetNs_;
@@ -135,6 +139,13 @@ class Tracer {
   int64_t opBegin_ = 0;
   long opThread_ = 0;
   std::string text_; // formatting buffer, reused
+  // The last op's flush, written with the next one (or at the end).
+  int64_t writeBegin_ = 0;
+  int64_t writeEnd_ = 0;
+  long writeThread_ = 0;
+  uint64_t writeSeq_ = 0;
+  int64_t writeEvents_ = 0;
+  int64_t writeBytes_ = 0;
 };
 
 // The op span around one op's execution (`numel` elements of `dtype`): records
