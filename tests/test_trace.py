@@ -36,7 +36,8 @@ def small_input(rank: int) -> torch.Tensor:
 
 
 def traced_worker(rank: int, ws: int, groups: Groups, args: Any) -> Dict[str, Any]:
-    """The two traced all_reduces (seq 1 and 2 of the ringpg group), then a profiled one."""
+    """The two traced all_reduces (seq 1 and 2 of the ringpg group), a profiled one (3), one with
+    tracing switched off (4) and one after it is switched back on (5)."""
     small = small_input(rank)
     dist.all_reduce(small, group=groups.test)
     medium = torch.full((MEDIUM,), float(rank + 1))
@@ -45,7 +46,16 @@ def traced_worker(rank: int, ws: int, groups: Groups, args: Any) -> Dict[str, An
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         dist.all_reduce(torch.ones(8), group=groups.test)
+    import ringpg
+
+    b = ringpg.backend(groups.test)
+    was = b.tracing
+    b.tracing = False  # seq 4 runs untraced
+    dist.all_reduce(torch.ones(8), group=groups.test)
+    b.tracing = True  # seq 5 traced again
+    dist.all_reduce(torch.ones(8), group=groups.test)
     return {
+        "tracing_was_on": was,
         "small": small.tolist(),
         "medium_ok": bool(torch.all(medium == float(sum(range(1, ws + 1))))),
         "profiled": sorted({e.name for e in prof.events()}),
@@ -90,20 +100,20 @@ def test_files_are_complete_json_one_per_rank(traced: Dict[str, Any]) -> None:
             events = json.load(f)  # closed by the group's destruction: a complete array
         meta = next(e["args"] for e in events if e["name"] == "ringpg")
         assert meta["transport"] == traced["transport"] and meta["size"] == WS
-    assert all(f"trace={traced['dir']}" in r["summary"] for r in traced["results"])
+    assert all(f"trace={traced['dir']}" in r["summary"] and r["tracing_was_on"] for r in traced["results"])
 
 
 def test_op_spans_name_op_seq_and_bytes(traced: Dict[str, Any]) -> None:
     for t in traced["traces"]:
         ops = t.ops()
-        assert [o["name"] for o in ops] == ["all_reduce"] * 3
-        assert [o["args"]["seq"] for o in ops] == [1, 2, 3]
-        assert [o["args"]["bytes"] for o in ops] == [SMALL * 4, MEDIUM * 4, 8 * 4]
+        assert [o["name"] for o in ops] == ["all_reduce"] * 4
+        assert [o["args"]["seq"] for o in ops] == [1, 2, 3, 5]  # 4 ran with tracing switched off
+        assert [o["args"]["bytes"] for o in ops] == [SMALL * 4, MEDIUM * 4, 8 * 4, 8 * 4]
         assert ops[1]["args"]["algorithm"] == "ring" and ops[1]["args"]["fused"] == (traced["transport"] == "shm")
         assert ops[1]["args"]["segments"] > 1
         # The tracer's own cost follows each op: writing out its events.
         writes = [e for e in t.events if e["cat"] == "trace"]
-        assert [w["args"]["op_seq"] for w in writes] == [1, 2, 3]
+        assert [w["args"]["op_seq"] for w in writes] == [1, 2, 3, 5]
         assert all(w["ts"] >= o["ts"] + o["dur"] - TOL_US for w, o in zip(writes, ops))
         for seq in (SMALL_SEQ, MEDIUM_SEQ):
             op = _op(t, seq)
@@ -202,7 +212,7 @@ def test_merged_file_one_track_per_rank(traced: Dict[str, Any], tmp_path: Any) -
     starts = [e for e in timed if e["ph"] == "s"]
     ends = [e for e in timed if e["ph"] == "f"]
     assert starts and len(starts) == len(ends) == sum(1 for e in timed if e.get("cat") == "send")
-    assert summary["ranks"] == WS and summary["ops"] == 3 * WS
+    assert summary["ranks"] == WS and summary["ops"] == 4 * WS
 
 
 def test_walkthrough_sums_match_the_result(traced: Dict[str, Any]) -> None:
