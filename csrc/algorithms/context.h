@@ -64,8 +64,8 @@ class OpContext {
   // The header every frame of this op carries (the payload length aside).
   FrameHeader header() const;
 
-  // This op's trace buffer (RINGPG_TRACE), or null when tracing is off: every
-  // recording site is `if (trace) ...` (common/trace.h).
+  // This op's trace buffer (RINGPG_TRACE), or null when tracing is off: recording
+  // sites test it (common/trace.h).
   OpTrace* trace() const { return trace_; }
   void setTrace(OpTrace* t) { trace_ = t; }
 

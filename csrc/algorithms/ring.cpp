@@ -111,7 +111,7 @@ class RingSweep {
   void postAhead(int64_t done);
 
   OpContext& c_;
-  OpTrace* const trace_;  // null unless RINGPG_TRACE: each recording site is one branch on it
+  OpTrace* const trace_;  // null unless RINGPG_TRACE: off, a recording site is a never-taken branch or two
   const RingJob& job_;
   const RingBuffers& b_;
   const int p_;
@@ -133,7 +133,8 @@ class RingSweep {
 };
 
 RingSweep::RingSweep(OpContext& c, const RingJob& job, const RingBuffers& b)
-    : c_(c), trace_(c.trace()), job_(job), b_(b), p_(c.size()), r_(c.rank()), es_(job.elemSize), fused_(c.fusedRecvReduce(c.left())) {
+    : c_(c), trace_(c.trace()), job_(job), b_(b), p_(c.size()), r_(c.rank()), es_(job.elemSize),
+      fused_(c.fusedRecvReduce(c.left())) {
   // Segments: at most the configured size, but at least minSegments per chunk (down to
   // kMinSegmentBytes) so that the ring's fill and drain, about one segment per step,
   // stay a small part of the whole.  Over shared memory a segment costs a hand-off

@@ -17,7 +17,7 @@
 // shifted by this rank's offset to rank 0's, measured when the group was created
 // (algorithms/clock_sync.h), so files of one group share a time axis.
 //
-// Cost: off, each recording site is one branch on a null pointer.  On, each event is
+// Cost: off, each recording site is a branch or two on a null pointer, never taken.  On, each event is
 // two clock reads and a push into a buffer that only the op's thread touches (no lock);
 // the buffer is formatted into the file's stdio buffer when the op ends (on disk every
 // MiB, after a failed op, and when the group stops), so a trace of a long job grows on
