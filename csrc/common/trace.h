@@ -17,12 +17,14 @@
 // shifted by this rank's offset to rank 0's, measured when the group was created
 // (algorithms/clock_sync.h), so files of one group share a time axis.
 //
-// Cost: off, each recording site is a branch or two on a null pointer, never taken.  On, each event is
-// two clock reads and a push into a buffer that only the op's thread touches (no lock);
-// the buffer is formatted into the file's stdio buffer when the op ends (on disk every
-// MiB, after a failed op, and when the group stops), so a trace of a long job grows on
-// disk, not in memory.  That write is itself in the trace: a
+// Cost: off, each recording site is a branch or two on a null pointer, never taken.
+// On, each event is two clock reads and a push into a buffer that only the op's thread
+// touches (no lock); the buffer is formatted into the file's stdio buffer when the op
+// ends (on disk every MiB, after a failed op, and when the group stops), so a trace of
+// a long job grows on disk, not in memory.  That write is itself in the trace: a
 // "trace_write" event (cat "trace", args op_seq, events, bytes) right after each op.
+// Ops of the ring's neighbours (one-shot, chain broadcast, direct) get the op span
+// with their algorithm named, without per-segment events.
 #pragma once
 
 #include <c10/core/ScalarType.h>
