@@ -107,6 +107,8 @@ class WorkerConfig:
     # --pair-dtypes: these dtypes run side by side in each case (cases carry the first).
     pair_dtypes: List[str] = field(default_factory=list)
     extra_env: Dict[str, str] = field(default_factory=dict)
+    # --untraced: labels of ringpg groups whose RINGPG_TRACE tracing is switched off.
+    untraced: List[str] = field(default_factory=list)
     # --emulate: the TCP ring ceiling (slowest link of the ring probe) an earlier world
     # size measured on the same links; a rank that probes itself uses its own.
     ceiling_GBps: Optional[float] = None
@@ -140,6 +142,10 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
     groups: Dict[str, Any] = {}
     for label, name in zip(cfg.labels, cfg.backends):
         groups[label] = dist.new_group(backend=name, timeout=timeout)
+        if label in cfg.untraced:
+            import ringpg  # type: ignore[import-not-found]
+
+            ringpg.backend(groups[label]).tracing = False
 
     out = open(cfg.result_path, "a") if rank == 0 else None
 
@@ -541,6 +547,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g.add_argument("--min-bytes", default="1KiB")
     g.add_argument("--max-bytes", default="256MiB")
     g.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    g.add_argument("--untraced", default="",
+                   help="comma list of ringpg labels whose tracing is switched off, to measure RINGPG_TRACE's cost "
+                        "in the same processes: RINGPG_TRACE=/tmp/t ... --backends ringpg,ringpg --untraced "
+                        "'ringpg#2' --baseline 'ringpg#2' (ratio = untraced time / traced time)")
     g.add_argument("--check", action="store_true",
                    help="correctness only: 1 KiB..64 KiB plus odd counts, few iterations, exit 1 on any "
                         "wrong element (what CI runs)")
@@ -607,6 +617,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             args.backends.append("nccl")
     if not args.backends:
         ap.error("no backends")
+    args.untraced = _csv_list(args.untraced)
+    labels = C.unique_labels(args.backends)
+    for lb in args.untraced:
+        if lb not in labels or not lb.startswith("ringpg"):
+            ap.error(f"--untraced {lb!r} is not a ringpg label of --backends (labels: {','.join(labels)})")
+    if args.untraced and not os.environ.get("RINGPG_TRACE"):
+        ap.error("--untraced switches tracing off for some groups: set RINGPG_TRACE=DIR for the others")
     if args.probe is None:
         args.probe = not args.check
     args.warmup = args.warmup if args.warmup is not None else (1 if args.check else 2)
@@ -664,6 +681,7 @@ def _config(args: argparse.Namespace, ws: int, cases: List[Case], init_method: s
         progress_offset=offset, progress_total=total, extra_env=extra_env,
         launcher_pid=None if torchrun_env() else os.getpid(),
         pair_dtypes=list(args.dtypes) if args.pair_dtypes else [],
+        untraced=list(args.untraced),
     )
 
 

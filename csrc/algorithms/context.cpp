@@ -33,11 +33,22 @@ bool OpContext::fusedRecvReduce(int peer) const {
   return shm_ && peer == shm_->left();
 }
 
-RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t count, size_t es, RedOp op) {
+RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t count, size_t es, RedOp op,
+                                 int step, int chunk, int64_t segment) {
   TORCH_INTERNAL_ASSERT(fusedRecvReduce(peer));
   const c10::ScalarType dtype = dtype_;
   // Fragments start at multiples of the slot size, a multiple of 64 bytes, so each
   // holds whole elements.
+  if (OpTrace* t = trace_) {
+    // Traced: the same reduction, timed on the thread whose wait pulled the fragment.
+    return shm_->postRecvInto(header(), static_cast<size_t>(count) * es,
+                              [=](const char* src, size_t offset, size_t n) {
+                                const int64_t begin = traceNow();
+                                reduce(dtype, op, dst + offset, in + offset, src, static_cast<int64_t>(n / es));
+                                t->segment(TraceKind::Reduce, "reduce", begin, step, chunk, segment, peer,
+                                           static_cast<int64_t>(n));
+                              });
+  }
   return shm_->postRecvInto(header(), static_cast<size_t>(count) * es,
                             [=](const char* src, size_t offset, size_t n) {
                               reduce(dtype, op, dst + offset, in + offset, src, static_cast<int64_t>(n / es));

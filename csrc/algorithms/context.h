@@ -9,6 +9,7 @@
 
 #include "common/config.h"
 #include "common/errors.h"
+#include "common/trace.h"
 #include "reduce/reduce.h"
 #include "transport/engine.h"
 #include "transport/shm.h"
@@ -43,8 +44,10 @@ class OpContext {
   bool fusedRecvReduce(int peer) const;
   // recvReduce, fused: dst[i] = in[i] (op) received[i] for `count` elements of this
   // op's dtype (`elemSize` bytes each).  Requires fusedRecvReduce(peer); `in` must be
-  // ready when it is posted.
-  RequestPtr recvReduce(int peer, char* dst, const char* in, int64_t count, size_t elemSize, RedOp op);
+  // ready when it is posted.  When the op is traced, each fragment's reduction is a
+  // "reduce" event of ring step `step`, chunk `chunk`, segment `segment`.
+  RequestPtr recvReduce(int peer, char* dst, const char* in, int64_t count, size_t elemSize, RedOp op,
+                        int step = -1, int chunk = -1, int64_t segment = -1);
   // Blocks until `req` completes; throws a c10d error naming op, rank and peer on
   // failure or when the op's deadline passes (which also breaks the engine, so no
   // late byte can land in a buffer the caller is about to free).
@@ -61,6 +64,11 @@ class OpContext {
   // The header every frame of this op carries (the payload length aside).
   FrameHeader header() const;
 
+  // This op's trace buffer (RINGPG_TRACE), or null when tracing is off: recording
+  // sites test it (common/trace.h).
+  OpTrace* trace() const { return trace_; }
+  void setTrace(OpTrace* t) { trace_ = t; }
+
  private:
   Engine& engine_;
   const Config& cfg_;
@@ -73,6 +81,7 @@ class OpContext {
   std::vector<char>& scratch_;
   std::vector<char>& workspace_;
   ShmRing* shm_; // null: every frame goes through the engine
+  OpTrace* trace_ = nullptr;
 };
 
 } // namespace ringpg

@@ -15,6 +15,9 @@ enum class Direction : uint8_t { ToRoot, FromRoot };
 // receives at the root, scatter sends from it; the root posts in ring-distance order.
 void rootedExchange(OpContext& c, int root, Direction dir, char* mine, const std::vector<char*>& atRoot,
                     size_t nbytes) {
+  if (c.trace()) {
+    c.trace()->algorithm = "direct";
+  }
   const int p = c.size();
   const int r = c.rank();
   // The root receives what comes to it, every other rank what comes from it.
@@ -57,6 +60,9 @@ void scatterFrom(OpContext& c, int root, const std::vector<const char*>& inputs,
 
 void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op,
                       const std::function<void(char*, int64_t)>& finalize) {
+  if (c.trace()) {
+    c.trace()->algorithm = "one_shot";
+  }
   const int p = c.size();
   const int r = c.rank();
   const size_t nbytes = static_cast<size_t>(count) * elemSize;
@@ -86,6 +92,9 @@ void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, 
 
 void allToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
               const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
+  if (c.trace()) {
+    c.trace()->algorithm = "direct";
+  }
   const int p = c.size();
   const int r = c.rank();
   std::vector<RequestPtr> reqs;

@@ -84,8 +84,15 @@ class RingSweep {
   enum class Final : uint8_t { No, Yes };
   enum class Forward : uint8_t { No, Yes };
   // Receives every non-empty segment of step `step` in order, and for each: reduces it
-  // into the local input, marks it final, forwards it, as asked.
-  void receiveStep(int step, Reduce reduceIt, Final final, Forward forward);
+  // into the local input, marks it final, forwards it, as asked.  `name`: the
+  // primitive's, for the trace.
+  void receiveStep(const char* name, int step, Reduce reduceIt, Final final, Forward forward);
+  // Posts segment `j` (`n` elements at `src`) of chunk `chunk` to the right: a send of step `step`.
+  void postSend(int step, int chunk, int64_t j, const char* src, int64_t n);
+  // RINGPG_TRACE: the span of primitive `name`, from `begin` to now.
+  void tracePrimitive(const char* name, int64_t begin, int step, int recvChunk, int sendChunk) {
+    trace_->add(TraceEvent{name, TraceKind::Primitive, begin, traceNow(), step, recvChunk, sendChunk, -1, 0, 0});
+  }
 
   int64_t unitOf(int step, int64_t segment) const {
     return static_cast<int64_t>(step - firstStep_) * plan_.segments + segment;
@@ -104,6 +111,7 @@ class RingSweep {
   void postAhead(int64_t done);
 
   OpContext& c_;
+  OpTrace* const trace_;  // null unless RINGPG_TRACE: off, a recording site is a never-taken branch or two
   const RingJob& job_;
   const RingBuffers& b_;
   const int p_;
@@ -121,10 +129,12 @@ class RingSweep {
   std::vector<RequestPtr> sends_;
   std::vector<RequestPtr> recvs_; // by unit
   int64_t posted_ = 0;            // units whose receive is posted (or empty)
+  std::vector<int64_t> postedAt_; // traced: when each unit's receive was posted
 };
 
 RingSweep::RingSweep(OpContext& c, const RingJob& job, const RingBuffers& b)
-    : c_(c), job_(job), b_(b), p_(c.size()), r_(c.rank()), es_(job.elemSize), fused_(c.fusedRecvReduce(c.left())) {
+    : c_(c), trace_(c.trace()), job_(job), b_(b), p_(c.size()), r_(c.rank()), es_(job.elemSize),
+      fused_(c.fusedRecvReduce(c.left())) {
   // Segments: at most the configured size, but at least minSegments per chunk (down to
   // kMinSegmentBytes) so that the ring's fill and drain, about one segment per step,
   // stay a small part of the whole.  Over shared memory a segment costs a hand-off
@@ -146,6 +156,12 @@ RingSweep::RingSweep(OpContext& c, const RingJob& job, const RingBuffers& b)
   slots_ = job.reduceScatter && !fused_ ? c.scratch(slotBytes_ * window_) : nullptr;
   inputReady_.assign(p_, !job.awaitInput);
   recvs_.resize(units_);
+  if (trace_) {
+    trace_->algorithm = "ring";
+    trace_->ring = TraceRingPlan{job.count, static_cast<int64_t>(es_), plan_.segments, plan_.segElems, window_,
+                                 fused_, job.reduceScatter, job.allGather};
+    postedAt_.assign(units_, 0);
+  }
 }
 
 Range RingSweep::recvRange(int step, int64_t j) const {
@@ -178,9 +194,13 @@ void RingSweep::postAhead(int64_t done) {
       continue; // the neighbour computes the same empty range and sends nothing
     }
     const int chunk = ringRecvChunk(r_, p_, step);
+    if (trace_) {
+      postedAt_[posted_] = traceNow();
+    }
     if (isReduceStep(step) && fused_) {
       needInput(chunk); // the reduction may run during any later wait
-      recvs_[posted_] = c_.recvReduce(c_.left(), home(chunk, R), b_.input + R.offset * es_, R.length, es_, job_.op);
+      recvs_[posted_] = c_.recvReduce(c_.left(), home(chunk, R), b_.input + R.offset * es_, R.length, es_, job_.op,
+                                      step, chunk, posted_ % plan_.segments);
     } else if (isReduceStep(step)) {
       // Slot u % window is free again: unit u - window was reduced before u was posted.
       recvs_[posted_] = c_.recv(c_.left(), slots_ + (posted_ % window_) * slotBytes_, R.length * es_);
@@ -190,7 +210,16 @@ void RingSweep::postAhead(int64_t done) {
   }
 }
 
+void RingSweep::postSend(int step, int chunk, int64_t j, const char* src, int64_t n) {
+  const int64_t begin = trace_ ? traceNow() : 0;
+  sends_.push_back(c_.send(c_.right(), src, n * es_));
+  if (trace_) {
+    trace_->segment(TraceKind::Send, "send", begin, step, chunk, j, c_.right(), n * static_cast<int64_t>(es_));
+  }
+}
+
 void RingSweep::send(int step) {
+  const int64_t begin = trace_ ? traceNow() : 0;
   const int chunk = ringSendChunk(r_, p_, step);
   for (const auto j : c10::irange(plan_.segments)) {
     const Range R = sendRange(step, j);
@@ -204,17 +233,25 @@ void RingSweep::send(int step) {
     } else {
       src = home(chunk, R);
     }
-    sends_.push_back(c_.send(c_.right(), src, R.length * es_));
+    postSend(step, chunk, j, src, R.length);
+  }
+  if (trace_) {
+    tracePrimitive("send", begin, step, -1, chunk);
   }
 }
 
 void RingSweep::copyOwnChunk() {
   if (b_.own && !ownChunk_.empty()) {
+    const int64_t begin = trace_ ? traceNow() : 0;
     std::memcpy(b_.work + ownChunk_.offset * es_, b_.own, ownChunk_.length * es_);
+    if (trace_) {
+      tracePrimitive("copyOwnChunk", begin, -1, -1, -1);
+    }
   }
 }
 
-void RingSweep::receiveStep(int step, Reduce reduceIt, Final final, Forward forward) {
+void RingSweep::receiveStep(const char* name, int step, Reduce reduceIt, Final final, Forward forward) {
+  const int64_t stepBegin = trace_ ? traceNow() : 0;
   const int chunk = ringRecvChunk(r_, p_, step);
   for (const auto j : c10::irange(plan_.segments)) {
     const int64_t u = unitOf(step, j);
@@ -223,13 +260,23 @@ void RingSweep::receiveStep(int step, Reduce reduceIt, Final final, Forward forw
     if (R.empty()) {
       continue;
     }
+    const int64_t waitBegin = trace_ ? traceNow() : 0;
     c_.wait(recvs_[u]);
+    if (trace_) {
+      trace_->segment(TraceKind::Recv, "recv", waitBegin, step, chunk, j, c_.left(),
+                      R.length * static_cast<int64_t>(es_), postedAt_[u]);
+    }
     recvs_[u].reset();
     char* dst = home(chunk, R);
     if (reduceIt == Reduce::Yes && !fused_) {
       // dst = local contribution (op) what the left neighbour accumulated.
       needInput(chunk);
+      const int64_t reduceBegin = trace_ ? traceNow() : 0;
       reduce(c_.dtype(), job_.op, dst, b_.input + R.offset * es_, slots_ + (u % window_) * slotBytes_, R.length);
+      if (trace_) {
+        trace_->segment(TraceKind::Reduce, "reduce", reduceBegin, step, chunk, j, c_.left(),
+                        R.length * static_cast<int64_t>(es_));
+      }
     }
     if (final == Final::Yes) {
       if (reduceIt == Reduce::Yes && job_.finalize) {
@@ -240,33 +287,40 @@ void RingSweep::receiveStep(int step, Reduce reduceIt, Final final, Forward forw
       }
     }
     if (forward == Forward::Yes) {
-      sends_.push_back(c_.send(c_.right(), dst, R.length * es_)); // step + 1's send
+      postSend(step + 1, chunk, j, dst, R.length); // step + 1's send: what arrived at step k leaves at k + 1
     }
+  }
+  if (trace_) {
+    tracePrimitive(name, stepBegin, step, chunk, forward == Forward::Yes ? chunk : -1);
   }
 }
 
 void RingSweep::recvReduceSend(int step) {
-  receiveStep(step, Reduce::Yes, Final::No, Forward::Yes);
+  receiveStep("recvReduceSend", step, Reduce::Yes, Final::No, Forward::Yes);
 }
 
 void RingSweep::recvReduceCopySend(int step) {
-  receiveStep(step, Reduce::Yes, Final::Yes, Forward::Yes);
+  receiveStep("recvReduceCopySend", step, Reduce::Yes, Final::Yes, Forward::Yes);
 }
 
 void RingSweep::recvReduceCopy(int step) {
-  receiveStep(step, Reduce::Yes, Final::Yes, Forward::No);
+  receiveStep("recvReduceCopy", step, Reduce::Yes, Final::Yes, Forward::No);
 }
 
 void RingSweep::recvCopySend(int step) {
-  receiveStep(step, Reduce::No, Final::Yes, Forward::Yes);
+  receiveStep("recvCopySend", step, Reduce::No, Final::Yes, Forward::Yes);
 }
 
 void RingSweep::recv(int step) {
-  receiveStep(step, Reduce::No, Final::Yes, Forward::No);
+  receiveStep("recv", step, Reduce::No, Final::Yes, Forward::No);
 }
 
 void RingSweep::finish() {
+  const int64_t begin = trace_ ? traceNow() : 0;
   c_.waitAll(sends_);
+  if (trace_) {
+    tracePrimitive("finish", begin, -1, -1, -1);
+  }
 }
 
 } // namespace
@@ -305,6 +359,9 @@ void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
 }
 
 void chainBroadcast(OpContext& c, char* data, size_t nbytes, int root) {
+  if (c.trace()) {
+    c.trace()->algorithm = "chain";
+  }
   const int p = c.size();
   if (p == 1 || nbytes == 0) {
     return;

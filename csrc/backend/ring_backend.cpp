@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "algorithms/clock_sync.h"
 #include "algorithms/collectives.h"
 #include "algorithms/host_buffer.h"
 #include "backend/validation.h"
@@ -41,6 +42,8 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   shmSpinMicros_ = cfg_.shmSpinMicros(size, usableCpus());
   shm_ = ShmRing::connect(*store, mesh.keyPrefix, rank, size, cfg_.shmAllowed, slotBytes, shmSpinMicros_,
                           Clock::now() + timeout);
+  tracer_ = openTrace(*engine_, shm_.get(), cfg_, groupName_, rank, size, Clock::now() + timeout);
+  tracing_ = tracer_ != nullptr;
   worker_ = std::thread([this] { workerLoop(); });
   if (rank == 0) {
     LOG(INFO) << "ringpg: group '" << groupName_ << "' size " << size << " on " << localAddress_ << ": "
@@ -75,12 +78,19 @@ void RingBackend::stop(bool graceful) {
   if (worker_.joinable()) {
     worker_.join(); // drains the queue first: each op ends by its deadline
   }
+  tracing_ = false;
+  tracer_.reset(); // closes the trace file: a complete JSON array from here on
   if (engine_) {
     if (graceful) {
       engine_->shutdown(Clock::now() + std::chrono::seconds(2));
     }
     engine_.reset();
   }
+}
+
+void RingBackend::setTracing(bool on) {
+  TORCH_CHECK(!on || tracer_, "ringpg: tracing needs RINGPG_TRACE=DIR set before the group is created");
+  tracing_ = on;
 }
 
 void RingBackend::shutdown() {
@@ -182,6 +192,8 @@ void RingBackend::execute(Queued& q) {
     OpContext ctx(*engine_, cfg_, q.tag, getSize(), q.opcode, q.dtype, q.numel, Clock::now() + q.timeout,
                   scratch_, workspace_, shm_.get());
     engine_->setCurrentCollective(ctx.header());
+    TraceOpScope traced(tracing() ? tracer_.get() : nullptr, q.tag.op, q.tag.seq, q.numel, q.dtype); // RINGPG_TRACE
+    ctx.setTrace(traced.op());
     q.fn(ctx);
   } catch (const c10::Error& e) {
     error = std::current_exception();

@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -26,6 +27,7 @@
 #include "backend/ring_work.h"
 #include "common/config.h"
 #include "common/torch_compat.h"
+#include "common/trace.h"
 #include "transport/engine.h"
 #include "transport/shm.h"
 
@@ -116,6 +118,14 @@ class RingBackend final : public c10d::Backend {
     return engine_->congestionControl();
   }
 
+  // RINGPG_TRACE: whether this group's ops are being traced.  Off without RINGPG_TRACE;
+  // with it, on from the start and switchable at any time (trace a window of a job,
+  // or alternate in the bench); a switch applies from the next op.
+  bool tracing() const {
+    return tracing_.load(std::memory_order_relaxed);
+  }
+  void setTracing(bool on);
+
   // The address this rank's listener used (diagnostics and tests).
   const std::string& localAddress() const {
     return localAddress_;
@@ -168,6 +178,8 @@ class RingBackend final : public c10d::Backend {
   std::thread worker_;
   std::vector<char> scratch_;   // used by the op that is running_ only
   std::vector<char> workspace_; // likewise (OpContext::workspace)
+  std::unique_ptr<Tracer> tracer_; // RINGPG_TRACE (common/trace.h), else null
+  std::atomic<bool> tracing_{false}; // tracer_ && not switched off (setTracing)
 };
 
 } // namespace ringpg

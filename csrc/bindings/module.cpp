@@ -64,6 +64,8 @@ PYBIND11_MODULE(_C, m) {
                              "'shm' when the ring moves through shared memory (all ranks on one host), else 'tcp'")
       .def_property_readonly("tcp_congestion", &ringpg::RingBackend::tcpCongestion,
                              "TCP congestion control of the data sockets (RINGPG_TCP_CONGESTION, or the host's default)")
+      .def_property("tracing", &ringpg::RingBackend::tracing, &ringpg::RingBackend::setTracing,
+                    "whether this group's ops are traced (RINGPG_TRACE); switchable, from the next op")
       .def_property_readonly("wait_spin_us", &ringpg::RingBackend::waitSpinMicros,
                              "microseconds a wait polls before it sleeps (RINGPG_SPIN_US, or auto's choice)")
       .def("_debug_send_raw", [](ringpg::RingBackend& b, int peer, py::bytes data) {

@@ -58,6 +58,9 @@ Config load() {
   } else if (auto g = c10::utils::get_env("GLOO_SOCKET_IFNAME"); g && !g->empty()) {
     c.ifname = *g;
   }
+  if (auto v = c10::utils::get_env("RINGPG_TRACE"); v && !v->empty()) {
+    c.traceDir = *v;
+  }
   return c;
 }
 
@@ -76,7 +79,8 @@ std::string Config::summary() const {
       " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
       " transport_allowed=", shmAllowed ? "auto" : "tcp",
       " tcp_congestion=", tcpCongestion.empty() ? std::string("default") : tcpCongestion,
-      " ifname=", ifname.empty() ? std::string("(hostname)") : ifname);
+      " ifname=", ifname.empty() ? std::string("(hostname)") : ifname,
+      " trace=", traceDir.empty() ? std::string("off") : traceDir);
 }
 
 } // namespace ringpg

@@ -34,6 +34,9 @@ struct Config {
   std::string tcpCongestion;
   // Interface to bind (RINGPG_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME); empty = hostname.
   std::string ifname;
+  // Directory each rank writes its per-step timeline to (RINGPG_TRACE, common/trace.h);
+  // empty: no tracing.
+  std::string traceDir;
 
   // Spin of waits on the TCP engine: the setting, or none under kSpinAuto.
   int engineSpinMicros() const { return spinMicros == kSpinAuto ? 0 : spinMicros; }
