@@ -618,7 +618,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if not args.backends:
         ap.error("no backends")
     args.untraced = _csv_list(args.untraced)
-    labels = C.unique_labels(args.backends)
+    labels = unique_labels(args.backends)
     for lb in args.untraced:
         if lb not in labels or not lb.startswith("ringpg"):
             ap.error(f"--untraced {lb!r} is not a ringpg label of --backends (labels: {','.join(labels)})")
