@@ -447,8 +447,6 @@ def test_abort_with_a_pending_op_fails_it(failover: dict[int, dict[str, Any]]) -
         print(f"  {k}: {[failover[r].get(k) for r in (0, 1)]}")
 
 
-@pytest.mark.xfail(reason="issue 19 item 5: ringpg's messages ('connection closed by peer', 'timed out waiting') "
-                          "are not yet in the words torchft matches", strict=False)
 def test_errors_use_the_words_torchft_matches(failover: dict[int, dict[str, Any]]) -> None:
     msgs = [failover[r]["killed_err"] for r in (0, 1)] + [failover[0]["frozen_err"]]
     assert all(re.search(TORCHFT_ERROR_RE, m) for m in msgs), msgs

@@ -38,8 +38,9 @@ ClockOffset measureClockOffset(Engine& engine, const Config& cfg, int rank, int 
   // the difference of the two one-way delays, and on one host (true offset 0) a ping
   // over a socket answered through shared memory read 17 us off; the same path both
   // ways reads mostly under 2 us (more when the host is busy: see clock_rtt_ns).
-  OpContext c(engine, cfg, OpTag{"trace_clock_sync", 0, rank}, size, static_cast<uint8_t>(c10d::OpType::UNKNOWN),
-              c10::kLong, 1, deadline, scratch, workspace, /*shm=*/nullptr);
+  OpContext c(engine, cfg, OpTag{"trace_clock_sync", 0, rank}, size,
+              OpSignature(c10d::OpType::UNKNOWN, c10::kLong, 1), deadline, scratch, workspace,
+              /*shm=*/nullptr);
   engine.setCurrentCollective(c.header());
   int64_t more = 1; // the ping: 1 while more rounds follow, 0 on the last
   int64_t answer = 0;

@@ -8,10 +8,11 @@ namespace ringpg {
 
 FrameHeader OpContext::header() const {
   FrameHeader h = frameOfKind(FrameKind::Collective);
-  h.opcode = opcode_;
-  h.dtype = static_cast<uint8_t>(dtype_);
+  h.opcode = static_cast<uint8_t>(sig_.type);
+  h.dtype = static_cast<uint8_t>(sig_.dtype);
+  h.reduceOp = static_cast<uint8_t>(sig_.reduceOp);
   h.key = tag_.seq;
-  h.opNumel = opNumel_;
+  h.opNumel = sig_.numel;
   return h;
 }
 
@@ -36,7 +37,7 @@ bool OpContext::fusedRecvReduce(int peer) const {
 RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t count, size_t es, RedOp op,
                                  int step, int chunk, int64_t segment) {
   TORCH_INTERNAL_ASSERT(fusedRecvReduce(peer));
-  const c10::ScalarType dtype = dtype_;
+  const c10::ScalarType dtype = sig_.dtype;
   // Fragments start at multiples of the slot size, a multiple of 64 bytes, so each
   // holds whole elements.
   if (OpTrace* t = trace_) {
@@ -60,8 +61,8 @@ void OpContext::wait(const RequestPtr& req) {
   if (!done) {
     const bool isSend = hasKind(req->hdr, FrameKind::Collective) && req->progress > 0;
     const std::string msg = c10::str(
-        describe(tag_), ": timed out waiting for rank ", req->peer, " (", req->len, "-byte ",
-        isSend ? "send" : "transfer", " pending); the op's deadline (the group's timeout) has passed. "
+        describe(tag_), ": Timed out waiting for rank ", req->peer, " after ", timeout_.count(), " ms (",
+        req->len, "-byte ", isSend ? "send" : "transfer", " pending; the op's timeout). "
         "The peer may be stuck, stopped, or calling a different collective.");
     engine_.fail(msg); // later ops fail at once with this cause
     throwBackend(msg);

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <c10/core/ScalarType.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <cstdint>
 #include <vector>
@@ -16,21 +18,36 @@
 
 namespace ringpg {
 
+// What every rank must agree on for one collective.  Each of its frames carries it
+// (transport/wire.h), so ranks that call different ops, dtypes, sizes or ReduceOps
+// fail with a mismatch instead of combining unrelated data.
+struct OpSignature {
+  OpSignature(c10d::OpType type, c10::ScalarType dtype, uint64_t numel,
+              c10d::ReduceOp::RedOpType reduceOp = c10d::ReduceOp::UNUSED)
+      : type(type), dtype(dtype), numel(numel), reduceOp(reduceOp) {}
+  OpSignature() = default;
+  c10d::OpType type = c10d::OpType::UNKNOWN;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  uint64_t numel = 0; // the op's element count as this rank sees it
+  c10d::ReduceOp::RedOpType reduceOp = c10d::ReduceOp::UNUSED; // UNUSED: the op does not reduce
+};
+static_assert(c10d::ReduceOp::UNUSED == kNoReduceOp, "wire.h names the frame of an op that does not reduce");
+
 class OpContext {
  public:
-  OpContext(Engine& engine, const Config& cfg, OpTag tag, int size, uint8_t opcode,
-            c10::ScalarType dtype, uint64_t opNumel, Deadline deadline, std::vector<char>& scratch,
-            std::vector<char>& workspace,
-            ShmRing* shm = nullptr)
-      : engine_(engine), cfg_(cfg), tag_(tag), size_(size), opcode_(opcode),
-        dtype_(dtype), opNumel_(opNumel), deadline_(deadline), scratch_(scratch),
-        workspace_(workspace), shm_(shm) {}
+  OpContext(Engine& engine, const Config& cfg, OpTag tag, int size, OpSignature sig, Deadline deadline,
+            std::vector<char>& scratch, std::vector<char>& workspace, ShmRing* shm = nullptr)
+      : engine_(engine), cfg_(cfg), tag_(tag), size_(size), sig_(sig), deadline_(deadline),
+        // The op's timeout, for messages: the deadline was set to now + timeout just
+        // before, so rounding the time left to whole ms gives the timeout back.
+        timeout_(std::chrono::round<std::chrono::milliseconds>(deadline - Clock::now())),
+        scratch_(scratch), workspace_(workspace), shm_(shm) {}
 
   int rank() const { return tag_.rank; }
   int size() const { return size_; }
   int left() const { return (tag_.rank + size_ - 1) % size_; }
   int right() const { return (tag_.rank + 1) % size_; }
-  c10::ScalarType dtype() const { return dtype_; }
+  c10::ScalarType dtype() const { return sig_.dtype; }
   const Config& config() const { return cfg_; }
   const OpTag& tag() const { return tag_; }
 
@@ -74,10 +91,9 @@ class OpContext {
   const Config& cfg_;
   OpTag tag_;
   int size_;
-  uint8_t opcode_;
-  c10::ScalarType dtype_;
-  uint64_t opNumel_;
+  OpSignature sig_;
   Deadline deadline_;
+  std::chrono::milliseconds timeout_;
   std::vector<char>& scratch_;
   std::vector<char>& workspace_;
   ShmRing* shm_; // null: every frame goes through the engine

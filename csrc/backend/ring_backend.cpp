@@ -112,8 +112,7 @@ std::chrono::milliseconds RingBackend::effectiveTimeout(std::chrono::millisecond
 
 // ---- Stage 2: sequence number and queue ------------------------------------------
 
-c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(OpType type, const char* name, const char* profilingTitle,
-                                                    c10::ScalarType dtype, uint64_t numel,
+c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(const char* name, const char* profilingTitle, OpSignature sig,
                                                     std::chrono::milliseconds timeout, bool asyncOp,
                                                     std::vector<at::Tensor> outputs,
                                                     const std::vector<at::Tensor>& inputs, OpFn fn) {
@@ -123,7 +122,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(OpType type, const char* nam
   std::unique_lock<std::mutex> lk(queueMu_);
   RINGPG_CHECK(!stopping_, name, "the process group has been shut down");
   const uint64_t seq = ++seq_;
-  auto work = c10::make_intrusive<RingWork>(getRank(), type, name, seq, profilingTitle, std::move(outputs), inputs,
+  auto work = c10::make_intrusive<RingWork>(getRank(), sig.type, name, seq, profilingTitle, std::move(outputs), inputs,
                                             effectiveTimeout(timeout));
   if (sync) {
     work->setOnSynchronize([sync] { sync->blockCurrentStream(); });
@@ -133,8 +132,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(OpType type, const char* nam
       sync->markDone();
     };
   }
-  Queued q{work, std::move(fn), OpTag{name, seq, getRank()}, static_cast<uint8_t>(type), dtype, numel,
-           effectiveTimeout(timeout)};
+  Queued q{work, std::move(fn), OpTag{name, seq, getRank()}, sig, effectiveTimeout(timeout)};
   if (!asyncOp && !sync && !running_ && queue_.empty()) {
     running_ = true;
     lk.unlock();
@@ -189,10 +187,10 @@ void RingBackend::execute(Queued& q) {
       const std::string msg = c10::str(describe(q.tag), ": not run, the group failed earlier: ", broken);
       network ? throwNetwork(msg) : throwBackend(msg);
     }
-    OpContext ctx(*engine_, cfg_, q.tag, getSize(), q.opcode, q.dtype, q.numel, Clock::now() + q.timeout,
-                  scratch_, workspace_, shm_.get());
+    OpContext ctx(*engine_, cfg_, q.tag, getSize(), q.sig, Clock::now() + q.timeout, scratch_, workspace_,
+                  shm_.get());
     engine_->setCurrentCollective(ctx.header());
-    TraceOpScope traced(tracing() ? tracer_.get() : nullptr, q.tag.op, q.tag.seq, q.numel, q.dtype); // RINGPG_TRACE
+    TraceOpScope traced(tracing() ? tracer_.get() : nullptr, q.tag.op, q.tag.seq, q.sig.numel, q.sig.dtype); // RINGPG_TRACE
     ctx.setTrace(traced.op());
     q.fn(ctx);
   } catch (const c10::Error& e) {
@@ -221,7 +219,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce(std::vector<at::Tensor>& t
   checkSingle(op, tensors);
   at::Tensor t = tensors[0];
   const Reduction red = toReduction(op, opts.reduceOp, t.scalar_type());
-  return enqueue(OpType::ALLREDUCE, op, "ringpg:all_reduce", reduceDtype(t.scalar_type()), t.numel(), opts.timeout,
+  return enqueue(op, "ringpg:all_reduce",
+                 OpSignature(OpType::ALLREDUCE, reduceDtype(t.scalar_type()), t.numel(), opts.reduceOp), opts.timeout,
                  compat::asyncOp(opts), tensors, tensors,
                  [t, red](OpContext& c) { collectives::allreduce(c, t, red); });
 }
@@ -232,8 +231,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allreduce_coalesced(std::vector<at::
   const uint64_t total = checkUniform(op, tensors);
   const Reduction red = toReduction(op, opts.reduceOp, tensors[0].scalar_type());
   std::vector<at::Tensor> ts = tensors;
-  return enqueue(OpType::ALLREDUCE_COALESCED, op, "ringpg:allreduce_coalesced", reduceDtype(ts[0].scalar_type()),
-                 total, opts.timeout, compat::asyncOp(opts), tensors, tensors,
+  return enqueue(op, "ringpg:allreduce_coalesced",
+                 OpSignature(OpType::ALLREDUCE_COALESCED, reduceDtype(ts[0].scalar_type()), total, opts.reduceOp),
+                 opts.timeout, compat::asyncOp(opts), tensors, tensors,
                  [ts, red](OpContext& c) { collectives::allreduceCoalesced(c, ts, red); });
 }
 
@@ -244,7 +244,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& t
   checkRoot(op, opts.rootRank, getSize());
   at::Tensor t = tensors[0];
   const int root = static_cast<int>(opts.rootRank);
-  return enqueue(OpType::BROADCAST, op, "ringpg:broadcast", t.scalar_type(), t.numel(), opts.timeout,
+  return enqueue(op, "ringpg:broadcast", OpSignature(OpType::BROADCAST, t.scalar_type(), t.numel()), opts.timeout,
                  compat::asyncOp(opts), tensors, tensors,
                  [t, root](OpContext& c) { collectives::broadcast(c, t, root); });
 }
@@ -257,7 +257,8 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce(std::vector<at::Tensor>& tens
   at::Tensor t = tensors[0];
   const Reduction red = toReduction(op, opts.reduceOp, t.scalar_type());
   const int root = static_cast<int>(opts.rootRank);
-  return enqueue(OpType::REDUCE, op, "ringpg:reduce", reduceDtype(t.scalar_type()), t.numel(), opts.timeout,
+  return enqueue(op, "ringpg:reduce",
+                 OpSignature(OpType::REDUCE, reduceDtype(t.scalar_type()), t.numel(), opts.reduceOp), opts.timeout,
                  compat::asyncOp(opts), tensors, tensors,
                  [t, red, root](OpContext& c) { collectives::reduce(c, t, red, root); });
 }
@@ -267,8 +268,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::_allgather_base(at::Tensor& output, 
   const char* op = "all_gather_into_tensor";
   checkScaledPair(op, input, output, getSize(), "input", "output");
   at::Tensor in = input, out = output;
-  return enqueue(OpType::_ALLGATHER_BASE, op, "ringpg:all_gather_into_tensor", input.scalar_type(), input.numel(),
-                 opts.timeout, compat::asyncOp(opts), {output}, {input},
+  return enqueue(op, "ringpg:all_gather_into_tensor",
+                 OpSignature(OpType::_ALLGATHER_BASE, input.scalar_type(), input.numel()), opts.timeout,
+                 compat::asyncOp(opts), {output}, {input},
                  [in, out](OpContext& c) { collectives::allGatherInto(c, in, out); });
 }
 
@@ -279,7 +281,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather(std::vector<std::vector<at
   checkSingle(op, inputs);
   at::Tensor in = inputs[0];
   std::vector<at::Tensor> outs = checkPerRankList(op, outputs, in, getSize(), "output");
-  return enqueue(OpType::ALLGATHER, op, "ringpg:all_gather", in.scalar_type(), in.numel(), opts.timeout,
+  return enqueue(op, "ringpg:all_gather", OpSignature(OpType::ALLGATHER, in.scalar_type(), in.numel()), opts.timeout,
                  compat::asyncOp(opts), outs, inputs,
                  [in, outs](OpContext& c) { collectives::allGather(c, in, outs); });
 }
@@ -299,8 +301,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather_coalesced(std::vector<std:
     }
   }
   std::vector<at::Tensor> ins = inputs;
-  return enqueue(OpType::ALLGATHER_COALESCED, op, "ringpg:allgather_coalesced", inputs[0].scalar_type(), total,
-                 opts.timeout, compat::asyncOp(opts), outs, inputs,
+  return enqueue(op, "ringpg:allgather_coalesced",
+                 OpSignature(OpType::ALLGATHER_COALESCED, inputs[0].scalar_type(), total), opts.timeout,
+                 compat::asyncOp(opts), outs, inputs,
                  [ins, outs](OpContext& c) { collectives::allGatherCoalesced(c, ins, outs); });
 }
 
@@ -317,9 +320,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::allgather_into_tensor_coalesced(std:
     total += inputs[i].numel();
   }
   std::vector<at::Tensor> ins = inputs, outs = outputs;
-  return enqueue(OpType::COALESCED, op, "ringpg:allgather_into_tensor_coalesced", inputs[0].scalar_type(), total,
-                 opts.timeout, compat::asyncOp(opts), outputs, inputs,
-                 [ins, outs](OpContext& c) { collectives::allGatherIntoCoalesced(c, ins, outs); });
+  return enqueue(op, "ringpg:allgather_into_tensor_coalesced",
+                 OpSignature(OpType::COALESCED, inputs[0].scalar_type(), total), opts.timeout, compat::asyncOp(opts),
+                 outputs, inputs, [ins, outs](OpContext& c) { collectives::allGatherIntoCoalesced(c, ins, outs); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -328,8 +331,10 @@ c10::intrusive_ptr<c10d::Work> RingBackend::_reduce_scatter_base(at::Tensor& out
   checkScaledPair(op, output, input, getSize(), "output", "input");
   const Reduction red = toReduction(op, opts.reduceOp, input.scalar_type());
   at::Tensor in = input, out = output;
-  return enqueue(OpType::_REDUCE_SCATTER_BASE, op, "ringpg:reduce_scatter_tensor", reduceDtype(input.scalar_type()),
-                 input.numel(), opts.timeout, compat::asyncOp(opts), {output}, {input},
+  return enqueue(op, "ringpg:reduce_scatter_tensor",
+                 OpSignature(OpType::_REDUCE_SCATTER_BASE, reduceDtype(input.scalar_type()), input.numel(),
+                             opts.reduceOp),
+                 opts.timeout, compat::asyncOp(opts), {output}, {input},
                  [in, out, red](OpContext& c) { collectives::reduceScatterInto(c, in, out, red); });
 }
 
@@ -341,8 +346,10 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(std::vector<at::Tenso
   at::Tensor out = outputs[0];
   std::vector<at::Tensor> ins = checkPerRankList(op, inputs, out, getSize(), "input");
   const Reduction red = toReduction(op, opts.reduceOp, out.scalar_type());
-  return enqueue(OpType::REDUCE_SCATTER, op, "ringpg:reduce_scatter", reduceDtype(out.scalar_type()),
-                 out.numel() * getSize(), opts.timeout, compat::asyncOp(opts), outputs, ins,
+  return enqueue(op, "ringpg:reduce_scatter",
+                 OpSignature(OpType::REDUCE_SCATTER, reduceDtype(out.scalar_type()), out.numel() * getSize(),
+                             opts.reduceOp),
+                 opts.timeout, compat::asyncOp(opts), outputs, ins,
                  [ins, out, red](OpContext& c) { collectives::reduceScatter(c, ins, out, red); });
 }
 
@@ -358,8 +365,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter_tensor_coalesced(std:
   }
   const Reduction red = toReduction(op, opts.reduceOp, inputs[0].scalar_type());
   std::vector<at::Tensor> ins = inputs, outs = outputs;
-  return enqueue(OpType::COALESCED, op, "ringpg:reduce_scatter_tensor_coalesced",
-                 reduceDtype(inputs[0].scalar_type()), total, opts.timeout, compat::asyncOp(opts), outputs, inputs,
+  return enqueue(op, "ringpg:reduce_scatter_tensor_coalesced",
+                 OpSignature(OpType::COALESCED, reduceDtype(inputs[0].scalar_type()), total, opts.reduceOp),
+                 opts.timeout, compat::asyncOp(opts), outputs, inputs,
                  [ins, outs, red](OpContext& c) { collectives::reduceScatterIntoCoalesced(c, ins, outs, red); });
 }
 
@@ -372,7 +380,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::gather(std::vector<std::vector<at::T
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor in = inputs[0];
   std::vector<at::Tensor> outs = checkRootList(op, outputs, in, getRank(), root, getSize(), "output");
-  return enqueue(OpType::GATHER, op, "ringpg:gather", in.scalar_type(), in.numel(), opts.timeout,
+  return enqueue(op, "ringpg:gather", OpSignature(OpType::GATHER, in.scalar_type(), in.numel()), opts.timeout,
                  compat::asyncOp(opts), outs, inputs,
                  [in, outs, root](OpContext& c) { collectives::gather(c, in, outs, root); });
 }
@@ -386,7 +394,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::scatter(std::vector<at::Tensor>& out
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor out = outputs[0];
   std::vector<at::Tensor> ins = checkRootList(op, inputs, out, getRank(), root, getSize(), "input");
-  return enqueue(OpType::SCATTER, op, "ringpg:scatter", out.scalar_type(), out.numel(), opts.timeout,
+  return enqueue(op, "ringpg:scatter", OpSignature(OpType::SCATTER, out.scalar_type(), out.numel()), opts.timeout,
                  compat::asyncOp(opts), outputs, ins,
                  [ins, out, root](OpContext& c) { collectives::scatter(c, ins, out, root); });
 }
@@ -412,7 +420,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output, at
   RINGPG_CHECK(ins[getRank()] * inRow == outs[getRank()] * outRow, op,
                "this rank's own input and output splits differ in size");
   at::Tensor in = input, out = output;
-  return enqueue(OpType::ALLTOALL_BASE, op, "ringpg:all_to_all", input.scalar_type(), 0, opts.timeout,
+  return enqueue(op, "ringpg:all_to_all", OpSignature(OpType::ALLTOALL_BASE, input.scalar_type(), 0), opts.timeout,
                  compat::asyncOp(opts), {output}, {input},
                  [in, out, ins, outs](OpContext& c) { collectives::allToAllSingle(c, in, out, ins, outs); });
 }
@@ -435,13 +443,13 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& ou
   RINGPG_CHECK(inputs[getRank()].numel() == outputs[getRank()].numel(), op,
                "this rank's own input and output differ in size");
   std::vector<at::Tensor> ins = inputs, outs = outputs;
-  return enqueue(OpType::ALLTOALL, op, "ringpg:all_to_all", inputs[0].scalar_type(), 0, opts.timeout,
+  return enqueue(op, "ringpg:all_to_all", OpSignature(OpType::ALLTOALL, inputs[0].scalar_type(), 0), opts.timeout,
                  compat::asyncOp(opts), outputs, inputs,
                  [ins, outs](OpContext& c) { collectives::allToAll(c, ins, outs); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::barrier(const c10d::BarrierOptions& opts) {
-  return enqueue(OpType::BARRIER, "barrier", "ringpg:barrier", at::kByte, getSize(), opts.timeout,
+  return enqueue("barrier", "ringpg:barrier", OpSignature(OpType::BARRIER, at::kByte, getSize()), opts.timeout,
                  compat::asyncOp(opts), {}, {}, [](OpContext& c) { collectives::barrier(c); });
 }
 

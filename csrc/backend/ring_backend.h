@@ -137,18 +137,14 @@ class RingBackend final : public c10d::Backend {
     c10::intrusive_ptr<RingWork> work;
     OpFn fn;
     OpTag tag;
-    uint8_t opcode;
-    c10::ScalarType dtype;
-    uint64_t numel;
+    OpSignature sig;
     std::chrono::milliseconds timeout;
   };
 
   // Stage 2: takes a sequence number and queues `fn` for the worker, or, for a
   // synchronous call on CPU tensors while the group is idle, runs it right here in
   // the caller's thread (same order, same deadline, no thread hand-offs).
-  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name, const char* profilingTitle,
-                                         c10::ScalarType dtype, uint64_t numel,
-                                         std::chrono::milliseconds timeout, bool asyncOp,
+  c10::intrusive_ptr<c10d::Work> enqueue(const char* name, const char* profilingTitle, OpSignature sig, std::chrono::milliseconds timeout, bool asyncOp,
                                          std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs,
                                          OpFn fn);
   void execute(Queued& q);

@@ -49,7 +49,7 @@ std::string implausibleFrame(int peer, const FrameHeader& h) {
 }
 
 std::string shutDownBy(int peer) {
-  return c10::str("ringpg: rank ", peer, " has shut down this process group");
+  return c10::str("ringpg: rank ", peer, " has shut down this process group (Connection closed by peer)");
 }
 
 bool wouldBlock(int err) {
@@ -519,8 +519,9 @@ void Engine::broadcastAbortLocked() {
 }
 
 std::string Engine::peerLostReason(int p, const char* how) {
-  return c10::str("ringpg: rank ", rank_, " lost its connection to rank ", p, ": ", how,
-                  " (the peer process probably exited, crashed or was killed)");
+  // "Connection closed by peer", gloo's words, is what torchft and scripts match on.
+  return c10::str("ringpg: rank ", rank_, " lost its connection to rank ", p, ": Connection closed by peer (", how,
+                  "; the peer process probably exited, crashed or was killed)");
 }
 
 // The connection to peer p failed (`how`) while this group was healthy.  Before
@@ -640,7 +641,7 @@ void Engine::readPeer(int p, std::unique_lock<std::mutex>& lk, Completions& done
       return;
     }
     if (r == 0) {
-      failLostPeerLocked(p, "connection closed by peer", lk, done);
+      failLostPeerLocked(p, "end of stream", lk, done);
       return;
     }
     if (r < 0) {
