@@ -16,6 +16,20 @@ import torch
 BACKEND_ENV = "RINGPG_TEST_BACKEND"
 REFERENCE_BACKEND = "gloo"
 
+# Worker environments (InitSpec.env) that put ringpg's ring on each of its transports:
+# shared memory is the default on one host; RINGPG_TRANSPORT=tcp keeps it on sockets.
+TRANSPORT_ENVS: dict[str, tuple[tuple[str, str], ...]] = {
+    "shm": (),
+    "tcp": (("RINGPG_TRANSPORT", "tcp"),),
+}
+ONESHOT_BYTES_DEFAULT = 262144  # README: RINGPG_ONESHOT_BYTES
+
+
+def oneshot_limit_bytes(world_size: int) -> int:
+    """Largest allreduce (bytes) that ringpg runs one-shot rather than on the ring (README's rule)."""
+    per_peer = int(os.environ.get("RINGPG_ONESHOT_BYTES", ONESHOT_BYTES_DEFAULT))
+    return per_peer * (world_size - 1)
+
 
 def backend_under_test() -> str:
     """The backend the tests exercise: ``$RINGPG_TEST_BACKEND`` or ``"ringpg"``."""

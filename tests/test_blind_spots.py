@@ -1,0 +1,162 @@
+"""Blind spots of the suite (issue #23), each against gloo in the same processes.
+
+* #23 point 1: scatter, gather, all_to_all_single and list all_gather leave their
+  *inputs* unchanged (a clone kept before the call is compared after it), besides
+  their outputs matching gloo's (:func:`test_inputs_unchanged`);
+* point 2: the ring allreduce (sizes past the one-shot limit,
+  ``RINGPG_ONESHOT_BYTES`` x (world size - 1)) on uint8, int64, bool and complex64,
+  on a numel divisible by the world size and an odd one that is not
+  (:func:`test_ring_allreduce_dtypes`);
+* point 3: over TCP, the reduce-op, reduce-to-every-root and coalesced batteries of
+  test_surface_reduce_ops.py / test_surface_collectives.py, which otherwise run only
+  on shared memory (:func:`test_tcp_surface`);
+* point 5: world size 8, more ranks than cores: all_reduce (one-shot and ring),
+  reduce_scatter_tensor and all_gather_into_tensor (:func:`test_world_size_8`).
+
+Every test runs on both transports (shared memory, and TCP through
+``RINGPG_TRANSPORT=tcp``) except the TCP-only point 3.  Data are small integers or
+random bits, so every comparison is exact.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Optional
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from benchmarks.backends import global_rank, transport_of
+from harness import (
+    TRANSPORT_ENVS,
+    CheckReport,
+    Checker,
+    Groups,
+    InitSpec,
+    WorkerPool,
+    assert_reports_ok,
+    backend_under_test,
+    dtype_name,
+    make_data,
+    oneshot_limit_bytes,
+    ref_all_gather,
+    ref_all_reduce,
+    ref_reduce_scatter,
+    run_workers,
+    sentinel_like,
+)
+from surface_utils import BITWISE_OPS, finish, guarded, random_raw, ref_reduce, small_complex, small_ints
+
+TRANSPORTS = tuple(TRANSPORT_ENVS)
+
+
+@pytest.fixture(scope="module")
+def bpool(world_size: int, transport: str) -> Iterator[WorkerPool]:
+    """Workers for ``world_size`` ranks whose ringpg group runs on ``transport``."""
+    p = WorkerPool(world_size, InitSpec(env=TRANSPORT_ENVS[transport]))
+    yield p
+    p.close()
+
+
+def on_transports(*transports: str) -> Callable[[Any], Any]:
+    """Parametrize a test over world sizes 2 and 3 and the given transports (module scope)."""
+    def mark(fn: Any) -> Any:
+        fn = pytest.mark.parametrize("transport", transports, scope="module")(fn)
+        return pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}", scope="module")(fn)
+    return mark
+
+
+def check_transport(chk: Checker, groups: Groups, transport: str) -> None:
+    """The group under test really runs on ``transport`` (ringpg only)."""
+    if groups.backend == "ringpg":
+        got = transport_of(groups.test)
+        chk.true(f"group runs on {transport}", got == transport, f"got {got!r}")
+
+
+# ----------------------------------------------------- point 1: inputs unchanged
+
+UNCHANGED_DTYPES = (torch.int64, torch.float32, torch.uint8)
+# (1000,) stays in one message; (3, 70001) crosses shared-memory slots.
+UNCHANGED_SHAPES: tuple[tuple[int, ...], ...] = ((1,), (1000,), (3, 70001))
+
+
+def check_unchanged(chk: Checker, case: str, tensors: Optional[list[torch.Tensor]], kept: Optional[list[torch.Tensor]]) -> None:
+    """Every tensor in ``tensors`` still equals its clone in ``kept``."""
+    for i, (t, k) in enumerate(zip(tensors or [], kept or [])):
+        chk.equal(f"{case} [input {i} unchanged]", t, k)
+
+
+def clones(tensors: Optional[list[torch.Tensor]]) -> Optional[list[torch.Tensor]]:
+    return None if tensors is None else [t.clone() for t in tensors]
+
+
+def a2a_split(src: int, dst: int, ws: int, numel: int) -> int:
+    """Elements ``src`` sends ``dst`` in the unequal all_to_all_single (some zero)."""
+    return (src + dst) % ws * numel // ws + dst
+
+
+def inputs_unchanged_worker(rank: int, ws: int, groups: Groups, transport: str) -> CheckReport:
+    """scatter/gather from every root, all_to_all_single (equal and unequal splits), list all_gather."""
+    chk = Checker(rank)
+    check_transport(chk, groups, transport)
+    g, ref = groups.test, groups.ref
+    for dtype in UNCHANGED_DTYPES:
+        for shape in UNCHANGED_SHAPES:
+            tag = f"dtype={dtype_name(dtype)} ws={ws} shape={shape} {transport}"
+            for root in range(ws):
+                case = f"gather {tag} dst={root}"
+                x = make_data(rank, case, shape, dtype)
+                kept = x.clone()
+                outs = [sentinel_like(shape, dtype) for _ in range(ws)] if rank == root else None
+                guarded(chk, case, lambda: dist.gather(x, outs, dst=global_rank(g, root), group=g))
+                check_unchanged(chk, case, [x], [kept])
+                expected = ref_all_gather(kept.reshape(-1), ref).reshape(ws, *shape)
+                for i, o in enumerate(outs or []):
+                    chk.equal(f"{case} [from rank {i}]", o, expected[i])
+
+                case = f"scatter {tag} src={root}"
+                inputs = [make_data(rank, f"{case} [{i}]", shape, dtype) for i in range(ws)] if rank == root else None
+                kept_in = clones(inputs)
+                got = sentinel_like(shape, dtype)
+                guarded(chk, case, lambda: dist.scatter(got, inputs, src=global_rank(g, root), group=g))
+                check_unchanged(chk, case, inputs, kept_in)
+                want = sentinel_like(shape, dtype)
+                dist.scatter(want, kept_in, src=global_rank(ref, root), group=ref)
+                chk.equal(case, got, want)
+
+            numel = 1
+            for s in shape:
+                numel *= s
+            for splits in ("equal", "unequal"):
+                case = f"all_to_all_single splits={splits} {tag}"
+                if splits == "equal":
+                    in_splits = out_splits = None
+                    n_in = n_out = numel * ws
+                else:
+                    in_splits = [a2a_split(rank, j, ws, numel) for j in range(ws)]
+                    out_splits = [a2a_split(j, rank, ws, numel) for j in range(ws)]
+                    n_in, n_out = sum(in_splits), sum(out_splits)
+                x = make_data(rank, case, (n_in,), dtype)
+                kept = x.clone()
+                got = sentinel_like((n_out,), dtype)
+                guarded(chk, case, lambda: dist.all_to_all_single(got, x, out_splits, in_splits, group=g))
+                check_unchanged(chk, case, [x], [kept])
+                want = sentinel_like((n_out,), dtype)
+                dist.all_to_all_single(want, kept, out_splits, in_splits, group=ref)
+                chk.equal(case, got, want)
+
+            case = f"all_gather(list) {tag}"
+            x = make_data(rank, case, shape, dtype)
+            kept = x.clone()
+            outs = [sentinel_like(shape, dtype) for _ in range(ws)]
+            guarded(chk, case, lambda: dist.all_gather(outs, x, group=g))
+            check_unchanged(chk, case, [x], [kept])
+            want = [sentinel_like(shape, dtype) for _ in range(ws)]
+            dist.all_gather(want, kept, group=ref)
+            for i in range(ws):
+                chk.equal(f"{case} [from rank {i}]", outs[i], want[i])
+    return finish(chk, g)
+
+
+@on_transports(*TRANSPORTS)
+def test_inputs_unchanged(bpool: WorkerPool, transport: str) -> None:
+    assert_reports_ok(bpool.run(inputs_unchanged_worker, transport, timeout=240))
