@@ -43,6 +43,7 @@ from harness import (
     ref_reduce_scatter,
     run_workers,
     sentinel_like,
+    skip_case,
 )
 from surface_utils import BITWISE_OPS, finish, guarded, random_raw, ref_reduce, small_complex, small_ints
 
@@ -160,3 +161,54 @@ def inputs_unchanged_worker(rank: int, ws: int, groups: Groups, transport: str) 
 @on_transports(*TRANSPORTS)
 def test_inputs_unchanged(bpool: WorkerPool, transport: str) -> None:
     assert_reports_ok(bpool.run(inputs_unchanged_worker, transport, timeout=240))
+
+
+# ------------------------------------------------- point 2: ring allreduce dtypes
+
+# (dtype, ops, data): ops gloo (or surface_utils.ref_reduce) has for the dtype.
+RING_CASES: tuple[tuple[torch.dtype, tuple[str, ...], str], ...] = (
+    (torch.uint8, ("SUM", "MIN", "MAX", "PRODUCT", *BITWISE_OPS), "ints"),
+    (torch.int64, ("SUM", "MIN", "MAX", "PRODUCT", "AVG", *BITWISE_OPS), "ints"),
+    (torch.bool, ("SUM", "MIN", "MAX", "PRODUCT", *BITWISE_OPS), "bits"),
+    (torch.complex64, ("SUM",), "complex"),
+)
+
+
+def ring_numels(ws: int, dtype: torch.dtype) -> tuple[int, int]:
+    """Past the one-shot limit: a multiple of ``ws``, and an odd numel ``ws`` does not divide."""
+    first = oneshot_limit_bytes(ws) // dtype.itemsize + 1
+    divisible = first + (-first) % ws
+    odd = first if first % 2 else first + 1
+    while odd % ws == 0:
+        odd += 2
+    return divisible, odd
+
+
+def ring_input(rank: int, case: str, n: int, dtype: torch.dtype, op: str, data: str) -> torch.Tensor:
+    if data == "bits" or op in BITWISE_OPS:
+        return random_raw(rank, case, (n,), dtype)
+    if data == "complex":
+        return small_complex(rank, case, (n,), dtype)
+    return small_ints(rank, case, (n,), dtype, "product" if op == "PRODUCT" else "small")
+
+
+def ring_allreduce_worker(rank: int, ws: int, groups: Groups, transport: str) -> CheckReport:
+    """all_reduce past the one-shot limit on uint8/int64/bool/complex64, exact against gloo."""
+    chk = Checker(rank)
+    check_transport(chk, groups, transport)
+    for dtype, ops, data in RING_CASES:
+        for n in ring_numels(ws, dtype):
+            for op in ops:
+                if skip_case(groups.backend, op, dtype):
+                    continue
+                case = f"ring all_reduce op={op} dtype={dtype_name(dtype)} ws={ws} numel={n} {transport}"
+                x = ring_input(rank, case, n, dtype, op, data)
+                got = x.clone()
+                guarded(chk, case, lambda: dist.all_reduce(got, op=getattr(dist.ReduceOp, op), group=groups.test))
+                chk.equal(case, got, ref_reduce(x, op, groups.ref))
+    return finish(chk, groups.test)
+
+
+@on_transports(*TRANSPORTS)
+def test_ring_allreduce_dtypes(bpool: WorkerPool, transport: str) -> None:
+    assert_reports_ok(bpool.run(ring_allreduce_worker, transport, timeout=240))
