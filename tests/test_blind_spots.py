@@ -32,10 +32,12 @@ from harness import (
     Checker,
     Groups,
     InitSpec,
+    TaskFn,
     WorkerPool,
     assert_reports_ok,
     backend_under_test,
     dtype_name,
+    known_gap,
     make_data,
     oneshot_limit_bytes,
     ref_all_gather,
@@ -45,6 +47,9 @@ from harness import (
     sentinel_like,
     skip_case,
 )
+import test_collectives
+import test_surface_collectives
+import test_surface_reduce_ops
 from surface_utils import BITWISE_OPS, finish, guarded, random_raw, ref_reduce, small_complex, small_ints
 
 TRANSPORTS = tuple(TRANSPORT_ENVS)
@@ -71,6 +76,12 @@ def check_transport(chk: Checker, groups: Groups, transport: str) -> None:
     if groups.backend == "ringpg":
         got = transport_of(groups.test)
         chk.true(f"group runs on {transport}", got == transport, f"got {got!r}")
+
+
+def transport_worker(rank: int, ws: int, groups: Groups, transport: str) -> CheckReport:
+    chk = Checker(rank)
+    check_transport(chk, groups, transport)
+    return chk.report()
 
 
 # ----------------------------------------------------- point 1: inputs unchanged
@@ -212,3 +223,35 @@ def ring_allreduce_worker(rank: int, ws: int, groups: Groups, transport: str) ->
 @on_transports(*TRANSPORTS)
 def test_ring_allreduce_dtypes(bpool: WorkerPool, transport: str) -> None:
     assert_reports_ok(bpool.run(ring_allreduce_worker, transport, timeout=240))
+
+
+# ------------------------------------------- point 3: the surface batteries on TCP
+
+# (id, worker, args, the gloo gap that skips it in RINGPG_TEST_BACKEND=gloo runs).
+# The workers are the shared-memory suite's own (imported, not copied).
+TCP_BATTERIES: tuple[tuple[str, TaskFn, Any, Optional[str]], ...] = (
+    # reduce to every root (non-zero ones included), harness.DTYPES x SUM/AVG/MIN/MAX/PRODUCT
+    ("reduce_every_dst", test_surface_reduce_ops.reduce_every_dst_worker, None, None),
+    # all_reduce, every dtype x SUM/AVG/MIN/MAX/PRODUCT x numels up to 2**20+3
+    ("all_reduce_ops", test_collectives.all_reduce_worker, "flat", None),
+    ("premul_sum", test_surface_reduce_ops.premul_sum_worker, None, "PREMUL_SUM"),
+    ("bitwise", test_surface_reduce_ops.bitwise_worker, None, None),
+    ("all_gather_list", test_collectives.all_gather_list_worker, "flat", None),
+    # all_reduce_coalesced / all_gather_coalesced
+    ("deprecated_coalesced", test_surface_collectives.deprecated_coalesced_worker, None, None),
+    # _coalescing_manager around all_reduce / all_gather_into_tensor / reduce_scatter_tensor
+    ("coalescing_manager", test_surface_collectives.coalescing_manager_worker, None, None),
+    # funcol all_gather_into_tensor_coalesced / reduce_scatter_tensor_coalesced
+    ("functional_coalesced", test_surface_collectives.functional_coalesced_worker, None, None),
+)
+
+
+@on_transports("tcp")
+@pytest.mark.parametrize("battery", TCP_BATTERIES, ids=lambda b: b[0])
+def test_tcp_surface(bpool: WorkerPool, battery: tuple[str, TaskFn, Any, Optional[str]]) -> None:
+    """A battery of the API-surface suite (run there on shared memory only) over TCP."""
+    _, worker, args, gap = battery
+    if gap is not None and known_gap(backend_under_test(), gap):
+        pytest.skip(f"{backend_under_test()} lacks: {gap}")
+    assert_reports_ok(bpool.run(transport_worker, "tcp"))
+    assert_reports_ok(bpool.run(worker, args, timeout=240))
