@@ -255,3 +255,49 @@ def test_tcp_surface(bpool: WorkerPool, battery: tuple[str, TaskFn, Any, Optiona
         pytest.skip(f"{backend_under_test()} lacks: {gap}")
     assert_reports_ok(bpool.run(transport_worker, "tcp"))
     assert_reports_ok(bpool.run(worker, args, timeout=240))
+
+
+# ------------------------------------------------------- point 5: world size 8
+
+WS8 = 8
+# A smaller one-shot limit (64 KiB x 7 peers = 448 KiB), so that a 1 MiB all_reduce
+# runs the ring at world size 8 without tensors past 1 MiB.
+WS8_ONESHOT_BYTES = 65536
+WS8_RING_NUMEL = 2**18 - 5  # int32: just under 1 MiB, not a multiple of 8
+WS8_BLOCKS = (3, 2**15)  # per-rank blocks of reduce_scatter / all_gather (whole: 96 B, 1 MiB)
+
+
+def world_size_8_worker(rank: int, ws: int, groups: Groups, transport: str) -> CheckReport:
+    """all_reduce (one-shot and ring), reduce_scatter_tensor, all_gather_into_tensor; int32."""
+    chk = Checker(rank)
+    check_transport(chk, groups, transport)
+    dtype = torch.int32
+    chk.true("the big all_reduce is past the one-shot limit",
+             WS8_RING_NUMEL * dtype.itemsize > oneshot_limit_bytes(ws), f"limit {oneshot_limit_bytes(ws)} B")
+    for op in ("SUM", "MAX"):
+        for n in (1000, WS8_RING_NUMEL):
+            case = f"all_reduce op={op} dtype=int32 ws={ws} numel={n} {transport}"
+            x = make_data(rank, case, (n,), dtype)
+            got = x.clone()
+            guarded(chk, case, lambda: dist.all_reduce(got, op=getattr(dist.ReduceOp, op), group=groups.test))
+            chk.equal(case, got, ref_all_reduce(x, op, groups.ref))
+        for block in WS8_BLOCKS:
+            case = f"reduce_scatter_tensor op={op} dtype=int32 ws={ws} numel={block * ws} {transport}"
+            x = make_data(rank, case, (block * ws,), dtype)
+            out = sentinel_like((block,), dtype)
+            guarded(chk, case, lambda: dist.reduce_scatter_tensor(out, x.clone(), op=getattr(dist.ReduceOp, op), group=groups.test))
+            chk.equal(case, out, ref_reduce_scatter(x, op, groups.ref))
+    for block in WS8_BLOCKS:
+        case = f"all_gather_into_tensor dtype=int32 ws={ws} numel={block} {transport}"
+        x = make_data(rank, case, (block,), dtype)
+        out = sentinel_like((block * ws,), dtype)
+        guarded(chk, case, lambda: dist.all_gather_into_tensor(out, x, group=groups.test))
+        chk.equal(case, out, ref_all_gather(x, groups.ref))
+    return finish(chk, groups.test)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_world_size_8(transport: str) -> None:
+    """Eight ranks on a machine with fewer cores: every wait must yield, nothing may hang."""
+    env = (*TRANSPORT_ENVS[transport], ("RINGPG_ONESHOT_BYTES", str(WS8_ONESHOT_BYTES)))
+    assert_reports_ok(run_workers(world_size_8_worker, WS8, transport, InitSpec(env=env), timeout=120))
