@@ -5,13 +5,15 @@
   their outputs matching gloo's (:func:`test_inputs_unchanged`);
 * point 2: the ring allreduce (sizes past the one-shot limit,
   ``RINGPG_ONESHOT_BYTES`` x (world size - 1)) on uint8, int64, bool and complex64,
-  on a numel divisible by the world size and an odd one that is not
+  on a numel divisible by the world size and an odd one that is not; ringpg's
+  traces (``RINGPG_TRACE``) must show every one of them on the ring
   (:func:`test_ring_allreduce_dtypes`);
 * point 3: over TCP, the reduce-op, reduce-to-every-root and coalesced batteries of
   test_surface_reduce_ops.py / test_surface_collectives.py, which otherwise run only
   on shared memory (:func:`test_tcp_surface`);
 * point 5: world size 8, more ranks than cores: all_reduce (one-shot and ring),
-  reduce_scatter_tensor and all_gather_into_tensor (:func:`test_world_size_8`).
+  reduce_scatter_tensor and all_gather_into_tensor, the traces telling the ring and
+  one-shot all_reduces apart (:func:`test_world_size_8`).
 
 Every test runs on both transports (shared memory, and TCP through
 ``RINGPG_TRANSPORT=tcp``) except the TCP-only point 3.  Data are small integers or
@@ -40,6 +42,7 @@ from harness import (
     known_gap,
     make_data,
     oneshot_limit_bytes,
+    traced_algorithms,
     ref_all_gather,
     ref_all_reduce,
     ref_reduce_scatter,
@@ -78,10 +81,9 @@ def check_transport(chk: Checker, groups: Groups, transport: str) -> None:
         chk.true(f"group runs on {transport}", got == transport, f"got {got!r}")
 
 
-def transport_worker(rank: int, ws: int, groups: Groups, transport: str) -> CheckReport:
-    chk = Checker(rank)
-    check_transport(chk, groups, transport)
-    return chk.report()
+def transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> Optional[str]:
+    """The transport of the group under test (None unless ringpg)."""
+    return transport_of(groups.test) if groups.backend == "ringpg" else None
 
 
 # ----------------------------------------------------- point 1: inputs unchanged
@@ -220,9 +222,27 @@ def ring_allreduce_worker(rank: int, ws: int, groups: Groups, transport: str) ->
     return finish(chk, groups.test)
 
 
-@on_transports(*TRANSPORTS)
-def test_ring_allreduce_dtypes(bpool: WorkerPool, transport: str) -> None:
-    assert_reports_ok(bpool.run(ring_allreduce_worker, transport, timeout=240))
+def assert_ring_ran(trace_dir: str, ws: int, sizes: set[int]) -> None:
+    """ringpg's traces show the ring, not the one-shot path, for every all_reduce of ``sizes`` bytes."""
+    algorithms = traced_algorithms(trace_dir, "all_reduce")
+    missing = sizes - set(algorithms)
+    assert not missing, f"no traced all_reduce of {sorted(missing)} bytes; traced: {algorithms}"
+    limit = oneshot_limit_bytes(ws)
+    for size in sizes:
+        assert size > limit and algorithms[size] == {"ring"}, (size, limit, algorithms[size])
+
+
+@pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}")
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_ring_allreduce_dtypes(world_size: int, transport: str, tmp_path: Any) -> None:
+    """Own (traced) workers: the traces must show that every case ran the ring."""
+    env = TRANSPORT_ENVS[transport]
+    if backend_under_test() == "ringpg":
+        env = (*env, ("RINGPG_TRACE", str(tmp_path)))
+    assert_reports_ok(run_workers(ring_allreduce_worker, world_size, transport, InitSpec(env=env), timeout=240))
+    if backend_under_test() == "ringpg":
+        sizes = {n * dtype.itemsize for dtype, _, _ in RING_CASES for n in ring_numels(world_size, dtype)}
+        assert_ring_ran(str(tmp_path), world_size, sizes)
 
 
 # ------------------------------------------- point 3: the surface batteries on TCP
@@ -253,7 +273,8 @@ def test_tcp_surface(bpool: WorkerPool, battery: tuple[str, TaskFn, Any, Optiona
     _, worker, args, gap = battery
     if gap is not None and known_gap(backend_under_test(), gap):
         pytest.skip(f"{backend_under_test()} lacks: {gap}")
-    assert_reports_ok(bpool.run(transport_worker, "tcp"))
+    if backend_under_test() == "ringpg":
+        assert bpool.run(transport_worker) == ["tcp"] * bpool.world_size
     assert_reports_ok(bpool.run(worker, args, timeout=240))
 
 
@@ -297,7 +318,16 @@ def world_size_8_worker(rank: int, ws: int, groups: Groups, transport: str) -> C
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_world_size_8(transport: str) -> None:
-    """Eight ranks on a machine with fewer cores: every wait must yield, nothing may hang."""
+def test_world_size_8(transport: str, tmp_path: Any) -> None:
+    """Eight ranks on a machine with fewer cores: every wait must yield, nothing may hang.
+
+    The traces must show the big all_reduce on the ring and the small one not.
+    """
     env = (*TRANSPORT_ENVS[transport], ("RINGPG_ONESHOT_BYTES", str(WS8_ONESHOT_BYTES)))
+    if backend_under_test() == "ringpg":
+        env = (*env, ("RINGPG_TRACE", str(tmp_path)))
     assert_reports_ok(run_workers(world_size_8_worker, WS8, transport, InitSpec(env=env), timeout=120))
+    if backend_under_test() == "ringpg":
+        algorithms = traced_algorithms(str(tmp_path), "all_reduce")
+        assert algorithms.get(WS8_RING_NUMEL * 4) == {"ring"}, algorithms
+        assert "ring" not in algorithms.get(1000 * 4, {"ring"}), algorithms

@@ -4,7 +4,8 @@ One module a room; every test imports what it needs from ``harness`` itself:
 
 * :mod:`harness.backend`: which backend is under test (``$RINGPG_TEST_BACKEND``,
   default ``ringpg``), what a live group of it says, the worker environments of
-  ringpg's two transports (:data:`TRANSPORT_ENVS`) and its one-shot allreduce limit;
+  ringpg's two transports (:data:`TRANSPORT_ENVS`), its one-shot allreduce limit and
+  the algorithms its traces show (:func:`traced_algorithms`);
 * :mod:`harness.gloo_gaps`: the one registry of features gloo lacks, for runs that
   substitute gloo for ringpg (:func:`known_gap`, :func:`skip_case`);
 * :mod:`harness.data`: deterministic integer data, dtypes, ops and sizes swept;
@@ -28,6 +29,7 @@ from .backend import (
     cpu_backend,
     entry_point_installed,
     oneshot_limit_bytes,
+    traced_algorithms,
     wait_spin_of,
 )
 from .checking import CheckReport, Checker, assert_reports_ok, describe_mismatch, smoke_checks

@@ -41,6 +41,21 @@ def cpu_backend(group: Any) -> Any:
     return group._get_backend(torch.device("cpu"))
 
 
+def traced_algorithms(trace_dir: str, op: str) -> dict[int, set[str]]:
+    """Bytes -> algorithms of every ``op`` span in ringpg's traces in ``trace_dir`` (``RINGPG_TRACE``).
+
+    Read once the groups are destroyed (their files are then closed).
+    """
+    from ringpg import trace
+
+    seen: dict[int, set[str]] = {}
+    for t in trace.load(trace_dir):
+        for span in t.ops():
+            if span["name"] == op:
+                seen.setdefault(int(span["args"]["bytes"]), set()).add(str(span["args"]["algorithm"]))
+    return seen
+
+
 def wait_spin_of(group: Any) -> Optional[int]:
     """Microseconds ringpg's waits poll before sleeping (RINGPG_SPIN_US or auto's choice); None for others."""
     import ringpg
