@@ -33,6 +33,7 @@ from harness import (
     CheckReport,
     Groups,
     InitSpec,
+    TRANSPORT_ENVS,
     WorkerPool,
     assert_reports_ok,
     backend_under_test,
@@ -55,8 +56,8 @@ SMALL_SLOT = 65536
 SPIN = "500"
 # (name, environment, expected transport)
 CONFIGS = [
-    ("shm", (), "shm"),
-    ("tcp", (("RINGPG_TRANSPORT", "tcp"),), "tcp"),
+    ("shm", TRANSPORT_ENVS["shm"], "shm"),
+    ("tcp", TRANSPORT_ENVS["tcp"], "tcp"),
     # ...and reduce-scatter's partial sums in a buffer of their own per op past 4 KiB
     # (the kept workspace is what every other configuration runs).
     ("shm-64k-slots", (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)), ("RINGPG_WORK_CACHE_BYTES", "4096")), "shm"),

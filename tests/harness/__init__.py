@@ -3,7 +3,9 @@
 One module a room; every test imports what it needs from ``harness`` itself:
 
 * :mod:`harness.backend`: which backend is under test (``$RINGPG_TEST_BACKEND``,
-  default ``ringpg``) and what a live group of it says;
+  default ``ringpg``), what a live group of it says, the worker environments of
+  ringpg's two transports (:data:`TRANSPORT_ENVS`), its one-shot allreduce limit and
+  the algorithms its traces show (:func:`traced_algorithms`);
 * :mod:`harness.gloo_gaps`: the one registry of features gloo lacks, for runs that
   substitute gloo for ringpg (:func:`known_gap`, :func:`skip_case`);
 * :mod:`harness.data`: deterministic integer data, dtypes, ops and sizes swept;
@@ -19,7 +21,17 @@ the ``benchmarks`` package; ``tests/conftest.py`` puts the repository root on
 from __future__ import annotations
 
 # Re-exported, so that a test writes ``from harness import Checker, make_data, WorkerPool``.
-from .backend import BACKEND_ENV, REFERENCE_BACKEND, backend_under_test, cpu_backend, entry_point_installed, wait_spin_of
+from .backend import (
+    BACKEND_ENV,
+    REFERENCE_BACKEND,
+    TRANSPORT_ENVS,
+    backend_under_test,
+    cpu_backend,
+    entry_point_installed,
+    oneshot_limit_bytes,
+    traced_algorithms,
+    wait_spin_of,
+)
 from .checking import CheckReport, Checker, assert_reports_ok, describe_mismatch, smoke_checks
 from .data import (
     BIG_DTYPES,

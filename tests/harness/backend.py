@@ -16,6 +16,20 @@ import torch
 BACKEND_ENV = "RINGPG_TEST_BACKEND"
 REFERENCE_BACKEND = "gloo"
 
+# Worker environments (InitSpec.env) that put ringpg's ring on each of its transports:
+# shared memory is the default on one host; RINGPG_TRANSPORT=tcp keeps it on sockets.
+TRANSPORT_ENVS: dict[str, tuple[tuple[str, str], ...]] = {
+    "shm": (),
+    "tcp": (("RINGPG_TRANSPORT", "tcp"),),
+}
+ONESHOT_BYTES_DEFAULT = 262144  # README: RINGPG_ONESHOT_BYTES
+
+
+def oneshot_limit_bytes(world_size: int) -> int:
+    """Largest allreduce (bytes) that ringpg runs one-shot rather than on the ring (README's rule)."""
+    per_peer = int(os.environ.get("RINGPG_ONESHOT_BYTES", ONESHOT_BYTES_DEFAULT))
+    return per_peer * (world_size - 1)
+
 
 def backend_under_test() -> str:
     """The backend the tests exercise: ``$RINGPG_TEST_BACKEND`` or ``"ringpg"``."""
@@ -25,6 +39,21 @@ def backend_under_test() -> str:
 def cpu_backend(group: Any) -> Any:
     """The c10d Backend object serving ``group``'s CPU tensors (ringpg's RingBackend, say)."""
     return group._get_backend(torch.device("cpu"))
+
+
+def traced_algorithms(trace_dir: str, op: str) -> dict[int, set[str]]:
+    """Bytes -> algorithms of every ``op`` span in ringpg's traces in ``trace_dir`` (``RINGPG_TRACE``).
+
+    Read once the groups are destroyed (their files are then closed).
+    """
+    from ringpg import trace
+
+    seen: dict[int, set[str]] = {}
+    for t in trace.load(trace_dir):
+        for span in t.ops():
+            if span["name"] == op:
+                seen.setdefault(int(span["args"]["bytes"]), set()).add(str(span["args"]["algorithm"]))
+    return seen
 
 
 def wait_spin_of(group: Any) -> Optional[int]:

@@ -21,7 +21,6 @@ GLOO_GAPS: frozenset[str] = frozenset(
         "PREMUL_SUM",  # "Cannot use ReduceOp.PREMUL_SUM with Gloo"
         "wide integer dtypes",  # int16/uint16/uint32/uint64: "Invalid scalar type"
         "raw dtypes",  # same for float8 and the wide integers in any collective
-        "AVG in reduce_scatter",  # returns the SUM (pytorch#162338)
         "complex reduce and reduce_scatter",  # reduce/reduce_scatter_tensor do not view complex as real
         "unequal all_to_all lists",  # "ProcessGroupGloo::alltoall: invalid tensor size"
         "complex gather",  # dist.gather does not view complex as real: "Invalid scalar type"
