@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import queue
 import re
 import signal
 import socket
@@ -40,8 +39,8 @@ def _init(rank: int, ws: int, port: int, timeout_s: float = 60.0) -> None:
     )
 
 
-# The ring's two transports: shared memory (same host, the default here) and TCP.
-TRANSPORTS = {"shm": {}, "tcp": {"RINGPG_TRANSPORT": "tcp"}}
+# The ring's two transports, as environments: shared memory (the default here) and TCP.
+TRANSPORTS = {name: dict(env) for name, env in harness.TRANSPORT_ENVS.items()}
 
 
 def _child(fn: Callable[..., dict], rank: int, ws: int, port: int, args: Any, out: Any,
@@ -68,30 +67,7 @@ def run_scenario(fn: Callable[..., dict], ws: int, args: Any = None, expect: Opt
     procs = [ctx.Process(target=_child, args=(fn, r, ws, port, args, out, env or {}), daemon=True) for r in range(ws)]
     for p in procs:
         p.start()
-    expect = set(range(ws)) if expect is None else expect
-    results: dict[int, dict] = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while not expect <= results.keys():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"ranks {sorted(expect - results.keys())} hung (no result in {timeout}s)")
-            try:
-                rank, res = out.get(timeout=min(left, 1.0))
-            except queue.Empty:
-                continue
-            results[rank] = res
-    finally:
-        for p in procs:
-            if p.is_alive():
-                try:
-                    os.kill(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            p.join(timeout=10)
-    crashes = {r: v["crash"] for r, v in results.items() if "crash" in v}
-    assert not crashes, crashes
-    return results
+    return harness.collect_results(procs, out, set(range(ws)) if expect is None else expect, timeout)
 
 
 def _expect_error(fn: Callable[[], Any]) -> tuple[str, str, float]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import queue
 import re
 import signal
 import subprocess
@@ -316,7 +315,7 @@ T_GROUP = 2.0   # the group timeout while 3 ranks run
 T_FROZEN = 1.0  # the group timeout for the frozen-peer phases
 
 
-TRANSPORTS = {"shm": {}, "tcp": {"RINGPG_TRANSPORT": "tcp"}}  # ringpg's two transports
+TRANSPORTS = {name: dict(env) for name, env in harness.TRANSPORT_ENVS.items()}  # ringpg's two transports
 
 
 def _failover(rank: int, port: int, env: dict[str, str], out: Any) -> None:
@@ -392,23 +391,7 @@ def failover(request: Any) -> dict[int, dict[str, Any]]:
                          daemon=True) for r in range(3)]
     for p in procs:
         p.start()
-    results: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + 60
-    try:
-        while not {0, 1} <= results.keys():
-            assert time.monotonic() < deadline, f"ranks {sorted({0, 1} - results.keys())} hung"
-            try:
-                rank, res = out.get(timeout=1.0)
-            except queue.Empty:
-                continue
-            results[rank] = res
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=10)
-    crashes = {r: v["crash"] for r, v in results.items() if "crash" in v}
-    assert not crashes, crashes
+    results = harness.collect_results(procs, out, {0, 1}, 60)  # rank 2 is killed on purpose
     assert all(results[r]["transport"] == request.param for r in (0, 1)), results
     return results
 

@@ -56,6 +56,7 @@ from .processes import (
     InitSpec,
     TaskFn,
     WorkerPool,
+    collect_results,
     run_workers,
 )
 from .references import (

@@ -290,3 +290,31 @@ def run_workers(
     """One-shot: start a pool, run ``fn`` on every rank, shut the pool down, return the results."""
     with WorkerPool(world_size, spec, backend) as pool:
         return pool.run(fn, args, timeout)
+
+
+def collect_results(procs: list[Any], out: Any, expect: set[int], timeout: float) -> dict[int, dict]:
+    """For one-shot scenarios that start their own processes (a rank that dies, freezes
+    or aborts on purpose): waits up to ``timeout`` s for a ``(rank, result dict)`` from
+    each rank in ``expect`` on queue ``out``, then kills every process still alive.
+    Raises ``AssertionError`` naming the ranks that hung, or the results that report a
+    ``"crash"``; returns every result that came."""
+    results: dict[int, dict] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while not expect <= results.keys():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"ranks {sorted(expect - results.keys())} hung (no result in {timeout}s)")
+            try:
+                rank, res = out.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            results[rank] = res
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=10)
+    crashes = {r: v["crash"] for r, v in results.items() if "crash" in v}
+    assert not crashes, crashes
+    return results
