@@ -5,6 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
+# Setting up must not depend on a ringpg already installed: `import torch` imports the
+# torch.backends entry point of an installed ringpg, and an editable install whose
+# checkout is gone (or was built for another torch) makes that import fail
+# ("Failed to load the backend extension: ringpg"), torch and the build with it.
+export TORCH_DEVICE_BACKEND_AUTOLOAD=0
 need=()
 $PY -c "import torch" 2>/dev/null || need+=(torch)
 $PY -c "import numpy" 2>/dev/null || need+=(numpy)
