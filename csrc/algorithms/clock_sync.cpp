@@ -36,8 +36,8 @@ ClockOffset measureClockOffset(Engine& engine, const Config& cfg, int rank, int 
   std::vector<char> scratch, workspace;
   // TCP both ways, even where the ring has shared memory: the estimate is off by half
   // the difference of the two one-way delays, and on one host (true offset 0) a ping
-  // over a socket answered through shared memory read 17 us off; the same path both
-  // ways reads mostly under 2 us (more when the host is busy: see clock_rtt_ns).
+  // over a socket answered through shared memory read further off than the same path
+  // both ways (alignment measured: benchmarks/RESULTS.md, "what RINGPG_TRACE costs").
   OpContext c(engine, cfg, OpTag{"trace_clock_sync", 0, rank}, size,
               OpSignature(c10d::OpType::UNKNOWN, c10::kLong, 1), deadline, scratch, workspace,
               /*shm=*/nullptr);

@@ -81,8 +81,8 @@ void appendf(std::string& out, const char* fmt, ...) {
   }
 }
 
-// Fast appends for the per-event loop (snprintf cost ~1.5 us an event, a 16 MiB
-// all_reduce on 3 ranks writes ~120 of them).
+// Fast appends for the per-event loop: snprintf per event was a measurable part of
+// a traced op (benchmarks/RESULTS.md, "what RINGPG_TRACE costs").
 void appendInt(std::string& out, int64_t v) {
   char buf[24];
   const auto r = std::to_chars(buf, buf + sizeof(buf), v);
@@ -131,7 +131,7 @@ Tracer::Tracer(const std::string& dir, const std::string& group, int rank, int s
                    ",\"clock_offset_ns\":", clockOffsetNs, ",\"clock_rtt_ns\":", clockRttNs,
                    ",\"clock_rounds\":", clockRounds, ",\"pid\":", ::getpid(), "}}");
   // Buffered: an op's events reach the disk when a MiB has gathered, after a failed
-  // op, and when the group stops (a write per op cost ~20 us of the op's thread).
+  // op, and when the group stops (a write per op slowed the op's thread).
   std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
   write(head, /*flush=*/true);
 }
