@@ -8,14 +8,13 @@ torch.distributed error, naming op, rank and cause, raised within a bound time.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import re
 import signal
 import socket
 import time
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -43,40 +42,9 @@ def _init(rank: int, ws: int, port: int, timeout_s: float = 60.0) -> None:
 TRANSPORTS = {name: dict(env) for name, env in harness.TRANSPORT_ENVS.items()}
 
 
-def _child(fn: Callable[..., dict], rank: int, ws: int, port: int, args: Any, out: Any,
-           env: dict[str, str]) -> None:
-    os.environ.update(env)
-    try:
-        res = fn(rank, ws, port, args)
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
-        import traceback
-
-        res = {"crash": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
-    out.put((rank, res))
-    out.close()
-    out.join_thread()
-    os._exit(0)  # skip destructors of a deliberately broken group
-
-
-def run_scenario(fn: Callable[..., dict], ws: int, args: Any = None, expect: Optional[set[int]] = None,
-                 timeout: float = 90.0, env: Optional[dict[str, str]] = None) -> dict[int, dict]:
-    """Runs fn(rank, ws, port, args) on ws ranks (with `env` set in each); returns results of the ranks in `expect`."""
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, ws, port, args, out, env or {}), daemon=True) for r in range(ws)]
-    for p in procs:
-        p.start()
-    return harness.collect_results(procs, out, set(range(ws)) if expect is None else expect, timeout)
-
-
-def _expect_error(fn: Callable[[], Any]) -> tuple[str, str, float]:
-    t0 = time.monotonic()
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001
-        return type(e).__name__, str(e), time.monotonic() - t0
-    return "", "", time.monotonic() - t0
+# The scenario runner and error timer are the harness's (shared with test_blind_spots_2.py).
+run_scenario = harness.run_scenario
+_expect_error = harness.expect_error
 
 
 # ------------------------------------------------------------------ dead peers

@@ -12,7 +12,9 @@ One module a room; every test imports what it needs from ``harness`` itself:
 * :mod:`harness.references`: gloo's results on the same ranks (:func:`ref_all_reduce`, ...);
 * :mod:`harness.checking`: :class:`Checker`, :func:`assert_reports_ok`, :func:`smoke_checks`;
 * :mod:`harness.processes`: :class:`WorkerPool` and :func:`run_workers`, which spawn the
-  ranks, run tasks on them and never hang.
+  ranks, run tasks on them and never hang;
+* :mod:`harness.scenarios`: :func:`run_scenario`, one-shot ranks that may die on
+  purpose, and :func:`expect_error`, which times a call that should raise.
 
 Helpers the benchmarks share (``free_port``, ``transport_of``, ``global_rank``) live in
 the ``benchmarks`` package; ``tests/conftest.py`` puts the repository root on
@@ -59,6 +61,7 @@ from .processes import (
     collect_results,
     run_workers,
 )
+from .scenarios import ScenarioFn, expect_error, run_scenario
 from .references import (
     divide_by_world,
     rank_block,
