@@ -307,7 +307,10 @@ def _dead_peer(rank: int, ws: int, port: int, args: tuple[str, str]) -> dict:
         "subgroup all_reduce": lambda: dist.all_reduce(x, group=sub),
     }
     if op == "recv" and rank != 0 or op == "subgroup all_reduce" and rank not in SUBGROUP:
-        return {"skipped": True}
+        # A bystander: its exit would close its own links and fail the survivors' group
+        # for that reason instead; it stays until the parent kills it.
+        time.sleep(DEAD_TIMEOUT_S + DETECT_S)
+        return {}
     kind, msg, took = expect_error(calls[op])
     return {"type": kind, "msg": msg, "t": time.time(), "took": took, "transport": transport_of(dist.group.WORLD)}
 
