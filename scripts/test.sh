@@ -5,7 +5,9 @@
 # ringpg supports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+# The suite's optional extras too (torchft by default in setup.sh; matplotlib for the
+# trace's --png test), so that their tests run rather than skip.
+RINGPG_WITH_PLOTS=${RINGPG_WITH_PLOTS:-1} bash scripts/setup.sh
 python3 -m pytest -q --timeout=300 tests "$@"
 python3 -m benchmarks.bench --check
 # The oldest supported torch, in a virtual environment of its own: build, then the quick
