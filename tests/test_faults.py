@@ -117,6 +117,36 @@ def test_frozen_rank_gives_timeout_at_the_deadline(transport: str) -> None:
         assert 2.0 < v["took"] < 3.0 + KILL_DETECT_S, v
 
 
+def _set_timeout_then_freeze(rank: int, ws: int, port: int, args: Any) -> dict:
+    _init(rank, ws, port, timeout_s=60.0)
+    x = torch.ones(1 << 16)
+    dist.all_reduce(x)
+    dist.set_timeout(timedelta(seconds=1))  # torch >= 2.9; every rank, as torch documents
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    kind, msg, took = _expect_error(lambda: dist.all_reduce(x))
+    return {"type": kind, "msg": msg, "took": took, "transport": transport_of(dist.group.WORLD)}
+
+
+def _has_set_timeout() -> bool:
+    import ringpg
+
+    return ringpg.features().get("set_timeout", False)
+
+
+@pytest.mark.skipif(not _has_set_timeout(), reason="dist.set_timeout reaches a backend from torch 2.9 on")
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_set_timeout_applies_to_later_ops(transport: str) -> None:
+    """A group created with 60 s, then dist.set_timeout(1 s): the next op against a frozen
+    peer fails after 1 s, in gloo's words, not after 60 s (issue 19 item 1)."""
+    res = run_scenario(_set_timeout_then_freeze, 2, expect={0}, env=TRANSPORTS[transport])
+    v = res[0]
+    assert v["transport"] == transport, v
+    assert v["type"] == "DistBackendError", v
+    assert "Timed out waiting for rank 1 after 1000 ms" in v["msg"], v["msg"]
+    assert 0.9 < v["took"] < 1.0 + KILL_DETECT_S, v
+
+
 # ------------------------------------------------------------------ bad input
 
 

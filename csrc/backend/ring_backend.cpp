@@ -107,8 +107,16 @@ uint64_t RingBackend::getSequenceNumberForGroup() {
 }
 
 std::chrono::milliseconds RingBackend::effectiveTimeout(std::chrono::milliseconds opTimeout) const {
-  return opTimeout == c10d::kUnsetTimeout || opTimeout.count() <= 0 ? timeout_ : opTimeout;
+  return opTimeout == c10d::kUnsetTimeout || opTimeout.count() <= 0 ? timeout_.load() : opTimeout;
 }
+
+#if RINGPG_HAS_BACKEND_SET_TIMEOUT
+void RingBackend::setTimeout(std::chrono::milliseconds timeout) {
+  TORCH_CHECK(timeout.count() > 0, opName("set_timeout"), ": the timeout must be positive, got ", timeout.count(),
+              " ms");
+  timeout_.store(timeout);
+}
+#endif
 
 // ---- Stage 2: sequence number and queue ------------------------------------------
 
@@ -468,7 +476,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::p2p(OpType type, const char* name, a
   }
   const char* title = isSend ? "ringpg:send" : (peer < 0 ? "ringpg:recvAnySource" : "ringpg:recv");
   auto work = c10::make_intrusive<RingWork>(getRank(), type, name, seq, title, std::vector<at::Tensor>{tensor},
-                                            std::vector<at::Tensor>{tensor}, timeout_);
+                                            std::vector<at::Tensor>{tensor}, timeout_.load());
   FrameHeader h = frameOfKind(FrameKind::P2P);
   h.key = static_cast<uint64_t>(tag);
   const OpTag opTag{name, seq, getRank()};

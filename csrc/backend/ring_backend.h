@@ -96,6 +96,11 @@ class RingBackend final : public c10d::Backend {
   // they are ringpg's own, reached through ringpg.backend(group).
   void shutdown() RINGPG_OVERRIDE_SINCE_2_7;
   void abort() RINGPG_OVERRIDE_SINCE_2_7;
+#if RINGPG_HAS_BACKEND_SET_TIMEOUT
+  // dist.set_timeout(): the default timeout of ops issued from now on; ops already
+  // queued or running keep theirs, and an op's own timeout still wins.
+  void setTimeout(std::chrono::milliseconds timeout) override;
+#endif
 
   // Test hook (see Engine::debugSendRaw).
   void debugSendRaw(int peer, std::string bytes) {
@@ -155,7 +160,9 @@ class RingBackend final : public c10d::Backend {
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
 
   const Config& cfg_;
-  const std::chrono::milliseconds timeout_;
+  // The default op timeout: atomic, because setTimeout() may run on any thread while
+  // callers read it to stamp their ops.
+  std::atomic<std::chrono::milliseconds> timeout_;
   const std::string groupName_;
   std::string localAddress_;
   std::unique_ptr<Engine> engine_;

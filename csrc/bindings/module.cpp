@@ -87,6 +87,7 @@ PYBIND11_MODULE(_C, m) {
     d["built_for"] = TORCH_VERSION;
     d["backend_abort_shutdown"] = static_cast<bool>(RINGPG_HAS_BACKEND_ABORT_SHUTDOWN);
     d["async_op_in_all_options"] = static_cast<bool>(RINGPG_HAS_ASYNC_OP_IN_ALL_OPTIONS);
+    d["backend_set_timeout"] = static_cast<bool>(RINGPG_HAS_BACKEND_SET_TIMEOUT);
     d["premul_sum_supplement"] = static_cast<bool>(RINGPG_HAS_PREMUL_SUM_SUPPLEMENT);
     d["work_timeout"] = static_cast<bool>(RINGPG_HAS_WORK_TIMEOUT);
     return d;

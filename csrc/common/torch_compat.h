@@ -38,6 +38,11 @@
 // thread hand-off more per op).
 #define RINGPG_HAS_ASYNC_OP_IN_ALL_OPTIONS RINGPG_TORCH_AT_LEAST(2, 8)
 
+// torch 2.9: c10d::Backend gains the virtual setTimeout() (Python: dist.set_timeout,
+// ProcessGroup.set_timeout), which ringpg implements: later ops take the new default.
+// Before 2.9 a group keeps the timeout it was created with.
+#define RINGPG_HAS_BACKEND_SET_TIMEOUT RINGPG_TORCH_AT_LEAST(2, 9)
+
 // torch 2.13: c10d::NCCLPreMulSumSupplement (PREMUL_SUM's factor) is renamed
 // c10d::PreMulSumSupplement; the old name stays as an alias.
 #define RINGPG_HAS_PREMUL_SUM_SUPPLEMENT RINGPG_TORCH_AT_LEAST(2, 13)

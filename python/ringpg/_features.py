@@ -44,6 +44,11 @@ FEATURES: Dict[str, Feature] = {
         "a synchronous op on CPU tensors runs in the caller's thread while the group is idle",
         "every op goes through the group's worker thread: same results, one thread hand-off more per op",
     ),
+    "set_timeout": Feature(
+        (2, 9), "backend_set_timeout",
+        "dist.set_timeout(timeout, group) changes the group's default timeout for later ops",
+        "the group keeps the timeout it was created with (an op's own timeout still applies)",
+    ),
     "work_timeout": Feature(
         (2, 14), "work_timeout",
         "Work.timeout() reports the op's timeout",
@@ -57,7 +62,7 @@ FEATURES: Dict[str, Feature] = {
 _NOT_IMPLEMENTED = "ringpg does not implement it on any torch; there torch answers that the backend does not support it"
 BACKEND_METHODS: Dict[str, Tuple[Tuple[int, int], str]] = {
     "supports_coalescing": ((2, 7), "ringpg answers False"),
-    "set_timeout": ((2, 9), "ringpg keeps the timeout the group was created with"),
+    "set_timeout": ((2, 9), "ringpg sets the default timeout of later ops"),
     "supports_shrinking": ((2, 10), "ringpg answers False"),
     "shrink": ((2, 10), _NOT_IMPLEMENTED),
     "supports_reconfigure": ((2, 14), "ringpg answers False"),
