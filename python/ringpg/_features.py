@@ -46,7 +46,8 @@ FEATURES: Dict[str, Feature] = {
     ),
     "set_timeout": Feature(
         (2, 9), "backend_set_timeout",
-        "dist.set_timeout(timeout, group) changes the group's default timeout for later ops",
+        "dist.set_timeout(timeout, group), or ringpg.backend(group).set_timeout(timeout) on a torch "
+        "without it, changes the group's default timeout for later ops",
         "the group keeps the timeout it was created with (an op's own timeout still applies)",
     ),
     "work_timeout": Feature(
