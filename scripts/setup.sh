@@ -31,7 +31,9 @@ fi
 if [ "${RINGPG_WITH_TORCHFT:-1}" = 1 ] && ! $PY -c "import torchft" 2>/dev/null; then
   echo "setup: installing the torchft extra (torchft==0.2.0)"
   # torch pinned to the one installed: the extra must not swap the torch ringpg builds against.
-  tv=$($PY -c "import torch; print(torch.__version__)")
+  # The public version: PyPI's wheels may report a local label (2.15.0+cu132) that no
+  # index lists, and `torch==2.15.0` matches the installed 2.15.0+cu132 (PEP 440).
+  tv=$($PY -c "import torch; print(torch.__version__.split('+')[0])")
   $PY -m pip install -q "torchft==0.2.0" "torch==$tv" \
     || echo "setup: could not install torchft; tests/test_torchft.py will skip"
 fi

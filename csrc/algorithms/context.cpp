@@ -17,6 +17,9 @@ FrameHeader OpContext::header() const {
 }
 
 RequestPtr OpContext::send(int peer, const void* data, size_t nbytes) {
+  if (gloo_) {
+    return gloo_->postSend(peer, header(), data, nbytes);
+  }
   if (shm_ && peer == shm_->right()) {
     return shm_->postSend(header(), data, nbytes);
   }
@@ -24,10 +27,20 @@ RequestPtr OpContext::send(int peer, const void* data, size_t nbytes) {
 }
 
 RequestPtr OpContext::recv(int peer, void* data, size_t nbytes) {
+  if (gloo_) {
+    return gloo_->postRecv(peer, header(), data, nbytes);
+  }
   if (shm_ && peer == shm_->left()) {
     return shm_->postRecv(header(), data, nbytes);
   }
   return engine_.postRecv(peer, header(), data, nbytes);
+}
+
+std::vector<RequestPtr> OpContext::announce() {
+  if (size_ == 1) {
+    return {};
+  }
+  return {engine_.postRecv(left(), header(), nullptr, 0), engine_.postSend(right(), header(), nullptr, 0)};
 }
 
 bool OpContext::fusedRecvReduce(int peer) const {
@@ -57,7 +70,18 @@ RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t co
 }
 
 void OpContext::wait(const RequestPtr& req) {
-  const bool done = req->viaShm ? shm_->waitUntil(engine_, req, deadline_) : engine_.waitUntil(req, deadline_);
+  bool done = false;
+  switch (req->link) {
+    case Request::Link::Engine:
+      done = engine_.waitUntil(req, deadline_);
+      break;
+    case Request::Link::Shm:
+      done = shm_->waitUntil(engine_, req, deadline_);
+      break;
+    case Request::Link::Gloo:
+      done = gloo_->waitUntil(engine_, req, deadline_);
+      break;
+  }
   if (!done) {
     const bool isSend = hasKind(req->hdr, FrameKind::Collective) && req->progress > 0;
     const std::string msg = c10::str(

@@ -14,6 +14,7 @@
 #include "common/trace.h"
 #include "reduce/reduce.h"
 #include "transport/engine.h"
+#include "transport/gloo_link.h"
 #include "transport/shm.h"
 
 namespace ringpg {
@@ -36,12 +37,13 @@ static_assert(c10d::ReduceOp::UNUSED == kNoReduceOp, "wire.h names the frame of 
 class OpContext {
  public:
   OpContext(Engine& engine, const Config& cfg, OpTag tag, int size, OpSignature sig, Deadline deadline,
-            std::vector<char>& scratch, std::vector<char>& workspace, ShmRing* shm = nullptr)
+            std::vector<char>& scratch, std::vector<char>& workspace, ShmRing* shm = nullptr,
+            GlooLink* gloo = nullptr)
       : engine_(engine), cfg_(cfg), tag_(tag), size_(size), sig_(sig), deadline_(deadline),
         // The op's timeout, for messages: the deadline was set to now + timeout just
         // before, so rounding the time left to whole ms gives the timeout back.
         timeout_(std::chrono::round<std::chrono::milliseconds>(deadline - Clock::now())),
-        scratch_(scratch), workspace_(workspace), shm_(shm) {}
+        scratch_(scratch), workspace_(workspace), shm_(shm), gloo_(gloo) {}
 
   int rank() const { return tag_.rank; }
   int size() const { return size_; }
@@ -51,7 +53,8 @@ class OpContext {
   const Config& config() const { return cfg_; }
   const OpTag& tag() const { return tag_; }
 
-  // Collective frames of this op: same key/op/dtype/numel on both sides.  Frames to
+  // Collective frames of this op: same key/op/dtype/numel on both sides.  Every frame
+  // takes Gloo's pairs when the group has them (RINGPG_TRANSPORT=gloo); else frames to
   // the right neighbour and from the left one take the shared-memory ring when the
   // group has one (both ends decide alike), every other frame the TCP engine.
   RequestPtr send(int peer, const void* data, size_t nbytes);
@@ -65,6 +68,13 @@ class OpContext {
   // "reduce" event of ring step `step`, chunk `chunk`, segment `segment`.
   RequestPtr recvReduce(int peer, char* dst, const char* in, int64_t count, size_t elemSize, RedOp op,
                         int step = -1, int chunk = -1, int64_t segment = -1);
+  // A link that cannot check what its frames carry (Gloo's pairs) is checked through
+  // the engine instead: an empty frame of this op to the right neighbour, and the
+  // receive of the left one's.  The engine compares op, dtype, numel and ReduceOp at
+  // once and, on a mismatch, breaks the group (which wakes every wait) instead of
+  // leaving both ranks to their deadline.  Wait for both when the op is done.
+  std::vector<RequestPtr> announce();
+
   // Blocks until `req` completes; throws a c10d error naming op, rank and peer on
   // failure or when the op's deadline passes (which also breaks the engine, so no
   // late byte can land in a buffer the caller is about to free).
@@ -96,7 +106,8 @@ class OpContext {
   std::chrono::milliseconds timeout_;
   std::vector<char>& scratch_;
   std::vector<char>& workspace_;
-  ShmRing* shm_; // null: every frame goes through the engine
+  ShmRing* shm_;   // null: no frame goes through shared memory
+  GlooLink* gloo_; // non-null: every frame goes through Gloo's pairs
   OpTrace* trace_ = nullptr;
 };
 

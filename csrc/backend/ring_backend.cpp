@@ -24,7 +24,8 @@ using c10d::OpType;
 // ---- Construction and teardown --------------------------------------------------
 
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                         std::chrono::milliseconds timeout, std::string groupName)
+                         std::chrono::milliseconds timeout, std::string groupName,
+                         c10::intrusive_ptr<c10d::Backend> gloo)
     : c10d::Backend(rank, size), cfg_(Config::get()), timeout_(timeout), groupName_(std::move(groupName)) {
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "ringpg: invalid rank ", rank, " / size ", size);
   reduceIsa(); // a RINGPG_REDUCE_ISA this CPU cannot run fails the group's creation, not its first op
@@ -40,8 +41,15 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   const size_t slotBytes = std::clamp<size_t>(cfg_.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
   // A shared-memory group has all its ranks on this host.
   shmSpinMicros_ = cfg_.shmSpinMicros(size, usableCpus());
-  shm_ = ShmRing::connect(*store, mesh.keyPrefix, rank, size, cfg_.shmAllowed, slotBytes, shmSpinMicros_,
+  shm_ = ShmRing::connect(*store, mesh.keyPrefix, rank, size, cfg_.shmAllowed(), slotBytes, shmSpinMicros_,
                           Clock::now() + timeout);
+  if (cfg_.transport == Config::Transport::Gloo) {
+    TORCH_CHECK(gloo, "ringpg: RINGPG_TRANSPORT=gloo needs the group's Gloo backend, which ringpg's "
+                "torch.distributed registration creates (import ringpg before init_process_group)");
+    gloo_ = std::make_unique<GlooLink>(std::move(gloo), rank, size);
+    // A failure anywhere (a peer's Abort frame, a deadline, abort()) wakes Gloo waits.
+    engine_->setFailureListener([link = gloo_.get()] { link->abortWaits(); });
+  }
   tracer_ = openTrace(*engine_, shm_.get(), cfg_, groupName_, rank, size, Clock::now() + timeout);
   tracing_ = tracer_ != nullptr;
   worker_ = std::thread([this] { workerLoop(); });
@@ -86,6 +94,7 @@ void RingBackend::stop(bool graceful) {
     }
     engine_.reset();
   }
+  gloo_.reset(); // after the engine, whose failure listener calls it
 }
 
 void RingBackend::setTracing(bool on) {
@@ -196,11 +205,14 @@ void RingBackend::execute(Queued& q) {
       network ? throwNetwork(msg) : throwBackend(msg);
     }
     OpContext ctx(*engine_, cfg_, q.tag, getSize(), q.sig, Clock::now() + q.timeout, scratch_, workspace_,
-                  shm_.get());
+                  shm_.get(), gloo_.get());
     engine_->setCurrentCollective(ctx.header());
     TraceOpScope traced(tracing() ? tracer_.get() : nullptr, q.tag.op, q.tag.seq, q.sig.numel, q.sig.dtype); // RINGPG_TRACE
     ctx.setTrace(traced.op());
+    // Gloo's pairs carry bytes only: the op's signature goes by the engine (OpContext::announce).
+    std::vector<RequestPtr> signature = gloo_ ? ctx.announce() : std::vector<RequestPtr>{};
     q.fn(ctx);
+    ctx.waitAll(signature);
   } catch (const c10::Error& e) {
     error = std::current_exception();
     // The op stopped part-way, so this rank's peers are out of step with it: break the

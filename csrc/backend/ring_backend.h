@@ -29,14 +29,18 @@
 #include "common/torch_compat.h"
 #include "common/trace.h"
 #include "transport/engine.h"
+#include "transport/gloo_link.h"
 #include "transport/shm.h"
 
 namespace ringpg {
 
 class RingBackend final : public c10d::Backend {
  public:
+  // `gloo`: a ProcessGroupGloo of the same ranks for RINGPG_TRANSPORT=gloo (ringpg's
+  // Python registration creates it), else null.
   RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-              std::chrono::milliseconds timeout, std::string groupName);
+              std::chrono::milliseconds timeout, std::string groupName,
+              c10::intrusive_ptr<c10d::Backend> gloo = {});
   ~RingBackend() override;
 
   const std::string getBackendName() const override {
@@ -107,9 +111,10 @@ class RingBackend final : public c10d::Backend {
     engine_->debugSendRaw(peer, std::move(bytes));
   }
 
-  // "shm" when ring traffic moves through shared memory, else "tcp" (diagnostics and tests).
+  // The link collectives move over: "gloo" (Gloo's pairs), "shm" (shared memory),
+  // else "tcp" (ringpg's engine) (diagnostics and tests).
   std::string transport() const {
-    return shm_ ? "shm" : "tcp";
+    return gloo_ ? "gloo" : shm_ ? "shm" : "tcp";
   }
   // Microseconds the group's waits spin before sleeping (RINGPG_SPIN_US, or what
   // auto chose for this transport and host).
@@ -168,6 +173,7 @@ class RingBackend final : public c10d::Backend {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ShmRing> shm_; // null unless every rank of the group shares this host
   int shmSpinMicros_ = 0;          // how long waits on shm_ spin (Config::shmSpinMicros)
+  std::unique_ptr<GlooLink> gloo_; // RINGPG_TRANSPORT=gloo: every collective frame, else null
 
   // queueMu_ guards queue_, seq_, running_ and stopping_: taking the sequence number and
   // queueing under one lock keeps queue order == sequence order.

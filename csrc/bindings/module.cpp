@@ -54,14 +54,21 @@ PYBIND11_MODULE(_C, m) {
       py::class_<ringpg::RingBackend, c10d::Backend, c10::intrusive_ptr<ringpg::RingBackend>>(m, "RingBackend");
   backend
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, std::string groupName) {
-             return c10::make_intrusive<ringpg::RingBackend>(store, rank, size, timeout, std::move(groupName));
+                       std::chrono::milliseconds timeout, std::string groupName,
+                       const py::object& glooObj) {
+             // A torch ProcessGroupGloo (its Python type derives from c10d's Backend binding).
+             auto gloo = glooObj.is_none() ? c10::intrusive_ptr<c10d::Backend>()
+                                           : glooObj.cast<c10::intrusive_ptr<c10d::Backend>>();
+             py::gil_scoped_release noGil; // connecting waits for every rank
+             return c10::make_intrusive<ringpg::RingBackend>(store, rank, size, timeout, std::move(groupName),
+                                                             std::move(gloo));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name") = "",
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("gloo") = py::none())
       .def_property_readonly("local_address", &ringpg::RingBackend::localAddress)
       .def_property_readonly("transport", &ringpg::RingBackend::transport,
-                             "'shm' when the ring moves through shared memory (all ranks on one host), else 'tcp'")
+                             "the link collectives move over: 'gloo' (Gloo's pairs, RINGPG_TRANSPORT=gloo), 'shm' "
+                             "(shared memory, all ranks on one host), else 'tcp' (ringpg's engine)")
       .def_property_readonly("tcp_congestion", &ringpg::RingBackend::tcpCongestion,
                              "TCP congestion control of the data sockets (RINGPG_TCP_CONGESTION, or the host's default)")
       .def_property("tracing", &ringpg::RingBackend::tracing, &ringpg::RingBackend::setTracing,
@@ -122,6 +129,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("reduce_isa", &ringpg::reduceIsa);
   m.def("reduce_isas", &ringpg::reduceIsas, "instruction sets whose kernels this CPU can run, best first");
   m.def("config_summary", [] { return ringpg::Config::get().summary(); });
+  m.def("transport_setting", [] { return ringpg::Config::transportName(ringpg::Config::get().transport); },
+        "RINGPG_TRANSPORT as this process read it: auto, tcp or gloo");
+  m.def("gloo_tag", [](uint64_t seq, int opcode, int dtype, int reduceOp, uint64_t numel, uint32_t index) {
+    ringpg::FrameHeader h{};
+    h.key = seq;
+    h.opcode = static_cast<uint8_t>(opcode);
+    h.dtype = static_cast<uint8_t>(dtype);
+    h.reduceOp = static_cast<uint8_t>(reduceOp);
+    h.opNumel = numel;
+    return ringpg::GlooLink::tagOf(h, index);
+  }, "The Gloo tag of message `index` of an op (transport/gloo_link.h); for the tests");
   m.def("cpus_from_cpu_max", &ringpg::cpusFromCpuMax,
         "CPUs a cgroup v2 cpu.max text allows (None: unlimited or unreadable); for tests");
   m.def("cgroup_path", &ringpg::cgroupPath, py::arg("proc_self_cgroup"), py::arg("controller"),

@@ -42,8 +42,14 @@ Config load() {
     c.spinMicros = static_cast<int>(envInt("RINGPG_SPIN_US", c.spinMicros, 0, 1000000));
   }
   if (auto t = c10::utils::get_env("RINGPG_TRANSPORT"); t && !t->empty()) {
-    TORCH_CHECK(*t == "auto" || *t == "tcp", "ringpg: RINGPG_TRANSPORT=", *t, " is not one of auto, tcp");
-    c.shmAllowed = *t == "auto";
+    bool known = false;
+    for (auto choice : {Config::Transport::Auto, Config::Transport::Tcp, Config::Transport::Gloo}) {
+      if (*t == Config::transportName(choice)) {
+        c.transport = choice;
+        known = true;
+      }
+    }
+    TORCH_CHECK(known, "ringpg: RINGPG_TRANSPORT=", *t, " is not one of auto, tcp, gloo");
   }
   if (auto v = c10::utils::get_env("RINGPG_TCP_CONGESTION"); v && !v->empty() && *v != "default") {
     // A kernel module name: letters, digits, '_' and '-', shorter than TCP_CA_NAME_MAX (16).
@@ -66,6 +72,18 @@ Config load() {
 
 } // namespace
 
+const char* Config::transportName(Transport t) {
+  switch (t) {
+    case Transport::Auto:
+      return "auto";
+    case Transport::Tcp:
+      return "tcp";
+    case Transport::Gloo:
+      return "gloo";
+  }
+  return "?";
+}
+
 const Config& Config::get() {
   static const Config config = load(); // thread-safe static init
   return config;
@@ -77,7 +95,7 @@ std::string Config::summary() const {
       " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
       " work_cache_bytes=", workCacheBytes,
       " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
-      " transport_allowed=", shmAllowed ? "auto" : "tcp",
+      " transport_setting=", transportName(transport),
       " tcp_congestion=", tcpCongestion.empty() ? std::string("default") : tcpCongestion,
       " ifname=", ifname.empty() ? std::string("(hostname)") : ifname,
       " trace=", traceDir.empty() ? std::string("off") : traceDir);

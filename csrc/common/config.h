@@ -26,9 +26,14 @@ struct Config {
   static constexpr int kSpinAuto = -1;
   static constexpr int kAutoShmSpinMicros = 100;
   int spinMicros = kSpinAuto;
-  // Same-host groups may use the shared-memory ring (RINGPG_TRANSPORT=auto, the
-  // default); RINGPG_TRANSPORT=tcp keeps every byte on TCP.
-  bool shmAllowed = true;
+  // Which link carries the ring (RINGPG_TRANSPORT): Auto (the default) uses the
+  // shared-memory ring when every rank shares this host, else ringpg's TCP engine;
+  // Tcp keeps every byte on the engine; Gloo moves the collectives' data over Gloo's
+  // TCP pairs (transport/gloo_link.h), the engine keeping control and point-to-point.
+  enum class Transport : uint8_t { Auto, Tcp, Gloo };
+  Transport transport = Transport::Auto;
+  bool shmAllowed() const { return transport == Transport::Auto; }
+  static const char* transportName(Transport t);
   // TCP congestion control of data sockets (RINGPG_TCP_CONGESTION); empty keeps the
   // host's default (its network namespace's net.ipv4.tcp_congestion_control).
   std::string tcpCongestion;

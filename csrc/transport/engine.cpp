@@ -307,6 +307,11 @@ void Engine::fail(const std::string& reason, bool network) {
   runCallbacks(done);
 }
 
+void Engine::setFailureListener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lk(mu_); // failureListener_
+  failureListener_ = std::move(listener);
+}
+
 std::string Engine::brokenReason(bool* network) {
   std::lock_guard<std::mutex> lk(mu_); // broken_ / brokenNetwork_
   if (network) {
@@ -462,6 +467,13 @@ void Engine::failLocked(const std::string& reason, Completions& done, bool netwo
     brokenFlag_.store(true, std::memory_order_release);
     if (!stop_) {
       broadcastAbortLocked(); // not while being destroyed: peers got a goodbye already
+    }
+    if (failureListener_) {
+      // Run with the completions, after the lock is released: a request of no link
+      // whose completion is the call.
+      auto notice = std::make_shared<Request>();
+      notice->onComplete = [listener = failureListener_](Request&) { listener(); };
+      done.push_back(std::move(notice));
     }
   }
   auto failAll = [&](std::deque<RequestPtr>& q) {

@@ -73,6 +73,10 @@ class Engine {
   // Marks the engine broken with `reason` (first reason wins) and fails everything.
   // `network`: a peer or connection failure, as opposed to a mismatch or a timeout.
   void fail(const std::string& reason, bool network = false);
+  // `listener` runs once, on the thread that breaks the engine and outside its lock,
+  // when the engine breaks (another link's waits learn of the failure through it).
+  // Set before the group carries traffic.
+  void setFailureListener(std::function<void()> listener);
   // Empty while healthy; `network` tells whether the cause was a peer/connection failure.
   std::string brokenReason(bool* network = nullptr);
   // The same question without the lock, for polling loops.
@@ -178,6 +182,7 @@ class Engine {
   bool haveCurrent_ = false;
   FrameHeader currentOp_; // valid when haveCurrent_; key = its sequence number
   bool stop_ = false;
+  std::function<void()> failureListener_;
   std::thread thread_;
 };
 

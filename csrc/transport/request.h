@@ -1,5 +1,6 @@
-// A posted send or receive: what both transports (the TCP engine and the shared-memory
-// ring) hand back to the op that posted it, and how its failure becomes a c10d error.
+// A posted send or receive: what every link (the TCP engine, the shared-memory ring,
+// Gloo's pairs) hands back to the op that posted it, and how its failure becomes a
+// c10d error.
 #pragma once
 
 #include <atomic>
@@ -27,7 +28,9 @@ struct Request {
   size_t progress = 0;      // bytes moved so far (a send counts its header)
   int peer = -1;            // send: destination; receive: source, -1 = any (p2p only)
   int sourceRank = -1;      // receive: who actually sent it
-  bool viaShm = false;      // moved by the shared-memory ring (transport/shm.h), not the engine
+  // The link that moves it, and so the one that waits for it.
+  enum class Link : uint8_t { Engine, Shm, Gloo };
+  Link link = Link::Engine;
   std::function<void(Request&)> onComplete; // run by the engine, outside its lock
 };
 using RequestPtr = std::shared_ptr<Request>;

@@ -219,7 +219,7 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, const std::string&
   slotBytes = (slotBytes + kLine - 1) / kLine * kLine;
 
   std::unique_ptr<ShmRing> self(new ShmRing(rank, size, slotBytes, spinMicros));
-  std::string why = wanted ? "" : "RINGPG_TRANSPORT=tcp";
+  std::string why = wanted ? "" : "RINGPG_TRANSPORT is not auto";
   const uint64_t nonce = randomNonce();
   const std::string name = c10::str("/ringpg-", ::getpid(), "-", hex(nonce));
   if (wanted) {
@@ -281,7 +281,7 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, const std::string&
 RequestPtr ShmRing::postSend(const FrameHeader& hdr, const void* data, size_t len) {
   RequestPtr req = makeRequest(hdr, data, len, right_);
   req->hdr.magic = kFrameMagic;
-  req->viaShm = true;
+  req->link = Request::Link::Shm;
   sends_.push_back(req);
   pushSends(); // eager: the first fragments leave now if there is room
   return req;
@@ -290,7 +290,7 @@ RequestPtr ShmRing::postSend(const FrameHeader& hdr, const void* data, size_t le
 RequestPtr ShmRing::postRecv(const FrameHeader& expect, void* data, size_t len) {
   RequestPtr req = makeRequest(expect, data, len, left_);
   req->sourceRank = left_;
-  req->viaShm = true;
+  req->link = Request::Link::Shm;
   recvs_.push_back(Recv{req, nullptr});
   return req;
 }

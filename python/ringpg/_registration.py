@@ -13,18 +13,48 @@ import torch.distributed as dist
 BACKEND_NAME = "ringpg"
 
 
+def _agree_on_transport(store: Any, rank: int, size: int, choice: str, timeout: Any) -> None:
+    """Refuse, on every rank, a group whose ranks disagree about Gloo's pairs.
+
+    ``auto`` and ``tcp`` mix (the whole group then stays on TCP), but a Gloo link needs
+    its ProcessGroupGloo on every rank: one rank alone would wait for the others until
+    the timeout.  Each rank publishes its choice through the group's store first.
+    """
+    store.set(f"{_CHOICE_KEY}/{rank}", choice)
+    keys = [f"{_CHOICE_KEY}/{r}" for r in range(size)]
+    store.wait(keys, timeout)
+    choices = [store.get(k).decode() for k in keys]
+    if "gloo" in choices and any(c != "gloo" for c in choices):
+        listed = ", ".join(f"rank {r}: {c}" for r, c in enumerate(choices))
+        raise ValueError(
+            f"ringpg: the ranks of a group disagree on RINGPG_TRANSPORT ({listed}); "
+            "gloo must be set on every rank or on none"
+        )
+
+
+_CHOICE_KEY = "ringpg_transport_choice"
+
+
 def _create_backend(dist_backend_opts: Any, pg_options: Any = None) -> Any:
-    """Extended-API creator: build one RingBackend serving cpu and cuda tensors."""
+    """Extended-API creator: build one RingBackend serving cpu and cuda tensors.
+
+    With ``RINGPG_TRANSPORT=gloo`` the collectives' data move over Gloo's TCP pairs: a
+    ProcessGroupGloo of the same ranks, on its own prefix of the group's store (it
+    honours ``GLOO_SOCKET_IFNAME``), is handed to the C++ backend as its link.
+    """
     from ._loader import load_extension
 
     _C = load_extension()
-    return _C.RingBackend(
-        dist_backend_opts.store,
-        dist_backend_opts.group_rank,
-        dist_backend_opts.group_size,
-        dist_backend_opts.timeout,
-        str(dist_backend_opts.group_id),
-    )
+    store = dist_backend_opts.store
+    rank, size = dist_backend_opts.group_rank, dist_backend_opts.group_size
+    timeout = dist_backend_opts.timeout
+    choice = _C.transport_setting()
+    gloo = None
+    if size > 1:
+        _agree_on_transport(store, rank, size, choice, timeout)
+    if choice == "gloo":
+        gloo = dist.ProcessGroupGloo(dist.PrefixStore("ringpg_gloo_link/", store), rank, size, timeout)
+    return _C.RingBackend(store, rank, size, timeout, str(dist_backend_opts.group_id), gloo=gloo)
 
 
 def is_registered() -> bool:

@@ -17,10 +17,12 @@ BACKEND_ENV = "RINGPG_TEST_BACKEND"
 REFERENCE_BACKEND = "gloo"
 
 # Worker environments (InitSpec.env) that put ringpg's ring on each of its transports:
-# shared memory is the default on one host; RINGPG_TRANSPORT=tcp keeps it on sockets.
+# shared memory is the default on one host; RINGPG_TRANSPORT=tcp keeps it on ringpg's
+# own sockets; RINGPG_TRANSPORT=gloo moves it over Gloo's TCP pairs.
 TRANSPORT_ENVS: dict[str, tuple[tuple[str, str], ...]] = {
     "shm": (),
     "tcp": (("RINGPG_TRANSPORT", "tcp"),),
+    "gloo": (("RINGPG_TRANSPORT", "gloo"),),
 }
 ONESHOT_BYTES_DEFAULT = 262144  # README: RINGPG_ONESHOT_BYTES
 

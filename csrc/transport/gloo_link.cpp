@@ -1,0 +1,154 @@
+#include "transport/gloo_link.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <exception>
+
+namespace ringpg {
+
+namespace {
+
+// A request carried by Gloo: the Work of the backend's send()/recv() that moves it.
+struct GlooRequest : Request {
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+// A byte tensor viewing `len` bytes at `data` (Gloo reads or writes them in place).
+at::Tensor bytesAt(const void* data, size_t len) {
+  return at::from_blob(const_cast<void*>(data), {static_cast<int64_t>(len)},
+                       at::TensorOptions().dtype(at::kByte));
+}
+
+} // namespace
+
+GlooLink::GlooLink(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size)
+    : gloo_(std::move(gloo)), rank_(rank), sent_(size, 0), received_(size, 0) {
+  TORCH_INTERNAL_ASSERT(gloo_ && gloo_->getSize() == size && gloo_->getRank() == rank,
+                        "ringpg: the Gloo link's backend must have this group's ranks");
+}
+
+int32_t GlooLink::tagOf(const FrameHeader& op, uint32_t index) {
+  // The signature's 9 bits: a multiplicative hash of what ranks must agree on.
+  uint64_t h = op.opNumel * 0x9E3779B97F4A7C15ULL;
+  h ^= (uint64_t{op.opcode} << 16 | uint64_t{op.dtype} << 8 | op.reduceOp) * 0xC2B2AE3D27D4EB4FULL;
+  const uint32_t sig = static_cast<uint32_t>(h >> 55); // top 9 bits
+  return static_cast<int32_t>(sig << 22 | (op.key & 0xFF) << 14 | (index & 0x3FFF));
+}
+
+uint32_t GlooLink::nextIndex(const FrameHeader& op, int peer, std::vector<uint32_t>& counts) {
+  if (op.key != countsKey_) {
+    // A new op: its messages count from 0 in both directions (ops run one at a time).
+    countsKey_ = op.key;
+    std::fill(sent_.begin(), sent_.end(), 0);
+    std::fill(received_.begin(), received_.end(), 0);
+  }
+  return counts[peer]++;
+}
+
+RequestPtr GlooLink::postSend(int peer, const FrameHeader& op, const void* data, size_t len) {
+  auto req = std::make_shared<GlooRequest>();
+  req->link = Request::Link::Gloo;
+  req->hdr = op;
+  req->hdr.nbytes = len;
+  req->buf = static_cast<char*>(const_cast<void*>(data));
+  req->len = len;
+  req->peer = peer;
+  if (len == 0) {
+    // Nothing to move, and the receiving side posts no empty receive either.
+    req->state.store(Request::State::Done, std::memory_order_release);
+    return req;
+  }
+  std::vector<at::Tensor> t{bytesAt(data, len)};
+  req->work = gloo_->send(t, peer, tagOf(op, nextIndex(op, peer, sent_)));
+  return req;
+}
+
+RequestPtr GlooLink::postRecv(int peer, const FrameHeader& op, void* data, size_t len) {
+  auto req = std::make_shared<GlooRequest>();
+  req->link = Request::Link::Gloo;
+  req->hdr = op;
+  req->hdr.nbytes = len;
+  req->buf = static_cast<char*>(data);
+  req->len = len;
+  req->peer = peer;
+  req->sourceRank = peer;
+  if (len == 0) {
+    req->state.store(Request::State::Done, std::memory_order_release);
+    return req;
+  }
+  std::vector<at::Tensor> t{bytesAt(data, len)};
+  req->work = gloo_->recv(t, peer, tagOf(op, nextIndex(op, peer, received_)));
+  return req;
+}
+
+void GlooLink::abortWaits() {
+  std::lock_guard<std::mutex> lk(mu_); // aborted_, waiting_
+  aborted_ = true;
+  if (waiting_) {
+    waiting_->abort(); // Gloo's wait returns false at once (a flag it keeps until then)
+  }
+}
+
+bool GlooLink::waitUntil(Engine& engine, const RequestPtr& r, Deadline deadline) {
+  TORCH_INTERNAL_ASSERT(r->link == Request::Link::Gloo);
+  auto& req = static_cast<GlooRequest&>(*r);
+  if (req.state.load(std::memory_order_acquire) != Request::State::Pending) {
+    return true;
+  }
+  auto failWithEngine = [&] {
+    bool network = true;
+    markFailed(req, engine.brokenReason(&network), network);
+    req.work.reset(); // withdraws the buffer from Gloo
+    return true;
+  };
+  {
+    std::lock_guard<std::mutex> lk(mu_); // aborted_, waiting_
+    if (aborted_ || engine.isBroken()) {
+      return failWithEngine();
+    }
+    // Registered before the wait: an abortWaits() from here on reaches it.
+    waiting_ = req.work.get();
+  }
+  bool completed = false;
+  std::string error;
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+  try {
+    completed = req.work->wait(std::max(left, std::chrono::milliseconds(1)));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    waiting_ = nullptr;
+  }
+  if (completed && error.empty()) {
+    req.work.reset();
+    req.progress = req.len;
+    req.state.store(Request::State::Done, std::memory_order_release);
+    return true;
+  }
+  if (error.empty() || engine.isBroken()) {
+    // abortWaits() woke it: the engine broke, and says why.
+    return failWithEngine();
+  }
+  if (Clock::now() >= deadline) {
+    // Gloo's own timeout (ours, passed down): the caller reports and breaks the group.
+    // The registration stays with the request until the op releases it.
+    return false;
+  }
+  // Gloo's pair failed: the peer's process or connection is gone.  "Connection closed
+  // by peer", gloo's words, is what torchft and scripts match on; Gloo's message says
+  // which of the two it saw.
+  const std::string why = c10::str("ringpg: rank ", rank_, " lost its Gloo pair to rank ", req.peer,
+                                   ": Connection closed by peer (Gloo: ", error,
+                                   "; the peer process probably exited, crashed or was killed)");
+  engine.fail(why, /*network=*/true); // every rank hears it at once
+  markFailed(req, why, /*network=*/true);
+  req.work.reset();
+  return true;
+}
+
+} // namespace ringpg
