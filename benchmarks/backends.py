@@ -66,8 +66,8 @@ def backend_status(name: str, device: str) -> Tuple[bool, str]:
 
 
 def transport_of(group: Any, device: str = "cpu") -> Optional[str]:
-    """How a live group moves its ring traffic, for backends that say (ringpg: "shm" or
-    "tcp"); None for other backends, or where ringpg is absent or cannot load."""
+    """How a live group moves its ring traffic, for backends that say (ringpg: "shm",
+    "tcp" or "gloo"); None for other backends, or where ringpg is absent or cannot load."""
     try:
         import ringpg  # type: ignore[import-not-found]
 

@@ -38,7 +38,8 @@ def _init(rank: int, ws: int, port: int, timeout_s: float = 60.0) -> None:
     )
 
 
-# The ring's two transports, as environments: shared memory (the default here) and TCP.
+# The ring's transports, as environments: shared memory (the default here), ringpg's
+# own TCP and Gloo's pairs.
 TRANSPORTS = {name: dict(env) for name, env in harness.TRANSPORT_ENVS.items()}
 
 
@@ -215,6 +216,23 @@ def test_ranks_calling_different_sizes_raise_instead_of_overrunning(what: str, t
         assert v["transport"] == transport, v
         assert v["type"] in ("DistBackendError", "DistNetworkError"), v
         assert "mismatch" in v["msg"] or "aborted" in v["msg"], v["msg"]
+        assert v["took"] < KILL_DETECT_S, v
+
+
+def _one_rank_on_gloo(rank: int, ws: int, port: int, args: Any) -> dict:
+    if rank == 0:
+        os.environ["RINGPG_TRANSPORT"] = "gloo"  # read when the first group is made
+    kind, msg, took = _expect_error(lambda: _init(rank, ws, port, timeout_s=20.0))
+    return {"type": kind, "msg": msg, "took": took}
+
+
+def test_a_rank_alone_on_gloo_pairs_fails_every_rank_clearly() -> None:
+    """Gloo's pairs need a Gloo group on every rank: one rank alone would wait for the
+    others until the timeout.  The ranks compare choices through the store first."""
+    res = run_scenario(_one_rank_on_gloo, 3)
+    for r, v in res.items():
+        assert v["type"] == "ValueError", v
+        assert "disagree on RINGPG_TRANSPORT (rank 0: gloo, rank 1: auto, rank 2: auto)" in v["msg"], v
         assert v["took"] < KILL_DETECT_S, v
 
 

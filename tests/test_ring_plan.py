@@ -1,4 +1,5 @@
-"""Exhaustive tests of the ring's pure offset arithmetic (csrc/algorithms/ring_plan.h).
+"""Exhaustive tests of the ring's pure offset arithmetic (csrc/algorithms/ring_plan.h),
+and of the tags its segments carry over Gloo's pairs (csrc/transport/gloo_link.h).
 
 Small sizes are enumerated completely (count 0..40, world size 1..8, every segment
 cap): the chunks must tile the buffer, segments must tile each chunk, neighbours must
@@ -91,3 +92,25 @@ def test_neighbours_agree_and_simulation_reduces_everything(size: int) -> None:
         everyone = set(range(size))
         for r in range(size):
             assert all(v == everyone for v in value[r]), (count, size, cap, r)
+
+
+def test_gloo_tags_are_int32_unique_in_flight_and_separate_signatures() -> None:
+    """Gloo matches a receive to a send by (peer, tag) (csrc/transport/gloo_link.h): tags
+    must be non-negative int32, distinct for the messages of one op and the next, and
+    differ when two ranks run ops with different signatures."""
+    allreduce, reduce_scatter = 1, 3  # c10d::OpType values, as the frame header carries them
+    f32, f64 = 6, 7                    # c10::ScalarType
+    sum_, max_ = 0, 4                  # c10d::ReduceOp
+    tag = _C.gloo_tag
+    seen: set[int] = set()
+    for seq in (1, 2):  # an op and the next one, whose messages may overlap on a link
+        for index in range(16384):
+            t = tag(seq, allreduce, f32, sum_, 1 << 20, index)
+            assert 0 <= t < 2**31, t
+            seen.add(t)
+    assert len(seen) == 2 * 16384
+    base = tag(5, allreduce, f32, sum_, 1 << 20, 0)
+    others = [tag(5, reduce_scatter, f32, sum_, 1 << 20, 0), tag(5, allreduce, f64, sum_, 1 << 20, 0),
+              tag(5, allreduce, f32, max_, 1 << 20, 0), tag(5, allreduce, f32, sum_, 3 << 20, 0)]
+    assert all(o != base for o in others), (base, others)
+    assert tag(5 + 256, allreduce, f32, sum_, 1 << 20, 0) == base  # seq is kept mod 256

@@ -1,8 +1,9 @@
-"""ringpg's two ring transports, each compared with gloo in the same processes.
+"""ringpg's ring transports, each compared with gloo in the same processes.
 
 Every rank of the test suite runs on one host, so ringpg's ring moves through
 shared memory by default (csrc/transport/shm.h); ``RINGPG_TRANSPORT=tcp`` keeps it
-on TCP sockets, the path ranks on different hosts take.  Both run here, and the
+on its own TCP sockets, the path ranks on different hosts take, and
+``RINGPG_TRANSPORT=gloo`` on Gloo's TCP pairs (csrc/transport/gloo_link.h).  All run here, and the
 shared-memory ring also with ``RINGPG_SEGMENT_BYTES=65536`` (64 KiB slots), so that
 segments, whole-buffer messages of the direct algorithms and the one-shot allreduce
 all span several slot fragments and wrap the slot ring many times.  Both transports
@@ -58,6 +59,7 @@ SPIN = "500"
 CONFIGS = [
     ("shm", TRANSPORT_ENVS["shm"], "shm"),
     ("tcp", TRANSPORT_ENVS["tcp"], "tcp"),
+    ("gloo", TRANSPORT_ENVS["gloo"], "gloo"),
     # ...and reduce-scatter's partial sums in a buffer of their own per op past 4 KiB
     # (the kept workspace is what every other configuration runs).
     ("shm-64k-slots", (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)), ("RINGPG_WORK_CACHE_BYTES", "4096")), "shm"),
@@ -76,7 +78,7 @@ def expected_spin_us(env: tuple[tuple[str, str], ...], transport: str, ws: int) 
     given = dict(env).get("RINGPG_SPIN_US", os.environ.get("RINGPG_SPIN_US", "auto"))
     if given != "auto":
         return int(given)
-    if transport == "tcp":
+    if transport in ("tcp", "gloo"):
         return 0
     import ringpg._C  # affinity mask lowered by a CFS quota (tests/test_host.py)
 

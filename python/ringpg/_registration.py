@@ -6,6 +6,8 @@ group_size, timeout, group_id, global_ranks_in_group) and returns the C++
 """
 from __future__ import annotations
 
+import time
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
@@ -25,6 +27,16 @@ def _agree_on_transport(store: Any, rank: int, size: int, choice: str, timeout: 
     store.wait(keys, timeout)
     choices = [store.get(k).decode() for k in keys]
     if "gloo" in choices and any(c != "gloo" for c in choices):
+        # Every rank raises, so the store's host may soon be gone: leave once all have read.
+        # (A store gone meanwhile means its host has read and left: the verdict stands.)
+        read_key = f"{_CHOICE_KEY}/read"
+        end = time.monotonic() + timeout.total_seconds()
+        try:
+            store.add(read_key, 1)
+            while store.add(read_key, 0) < size and time.monotonic() < end:
+                time.sleep(0.01)
+        except dist.DistError:
+            pass
         listed = ", ".join(f"rank {r}: {c}" for r, c in enumerate(choices))
         raise ValueError(
             f"ringpg: the ranks of a group disagree on RINGPG_TRANSPORT ({listed}); "
@@ -35,8 +47,8 @@ def _agree_on_transport(store: Any, rank: int, size: int, choice: str, timeout: 
 _CHOICE_KEY = "ringpg_transport_choice"
 
 
-def _create_backend(dist_backend_opts: Any, pg_options: Any = None) -> Any:
-    """Extended-API creator: build one RingBackend serving cpu and cuda tensors.
+def new_ring_backend(store: Any, rank: int, size: int, timeout: timedelta, group_name: str) -> Any:
+    """One C++ ``RingBackend`` of ``size`` ranks on ``store`` (every rank calls it alike).
 
     With ``RINGPG_TRANSPORT=gloo`` the collectives' data move over Gloo's TCP pairs: a
     ProcessGroupGloo of the same ranks, on its own prefix of the group's store (it
@@ -45,16 +57,19 @@ def _create_backend(dist_backend_opts: Any, pg_options: Any = None) -> Any:
     from ._loader import load_extension
 
     _C = load_extension()
-    store = dist_backend_opts.store
-    rank, size = dist_backend_opts.group_rank, dist_backend_opts.group_size
-    timeout = dist_backend_opts.timeout
     choice = _C.transport_setting()
     gloo = None
     if size > 1:
         _agree_on_transport(store, rank, size, choice, timeout)
     if choice == "gloo":
         gloo = dist.ProcessGroupGloo(dist.PrefixStore("ringpg_gloo_link/", store), rank, size, timeout)
-    return _C.RingBackend(store, rank, size, timeout, str(dist_backend_opts.group_id), gloo=gloo)
+    return _C.RingBackend(store, rank, size, timeout, group_name, gloo=gloo)
+
+
+def _create_backend(dist_backend_opts: Any, pg_options: Any = None) -> Any:
+    """Extended-API creator: build one RingBackend serving cpu and cuda tensors."""
+    o = dist_backend_opts
+    return new_ring_backend(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id))
 
 
 def is_registered() -> bool:

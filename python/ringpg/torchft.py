@@ -46,7 +46,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         f"(or pip install torchft==0.2.0); importing it failed with: {e}"
     ) from e
 
-from ._loader import load_extension
+from ._registration import new_ring_backend
 
 __all__ = ["ProcessGroupRingpg"]
 
@@ -80,11 +80,10 @@ class ProcessGroupRingpg(ProcessGroupWrapper):
         a ``ProcessGroup`` over the store, with one ``RingBackend`` serving every device
         it runs on (ringpg stages accelerator tensors through host memory).
         """
-        _C = load_extension()
         self._errored = None
         with self._works_lock:
             self._works = []
-        backend = _C.RingBackend(store, rank, world_size, self._timeout, self._backend_group_name())
+        backend = new_ring_backend(store, rank, world_size, self._timeout, self._backend_group_name())
         pg = dist.ProcessGroup(store, rank, world_size)
         pg._set_default_backend(_CUSTOM)
         devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
