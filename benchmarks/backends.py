@@ -42,8 +42,29 @@ def ensure_registered(name: str) -> bool:
     return True
 
 
-def backend_status(name: str, device: str) -> Tuple[bool, str]:
-    """(usable, description) for a backend name on this machine, without creating a group."""
+def split_spec(spec: str) -> Tuple[str, Optional[str]]:
+    """A ``--backends`` entry as (backend name, ringpg transport or None): ``ringpg@gloo``
+    is ringpg with its ring on Gloo's pairs (``ringpg.use_transport``)."""
+    name, _, transport = spec.partition("@")
+    return name, transport or None
+
+
+def new_group_of(spec: str, timeout: Any) -> Any:
+    """A group of every rank for a ``--backends`` entry (see :func:`split_spec`)."""
+    name, transport = split_spec(spec)
+    if transport is None:
+        return dist.new_group(backend=name, timeout=timeout)
+    import ringpg  # type: ignore[import-not-found]
+
+    with ringpg.use_transport(transport):
+        return dist.new_group(backend=name, timeout=timeout)
+
+
+def backend_status(spec: str, device: str) -> Tuple[bool, str]:
+    """(usable, description) for a ``--backends`` entry on this machine, without creating a group."""
+    name, transport = split_spec(spec)
+    if transport is not None and (name != "ringpg" or transport not in ("auto", "tcp", "gloo")):
+        return False, f"{spec!r}: only ringpg takes a transport (ringpg@auto, ringpg@tcp, ringpg@gloo)"
     try:
         if name == "gloo":
             return dist.is_gloo_available(), "built into torch"

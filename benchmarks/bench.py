@@ -55,6 +55,8 @@ from benchmarks import netns  # noqa: E402
 from benchmarks.backends import (  # noqa: E402
     backend_status,
     ensure_registered,
+    new_group_of,
+    split_spec,
     pick_baseline,
     transport_of,
     unique_labels,
@@ -127,7 +129,7 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
         os.environ.setdefault(k, v)
     torch.set_num_threads(cfg.threads)
     ws = cfg.world_size
-    for name in sorted(set(cfg.backends)):
+    for name in sorted({split_spec(b)[0] for b in cfg.backends}):
         if name not in ("gloo", "nccl"):
             ensure_registered(name)
     device = torch.device(cfg.device)
@@ -141,7 +143,7 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
     ref = dist.group.WORLD
     groups: Dict[str, Any] = {}
     for label, name in zip(cfg.labels, cfg.backends):
-        groups[label] = dist.new_group(backend=name, timeout=timeout)
+        groups[label] = new_group_of(name, timeout)
         if label in cfg.untraced:
             import ringpg  # type: ignore[import-not-found]
 
@@ -534,7 +536,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g = ap.add_argument_group("what to measure")
     g.add_argument("--backends", default="ringpg,gloo",
                    help="comma list of backends measured side by side (default ringpg,gloo; nccl is added "
-                        "with --device cuda). Use gloo,gloo to validate the tool without ringpg")
+                        "with --device cuda). Use gloo,gloo to validate the tool without ringpg; "
+                        "ringpg@tcp, ringpg@gloo pin ringpg's transport per column (ringpg.use_transport)")
     g.add_argument("--baseline", default="gloo", help="label the ratio column divides by (default gloo)")
     g.add_argument("--ops", default=",".join(OPS), help="comma list (aliases ar,rs,ag,bc,a2a)")
     g.add_argument("--dtypes", default="float32,bfloat16")
@@ -693,7 +696,7 @@ def check_backends(args: argparse.Namespace) -> Tuple[Dict[str, str], Optional[s
         info[name] = desc if ok else f"UNAVAILABLE ({desc})"
         if not ok:
             hint = (" -- build it with `pip install --no-build-isolation -e .`, or validate the tool "
-                    "with --backends gloo,gloo") if name == "ringpg" else ""
+                    "with --backends gloo,gloo") if split_spec(name)[0] == "ringpg" else ""
             return info, f"backend {name!r} is not usable: {desc}{hint}"
     return info, None
 

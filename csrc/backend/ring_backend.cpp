@@ -25,8 +25,11 @@ using c10d::OpType;
 
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout, std::string groupName,
-                         c10::intrusive_ptr<c10d::Backend> gloo)
-    : c10d::Backend(rank, size), cfg_(Config::get()), timeout_(timeout), groupName_(std::move(groupName)) {
+                         const std::string& transportChoice, c10::intrusive_ptr<c10d::Backend> gloo)
+    : c10d::Backend(rank, size), cfg_(Config::get()),
+      transportSetting_(transportChoice.empty() ? cfg_.transport
+                                                : Config::transportNamed(transportChoice, "transport ")),
+      timeout_(timeout), groupName_(std::move(groupName)) {
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "ringpg: invalid rank ", rank, " / size ", size);
   reduceIsa(); // a RINGPG_REDUCE_ISA this CPU cannot run fails the group's creation, not its first op
   if (!cfg_.tcpCongestion.empty()) {
@@ -41,10 +44,10 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   const size_t slotBytes = std::clamp<size_t>(cfg_.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
   // A shared-memory group has all its ranks on this host.
   shmSpinMicros_ = cfg_.shmSpinMicros(size, usableCpus());
-  shm_ = ShmRing::connect(*store, mesh.keyPrefix, rank, size, cfg_.shmAllowed(), slotBytes, shmSpinMicros_,
+  shm_ = ShmRing::connect(*store, mesh.keyPrefix, rank, size, transportSetting_ == Config::Transport::Auto, slotBytes, shmSpinMicros_,
                           Clock::now() + timeout);
-  if (cfg_.transport == Config::Transport::Gloo) {
-    TORCH_CHECK(gloo, "ringpg: RINGPG_TRANSPORT=gloo needs the group's Gloo backend, which ringpg's "
+  if (transportSetting_ == Config::Transport::Gloo) {
+    TORCH_CHECK(gloo, "ringpg: the gloo transport needs the group's Gloo backend, which ringpg's "
                 "torch.distributed registration creates (import ringpg before init_process_group)");
     gloo_ = std::make_unique<GlooLink>(std::move(gloo), rank, size);
     // A failure anywhere (a peer's Abort frame, a deadline, abort()) wakes Gloo waits.

@@ -36,11 +36,12 @@ namespace ringpg {
 
 class RingBackend final : public c10d::Backend {
  public:
-  // `gloo`: a ProcessGroupGloo of the same ranks for RINGPG_TRANSPORT=gloo (ringpg's
-  // Python registration creates it), else null.
+  // `transportChoice`: this group's Config::Transport ("" = RINGPG_TRANSPORT's); `gloo`: a
+  // ProcessGroupGloo of the same ranks when it is "gloo" (ringpg's Python registration
+  // creates it), else null.
   RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
               std::chrono::milliseconds timeout, std::string groupName,
-              c10::intrusive_ptr<c10d::Backend> gloo = {});
+              const std::string& transportChoice = "", c10::intrusive_ptr<c10d::Backend> gloo = {});
   ~RingBackend() override;
 
   const std::string getBackendName() const override {
@@ -165,6 +166,7 @@ class RingBackend final : public c10d::Backend {
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
 
   const Config& cfg_;
+  const Config::Transport transportSetting_; // what this group was asked for (Config::Transport)
   // The default op timeout: atomic, because setTimeout() may run on any thread while
   // callers read it to stamp their ops.
   std::atomic<std::chrono::milliseconds> timeout_;

@@ -54,17 +54,17 @@ PYBIND11_MODULE(_C, m) {
       py::class_<ringpg::RingBackend, c10d::Backend, c10::intrusive_ptr<ringpg::RingBackend>>(m, "RingBackend");
   backend
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, std::string groupName,
+                       std::chrono::milliseconds timeout, std::string groupName, const std::string& transport,
                        const py::object& glooObj) {
              // A torch ProcessGroupGloo (its Python type derives from c10d's Backend binding).
              auto gloo = glooObj.is_none() ? c10::intrusive_ptr<c10d::Backend>()
                                            : glooObj.cast<c10::intrusive_ptr<c10d::Backend>>();
              py::gil_scoped_release noGil; // connecting waits for every rank
              return c10::make_intrusive<ringpg::RingBackend>(store, rank, size, timeout, std::move(groupName),
-                                                             std::move(gloo));
+                                                             transport, std::move(gloo));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name") = "",
-           py::arg("gloo") = py::none())
+           py::arg("transport") = "", py::arg("gloo") = py::none())
       .def_property_readonly("local_address", &ringpg::RingBackend::localAddress)
       .def_property_readonly("transport", &ringpg::RingBackend::transport,
                              "the link collectives move over: 'gloo' (Gloo's pairs, RINGPG_TRANSPORT=gloo), 'shm' "

@@ -42,14 +42,7 @@ Config load() {
     c.spinMicros = static_cast<int>(envInt("RINGPG_SPIN_US", c.spinMicros, 0, 1000000));
   }
   if (auto t = c10::utils::get_env("RINGPG_TRANSPORT"); t && !t->empty()) {
-    bool known = false;
-    for (auto choice : {Config::Transport::Auto, Config::Transport::Tcp, Config::Transport::Gloo}) {
-      if (*t == Config::transportName(choice)) {
-        c.transport = choice;
-        known = true;
-      }
-    }
-    TORCH_CHECK(known, "ringpg: RINGPG_TRANSPORT=", *t, " is not one of auto, tcp, gloo");
+    c.transport = Config::transportNamed(*t, "RINGPG_TRANSPORT=");
   }
   if (auto v = c10::utils::get_env("RINGPG_TCP_CONGESTION"); v && !v->empty() && *v != "default") {
     // A kernel module name: letters, digits, '_' and '-', shorter than TCP_CA_NAME_MAX (16).
@@ -82,6 +75,15 @@ const char* Config::transportName(Transport t) {
       return "gloo";
   }
   return "?";
+}
+
+Config::Transport Config::transportNamed(const std::string& name, const char* what) {
+  for (auto choice : {Transport::Auto, Transport::Tcp, Transport::Gloo}) {
+    if (name == transportName(choice)) {
+      return choice;
+    }
+  }
+  TORCH_CHECK(false, "ringpg: ", what, name, " is not one of auto, tcp, gloo");
 }
 
 const Config& Config::get() {

@@ -32,8 +32,9 @@ struct Config {
   // TCP pairs (transport/gloo_link.h), the engine keeping control and point-to-point.
   enum class Transport : uint8_t { Auto, Tcp, Gloo };
   Transport transport = Transport::Auto;
-  bool shmAllowed() const { return transport == Transport::Auto; }
   static const char* transportName(Transport t);
+  // The Transport named `name` (auto, tcp, gloo); `what` names the setting in the error.
+  static Transport transportNamed(const std::string& name, const char* what);
   // TCP congestion control of data sockets (RINGPG_TCP_CONGESTION); empty keeps the
   // host's default (its network namespace's net.ipv4.tcp_congestion_control).
   std::string tcpCongestion;

@@ -7,8 +7,9 @@ group_size, timeout, group_id, global_ranks_in_group) and returns the C++
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, Iterator, Optional
 
 import torch.distributed as dist
 
@@ -47,23 +48,47 @@ def _agree_on_transport(store: Any, rank: int, size: int, choice: str, timeout: 
 _CHOICE_KEY = "ringpg_transport_choice"
 
 
+TRANSPORTS = ("auto", "tcp", "gloo")
+_transport_override: Optional[str] = None
+
+
+@contextmanager
+def use_transport(name: str) -> Iterator[None]:
+    """Groups of ringpg created inside the block use transport ``name`` (``auto``,
+    ``tcp`` or ``gloo``), whatever ``RINGPG_TRANSPORT`` says; every rank must create
+    them alike.  For comparing transports in one job (the benchmark's ``ringpg@gloo``)::
+
+        with ringpg.use_transport("gloo"):
+            g = dist.new_group(backend="ringpg")
+    """
+    global _transport_override
+    if name not in TRANSPORTS:
+        raise ValueError(f"ringpg: transport {name!r} is not one of {', '.join(TRANSPORTS)}")
+    before, _transport_override = _transport_override, name
+    try:
+        yield
+    finally:
+        _transport_override = before
+
+
 def new_ring_backend(store: Any, rank: int, size: int, timeout: timedelta, group_name: str) -> Any:
     """One C++ ``RingBackend`` of ``size`` ranks on ``store`` (every rank calls it alike).
 
-    With ``RINGPG_TRANSPORT=gloo`` the collectives' data move over Gloo's TCP pairs: a
-    ProcessGroupGloo of the same ranks, on its own prefix of the group's store (it
-    honours ``GLOO_SOCKET_IFNAME``), is handed to the C++ backend as its link.
+    With ``RINGPG_TRANSPORT=gloo`` (or :func:`use_transport`) the collectives' data move
+    over Gloo's TCP pairs: a ProcessGroupGloo of the same ranks, on its own prefix of
+    the group's store (it honours ``GLOO_SOCKET_IFNAME``), is handed to the C++
+    backend as its link.
     """
     from ._loader import load_extension
 
     _C = load_extension()
-    choice = _C.transport_setting()
+    choice = _transport_override or _C.transport_setting()
     gloo = None
     if size > 1:
         _agree_on_transport(store, rank, size, choice, timeout)
     if choice == "gloo":
         gloo = dist.ProcessGroupGloo(dist.PrefixStore("ringpg_gloo_link/", store), rank, size, timeout)
-    return _C.RingBackend(store, rank, size, timeout, group_name, gloo=gloo)
+    return _C.RingBackend(store, rank, size, timeout, group_name, transport=choice, gloo=gloo)
 
 
 def _create_backend(dist_backend_opts: Any, pg_options: Any = None) -> Any:
