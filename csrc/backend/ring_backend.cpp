@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <thread>
 
 #include "algorithms/clock_sync.h"
 #include "algorithms/collectives.h"
@@ -23,9 +24,50 @@ using c10d::OpType;
 
 // ---- Construction and teardown --------------------------------------------------
 
+namespace {
+
+// Gloo's pairs need a ProcessGroupGloo on every rank: one rank alone on them would wait
+// for the others until the timeout.  Each rank publishes its choice under the group's
+// keys (after the mesh is up, so every rank is here) and all refuse a group that mixes
+// gloo with another; auto and tcp mix (the shared-memory agreement then keeps the
+// whole group on TCP).
+void agreeOnTransport(c10d::Store& store, const std::string& prefix, int rank, int size,
+                      Config::Transport mine, Deadline deadline) {
+  if (size == 1) {
+    return;
+  }
+  store.set(c10::str(prefix, "transport/", rank), toBytes(Config::transportName(mine)));
+  std::string listed;
+  bool anyGloo = false;
+  bool allGloo = true;
+  for (const auto q : c10::irange(size)) {
+    const auto bytes = store.get(c10::str(prefix, "transport/", q));
+    const std::string name(bytes.begin(), bytes.end());
+    anyGloo = anyGloo || name == "gloo";
+    allGloo = allGloo && name == "gloo";
+    listed += c10::str(q == 0 ? "" : ", ", "rank ", q, ": ", name);
+  }
+  if (anyGloo && !allGloo) {
+    // Every rank raises, so the store's host may soon be gone: leave once all have read
+    // (a store gone meanwhile means its host has read and left).
+    const std::string readKey = prefix + "transport/read";
+    try {
+      store.add(readKey, 1);
+      while (store.add(readKey, 0) < size && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    } catch (const std::exception&) {
+    }
+    TORCH_CHECK_VALUE(false, "ringpg: the ranks of a group disagree on RINGPG_TRANSPORT (", listed,
+                      "); gloo must be set on every rank or on none");
+  }
+}
+
+} // namespace
+
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout, std::string groupName,
-                         const std::string& transportChoice, c10::intrusive_ptr<c10d::Backend> gloo)
+                         const std::string& transportChoice)
     : c10d::Backend(rank, size), cfg_(Config::get()),
       transportSetting_(transportChoice.empty() ? cfg_.transport
                                                 : Config::transportNamed(transportChoice, "transport ")),
@@ -36,7 +78,9 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     checkCongestionControl(cfg_.tcpCongestion); // likewise, before any connection
   }
   Mesh mesh = connectMesh(*store, rank, size, cfg_.ifname, timeout);
+  agreeOnTransport(*store, mesh.keyPrefix, rank, size, transportSetting_, Clock::now() + timeout);
   localAddress_ = mesh.localAddress;
+  keyPrefix_ = mesh.keyPrefix;
   engine_ = std::make_unique<Engine>(rank, size, std::move(mesh.tx), std::move(mesh.rx), cfg_.socketBuffer,
                                      cfg_.tcpCongestion, cfg_.engineSpinMicros());
   // Same-host groups move ring traffic through shared memory (transport/shm.h).  A
@@ -46,13 +90,6 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   shmSpinMicros_ = cfg_.shmSpinMicros(size, usableCpus());
   shm_ = ShmRing::connect(*store, mesh.keyPrefix, rank, size, transportSetting_ == Config::Transport::Auto, slotBytes, shmSpinMicros_,
                           Clock::now() + timeout);
-  if (transportSetting_ == Config::Transport::Gloo) {
-    TORCH_CHECK(gloo, "ringpg: the gloo transport needs the group's Gloo backend, which ringpg's "
-                "torch.distributed registration creates (import ringpg before init_process_group)");
-    gloo_ = std::make_unique<GlooLink>(std::move(gloo), rank, size);
-    // A failure anywhere (a peer's Abort frame, a deadline, abort()) wakes Gloo waits.
-    engine_->setFailureListener([link = gloo_.get()] { link->abortWaits(); });
-  }
   tracer_ = openTrace(*engine_, shm_.get(), cfg_, groupName_, rank, size, Clock::now() + timeout);
   tracing_ = tracer_ != nullptr;
   worker_ = std::thread([this] { workerLoop(); });
@@ -98,6 +135,16 @@ void RingBackend::stop(bool graceful) {
     engine_.reset();
   }
   gloo_.reset(); // after the engine, whose failure listener calls it
+}
+
+void RingBackend::attachGlooLink(c10::intrusive_ptr<c10d::Backend> gloo) {
+  TORCH_CHECK(transportSetting_ == Config::Transport::Gloo && !gloo_,
+              "ringpg: a Gloo link is attached once, to a group created for the gloo transport");
+  TORCH_CHECK(gloo && gloo->getSize() == getSize() && gloo->getRank() == getRank(),
+              "ringpg: the Gloo link must be a group of the same ranks");
+  gloo_ = std::make_unique<GlooLink>(std::move(gloo), getRank(), getSize());
+  // A failure anywhere (a peer's Abort frame, a deadline, abort()) wakes Gloo waits.
+  engine_->setFailureListener([link = gloo_.get()] { link->abortWaits(); });
 }
 
 void RingBackend::setTracing(bool on) {
@@ -207,6 +254,8 @@ void RingBackend::execute(Queued& q) {
       const std::string msg = c10::str(describe(q.tag), ": not run, the group failed earlier: ", broken);
       network ? throwNetwork(msg) : throwBackend(msg);
     }
+    TORCH_CHECK(transportSetting_ != Config::Transport::Gloo || gloo_ || getSize() == 1, describe(q.tag),
+                ": the group's Gloo link was never attached (groups are made by ringpg's registration)");
     OpContext ctx(*engine_, cfg_, q.tag, getSize(), q.sig, Clock::now() + q.timeout, scratch_, workspace_,
                   shm_.get(), gloo_.get());
     engine_->setCurrentCollective(ctx.header());

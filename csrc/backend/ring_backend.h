@@ -36,12 +36,10 @@ namespace ringpg {
 
 class RingBackend final : public c10d::Backend {
  public:
-  // `transportChoice`: this group's Config::Transport ("" = RINGPG_TRANSPORT's); `gloo`: a
-  // ProcessGroupGloo of the same ranks when it is "gloo" (ringpg's Python registration
-  // creates it), else null.
+  // `transportChoice`: this group's Config::Transport ("" = RINGPG_TRANSPORT's).  Ranks
+  // that disagree about "gloo" fail here, every one of them, saying so.
   RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-              std::chrono::milliseconds timeout, std::string groupName,
-              const std::string& transportChoice = "", c10::intrusive_ptr<c10d::Backend> gloo = {});
+              std::chrono::milliseconds timeout, std::string groupName, const std::string& transportChoice = "");
   ~RingBackend() override;
 
   const std::string getBackendName() const override {
@@ -107,6 +105,10 @@ class RingBackend final : public c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override;
 #endif
 
+  // The gloo transport's link: a ProcessGroupGloo of the same ranks, made after this
+  // backend (ringpg's Python registration does both before torch sees the group).
+  void attachGlooLink(c10::intrusive_ptr<c10d::Backend> gloo);
+
   // Test hook (see Engine::debugSendRaw).
   void debugSendRaw(int peer, std::string bytes) {
     engine_->debugSendRaw(peer, std::move(bytes));
@@ -136,6 +138,12 @@ class RingBackend final : public c10d::Backend {
     return tracing_.load(std::memory_order_relaxed);
   }
   void setTracing(bool on);
+
+  // This group's namespace in its Store ("ringpg/<instance>/"; "" in a group of one):
+  // a link made beside it (the gloo transport's) takes its keys below it.
+  const std::string& keyPrefix() const {
+    return keyPrefix_;
+  }
 
   // The address this rank's listener used (diagnostics and tests).
   const std::string& localAddress() const {
@@ -172,6 +180,7 @@ class RingBackend final : public c10d::Backend {
   std::atomic<std::chrono::milliseconds> timeout_;
   const std::string groupName_;
   std::string localAddress_;
+  std::string keyPrefix_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ShmRing> shm_; // null unless every rank of the group shares this host
   int shmSpinMicros_ = 0;          // how long waits on shm_ spin (Config::shmSpinMicros)

@@ -54,18 +54,19 @@ PYBIND11_MODULE(_C, m) {
       py::class_<ringpg::RingBackend, c10d::Backend, c10::intrusive_ptr<ringpg::RingBackend>>(m, "RingBackend");
   backend
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, std::string groupName, const std::string& transport,
-                       const py::object& glooObj) {
-             // A torch ProcessGroupGloo (its Python type derives from c10d's Backend binding).
-             auto gloo = glooObj.is_none() ? c10::intrusive_ptr<c10d::Backend>()
-                                           : glooObj.cast<c10::intrusive_ptr<c10d::Backend>>();
-             py::gil_scoped_release noGil; // connecting waits for every rank
+                       std::chrono::milliseconds timeout, std::string groupName, const std::string& transport) {
              return c10::make_intrusive<ringpg::RingBackend>(store, rank, size, timeout, std::move(groupName),
-                                                             transport, std::move(gloo));
+                                                             transport);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name") = "",
-           py::arg("transport") = "", py::arg("gloo") = py::none())
+           py::arg("transport") = "", py::call_guard<py::gil_scoped_release>())
+      .def("_attach_gloo_link", [](ringpg::RingBackend& b, const py::object& gloo) {
+        // A torch ProcessGroupGloo: its Python type derives from c10d's Backend binding.
+        b.attachGlooLink(gloo.cast<c10::intrusive_ptr<c10d::Backend>>());
+      }, py::arg("gloo"), "The gloo transport's link, a ProcessGroupGloo of the same ranks (the registration's step).")
       .def_property_readonly("local_address", &ringpg::RingBackend::localAddress)
+      .def_property_readonly("_key_prefix", &ringpg::RingBackend::keyPrefix,
+                             "this group's namespace in its Store (links made beside it key below it)")
       .def_property_readonly("transport", &ringpg::RingBackend::transport,
                              "the link collectives move over: 'gloo' (Gloo's pairs, RINGPG_TRANSPORT=gloo), 'shm' "
                              "(shared memory, all ranks on one host), else 'tcp' (ringpg's engine)")

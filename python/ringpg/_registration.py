@@ -6,7 +6,6 @@ group_size, timeout, group_id, global_ranks_in_group) and returns the C++
 """
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Iterator, Optional
@@ -14,38 +13,6 @@ from typing import Any, Iterator, Optional
 import torch.distributed as dist
 
 BACKEND_NAME = "ringpg"
-
-
-def _agree_on_transport(store: Any, rank: int, size: int, choice: str, timeout: Any) -> None:
-    """Refuse, on every rank, a group whose ranks disagree about Gloo's pairs.
-
-    ``auto`` and ``tcp`` mix (the whole group then stays on TCP), but a Gloo link needs
-    its ProcessGroupGloo on every rank: one rank alone would wait for the others until
-    the timeout.  Each rank publishes its choice through the group's store first.
-    """
-    store.set(f"{_CHOICE_KEY}/{rank}", choice)
-    keys = [f"{_CHOICE_KEY}/{r}" for r in range(size)]
-    store.wait(keys, timeout)
-    choices = [store.get(k).decode() for k in keys]
-    if "gloo" in choices and any(c != "gloo" for c in choices):
-        # Every rank raises, so the store's host may soon be gone: leave once all have read.
-        # (A store gone meanwhile means its host has read and left: the verdict stands.)
-        read_key = f"{_CHOICE_KEY}/read"
-        end = time.monotonic() + timeout.total_seconds()
-        try:
-            store.add(read_key, 1)
-            while store.add(read_key, 0) < size and time.monotonic() < end:
-                time.sleep(0.01)
-        except dist.DistError:
-            pass
-        listed = ", ".join(f"rank {r}: {c}" for r, c in enumerate(choices))
-        raise ValueError(
-            f"ringpg: the ranks of a group disagree on RINGPG_TRANSPORT ({listed}); "
-            "gloo must be set on every rank or on none"
-        )
-
-
-_CHOICE_KEY = "ringpg_transport_choice"
 
 
 TRANSPORTS = ("auto", "tcp", "gloo")
@@ -83,12 +50,12 @@ def new_ring_backend(store: Any, rank: int, size: int, timeout: timedelta, group
 
     _C = load_extension()
     choice = _transport_override or _C.transport_setting()
-    gloo = None
-    if size > 1:
-        _agree_on_transport(store, rank, size, choice, timeout)
-    if choice == "gloo":
-        gloo = dist.ProcessGroupGloo(dist.PrefixStore("ringpg_gloo_link/", store), rank, size, timeout)
-    return _C.RingBackend(store, rank, size, timeout, group_name, transport=choice, gloo=gloo)
+    # The C++ backend first: its rendezvous is where ranks that disagree about gloo fail.
+    backend = _C.RingBackend(store, rank, size, timeout, group_name, transport=choice)
+    if choice == "gloo" and size > 1:
+        backend._attach_gloo_link(
+            dist.ProcessGroupGloo(dist.PrefixStore(backend._key_prefix + "gloo_link/", store), rank, size, timeout))
+    return backend
 
 
 def _create_backend(dist_backend_opts: Any, pg_options: Any = None) -> Any:
