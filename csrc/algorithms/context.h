@@ -51,6 +51,8 @@ class OpContext {
   int right() const { return (tag_.rank + 1) % size_; }
   c10::ScalarType dtype() const { return sig_.dtype; }
   const Config& config() const { return cfg_; }
+  // Receives a ring posts ahead on this op's links (Config::recvWindowFor).
+  int recvWindow() const { return cfg_.recvWindowFor(gloo_ != nullptr); }
   const OpTag& tag() const { return tag_; }
 
   // Collective frames of this op: same key/op/dtype/numel on both sides.  Every frame

@@ -150,7 +150,7 @@ RingSweep::RingSweep(OpContext& c, const RingJob& job, const RingBuffers& b)
   const int endStep = job.allGather ? 2 * p_ - 2 : p_ - 1;
   units_ = static_cast<int64_t>(endStep - firstStep_) * plan_.segments;
   ownChunk_ = chunkRange(job.count, p_, r_);
-  window_ = c.config().recvWindow;
+  window_ = c.recvWindow();
   slotBytes_ = static_cast<size_t>(plan_.segElems) * es_;
   // Fused: the link reduces each fragment as it arrives, with no staging slots.
   slots_ = job.reduceScatter && !fused_ ? c.scratch(slotBytes_ * window_) : nullptr;

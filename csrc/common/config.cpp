@@ -33,6 +33,9 @@ Config load() {
   c.oneShotBytes = static_cast<size_t>(
       envInt("RINGPG_ONESHOT_BYTES", static_cast<int64_t>(c.oneShotBytes), 0, 1LL << 30));
   c.recvWindow = static_cast<int>(envInt("RINGPG_RECV_WINDOW", c.recvWindow, 1, 1024));
+  if (auto v = c10::utils::get_env("RINGPG_RECV_WINDOW"); v && !v->empty()) {
+    c.recvWindowSet = true;
+  }
   c.socketBuffer = static_cast<int>(envInt("RINGPG_SOCKET_BUFFER", c.socketBuffer, 0, 1LL << 30));
   c.workCacheBytes = static_cast<size_t>(
       envInt("RINGPG_WORK_CACHE_BYTES", static_cast<int64_t>(c.workCacheBytes), 0, 1LL << 40));
@@ -93,7 +96,7 @@ const Config& Config::get() {
 
 std::string Config::summary() const {
   return c10::str(
-      "segment_bytes=", segmentBytes, " oneshot_bytes=", oneShotBytes, " recv_window=", recvWindow,
+      "segment_bytes=", segmentBytes, " oneshot_bytes=", oneShotBytes, " recv_window=", recvWindowSet ? std::to_string(recvWindow) : c10::str(recvWindow, "(gloo:", kGlooRecvWindow, ")"),
       " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
       " work_cache_bytes=", workCacheBytes,
       " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),

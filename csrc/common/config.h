@@ -13,8 +13,16 @@ struct Config {
   // Allreduce of at most this many bytes x (world size - 1) uses the one-shot
   // exchange instead of the ring (RINGPG_ONESHOT_BYTES; 0 disables it).
   size_t oneShotBytes = 256 * 1024;
-  // Receive segments posted ahead of the one being reduced (RINGPG_RECV_WINDOW).
+  // Receive segments posted ahead of the one being reduced (RINGPG_RECV_WINDOW); unset,
+  // kGlooRecvWindow over Gloo's pairs, where a send moves only once its receive is
+  // posted (the pair's recv-ready notice), so a deeper window keeps more on the wire
+  // (benchmarks/RESULTS.md, "Gloo's pairs").
   int recvWindow = 4;
+  bool recvWindowSet = false;
+  static constexpr int kGlooRecvWindow = 16;
+  int recvWindowFor(bool glooLink) const {
+    return glooLink && !recvWindowSet ? kGlooRecvWindow : recvWindow;
+  }
   // SO_SNDBUF / SO_RCVBUF for data sockets; 0 keeps the kernel's autotuning (RINGPG_SOCKET_BUFFER).
   int socketBuffer = 0;
   // Reduce-scatter's full-size buffer of partial sums is kept between ops while it
