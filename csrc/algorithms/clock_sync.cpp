@@ -38,9 +38,10 @@ ClockOffset measureClockOffset(Engine& engine, const Config& cfg, int rank, int 
   // the difference of the two one-way delays, and on one host (true offset 0) a ping
   // over a socket answered through shared memory read further off than the same path
   // both ways (alignment measured: benchmarks/RESULTS.md, "what RINGPG_TRACE costs").
-  OpContext c(engine, cfg, OpTag{"trace_clock_sync", 0, rank}, size,
-              OpSignature(c10d::OpType::UNKNOWN, c10::kLong, 1), deadline, scratch, workspace,
-              /*shm=*/nullptr);
+  EngineLink tcp(engine);
+  const LinkTable links = LinkTable::engineOnly(tcp, engine, size);
+  OpContext c(links, cfg, OpTag{"trace_clock_sync", 0, rank}, size,
+              OpSignature(c10d::OpType::UNKNOWN, c10::kLong, 1), deadline, scratch, workspace);
   engine.setCurrentCollective(c.header());
   int64_t more = 1; // the ping: 1 while more rounds follow, 0 on the last
   int64_t answer = 0;
@@ -81,13 +82,13 @@ ClockOffset measureClockOffset(Engine& engine, const Config& cfg, int rank, int 
   return out;
 }
 
-std::unique_ptr<Tracer> openTrace(Engine& engine, ShmRing* shm, const Config& cfg, const std::string& group,
-                                  int rank, int size, Deadline deadline) {
+std::unique_ptr<Tracer> openTrace(Engine& engine, const char* transport, const Config& cfg,
+                                  const std::string& group, int rank, int size, Deadline deadline) {
   if (cfg.traceDir.empty()) {
     return nullptr;
   }
   const ClockOffset clock = measureClockOffset(engine, cfg, rank, size, ClockRounds{}, deadline);
-  return std::make_unique<Tracer>(cfg.traceDir, group, rank, size, shm ? "shm" : "tcp", clock.offsetNs, clock.rttNs,
+  return std::make_unique<Tracer>(cfg.traceDir, group, rank, size, transport, clock.offsetNs, clock.rttNs,
                                   clock.rounds);
 }
 

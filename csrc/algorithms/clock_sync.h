@@ -18,7 +18,7 @@
 #include "common/config.h"
 #include "common/trace.h"
 #include "transport/engine.h"
-#include "transport/shm.h"
+#include "transport/link.h"
 
 namespace ringpg {
 
@@ -44,8 +44,8 @@ ClockOffset measureClockOffset(Engine& engine, const Config& cfg, int rank, int 
                                Deadline deadline);
 
 // The group's tracer when RINGPG_TRACE is set (after the clock exchange; collective),
-// else null.
-std::unique_ptr<Tracer> openTrace(Engine& engine, ShmRing* shm, const Config& cfg, const std::string& group,
-                                  int rank, int size, Deadline deadline);
+// else null.  `transport`: the group's ring transport, for the file's header.
+std::unique_ptr<Tracer> openTrace(Engine& engine, const char* transport, const Config& cfg,
+                                  const std::string& group, int rank, int size, Deadline deadline);
 
 } // namespace ringpg

@@ -17,34 +17,23 @@ FrameHeader OpContext::header() const {
 }
 
 RequestPtr OpContext::send(int peer, const void* data, size_t nbytes) {
-  if (gloo_) {
-    return gloo_->postSend(peer, header(), data, nbytes);
-  }
-  if (shm_ && peer == shm_->right()) {
-    return shm_->postSend(header(), data, nbytes);
-  }
-  return engine_.postSend(peer, header(), data, nbytes);
+  return links_.to[peer]->postSend(peer, header(), data, nbytes);
 }
 
 RequestPtr OpContext::recv(int peer, void* data, size_t nbytes) {
-  if (gloo_) {
-    return gloo_->postRecv(peer, header(), data, nbytes);
-  }
-  if (shm_ && peer == shm_->left()) {
-    return shm_->postRecv(header(), data, nbytes);
-  }
-  return engine_.postRecv(peer, header(), data, nbytes);
+  return links_.from[peer]->postRecv(peer, header(), data, nbytes);
 }
 
 std::vector<RequestPtr> OpContext::announce() {
   if (size_ == 1) {
     return {};
   }
-  return {engine_.postRecv(left(), header(), nullptr, 0), engine_.postSend(right(), header(), nullptr, 0)};
+  return {links_.control->postRecv(left(), header(), nullptr, 0),
+          links_.control->postSend(right(), header(), nullptr, 0)};
 }
 
 bool OpContext::fusedRecvReduce(int peer) const {
-  return shm_ && peer == shm_->left();
+  return links_.from[peer]->fusesReceive(peer);
 }
 
 RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t count, size_t es, RedOp op,
@@ -55,7 +44,7 @@ RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t co
   // holds whole elements.
   if (OpTrace* t = trace_) {
     // Traced: the same reduction, timed on the thread whose wait pulled the fragment.
-    return shm_->postRecvInto(header(), static_cast<size_t>(count) * es,
+    return links_.from[peer]->postRecvInto(peer, header(), static_cast<size_t>(count) * es,
                               [=](const char* src, size_t offset, size_t n) {
                                 const int64_t begin = traceNow();
                                 reduce(dtype, op, dst + offset, in + offset, src, static_cast<int64_t>(n / es));
@@ -63,25 +52,15 @@ RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t co
                                            static_cast<int64_t>(n));
                               });
   }
-  return shm_->postRecvInto(header(), static_cast<size_t>(count) * es,
+  return links_.from[peer]->postRecvInto(peer, header(), static_cast<size_t>(count) * es,
                             [=](const char* src, size_t offset, size_t n) {
                               reduce(dtype, op, dst + offset, in + offset, src, static_cast<int64_t>(n / es));
                             });
 }
 
 void OpContext::wait(const RequestPtr& req) {
-  bool done = false;
-  switch (req->link) {
-    case Request::Link::Engine:
-      done = engine_.waitUntil(req, deadline_);
-      break;
-    case Request::Link::Shm:
-      done = shm_->waitUntil(engine_, req, deadline_);
-      break;
-    case Request::Link::Gloo:
-      done = gloo_->waitUntil(engine_, req, deadline_);
-      break;
-  }
+  TORCH_INTERNAL_ASSERT(req->link, "ringpg: an op's request not posted through a link");
+  const bool done = req->link->waitUntil(req, deadline_);
   if (!done) {
     const bool isSend = hasKind(req->hdr, FrameKind::Collective) && req->progress > 0;
     const std::string msg = c10::str(

@@ -14,8 +14,7 @@
 #include "common/trace.h"
 #include "reduce/reduce.h"
 #include "transport/engine.h"
-#include "transport/gloo_link.h"
-#include "transport/shm.h"
+#include "transport/link.h"
 
 namespace ringpg {
 
@@ -36,14 +35,14 @@ static_assert(c10d::ReduceOp::UNUSED == kNoReduceOp, "wire.h names the frame of 
 
 class OpContext {
  public:
-  OpContext(Engine& engine, const Config& cfg, OpTag tag, int size, OpSignature sig, Deadline deadline,
-            std::vector<char>& scratch, std::vector<char>& workspace, ShmRing* shm = nullptr,
-            GlooLink* gloo = nullptr)
-      : engine_(engine), cfg_(cfg), tag_(tag), size_(size), sig_(sig), deadline_(deadline),
+  // `links`: the group's (transport/link.h), which outlive the op.
+  OpContext(const LinkTable& links, const Config& cfg, OpTag tag, int size, OpSignature sig, Deadline deadline,
+            std::vector<char>& scratch, std::vector<char>& workspace)
+      : links_(links), engine_(*links.engine), cfg_(cfg), tag_(tag), size_(size), sig_(sig), deadline_(deadline),
         // The op's timeout, for messages: the deadline was set to now + timeout just
         // before, so rounding the time left to whole ms gives the timeout back.
         timeout_(std::chrono::round<std::chrono::milliseconds>(deadline - Clock::now())),
-        scratch_(scratch), workspace_(workspace), shm_(shm), gloo_(gloo) {}
+        scratch_(scratch), workspace_(workspace) {}
 
   int rank() const { return tag_.rank; }
   int size() const { return size_; }
@@ -51,18 +50,16 @@ class OpContext {
   int right() const { return (tag_.rank + 1) % size_; }
   c10::ScalarType dtype() const { return sig_.dtype; }
   const Config& config() const { return cfg_; }
-  // Receives a ring posts ahead on this op's links (Config::recvWindowFor).
-  int recvWindow() const { return cfg_.recvWindowFor(gloo_ != nullptr); }
+  // Receives a ring posts ahead on its link from the left (Config::recvWindowFor).
+  int recvWindow() const { return cfg_.recvWindowFor(links_.from[left()]->sendWaitsForReceive()); }
   const OpTag& tag() const { return tag_; }
 
-  // Collective frames of this op: same key/op/dtype/numel on both sides.  Every frame
-  // takes Gloo's pairs when the group has them (RINGPG_TRANSPORT=gloo); else frames to
-  // the right neighbour and from the left one take the shared-memory ring when the
-  // group has one (both ends decide alike), every other frame the TCP engine.
+  // Collective frames of this op: same key/op/dtype/numel on both sides, on the link
+  // the group routes that peer to (LinkTable; both ends of a link decide alike).
   RequestPtr send(int peer, const void* data, size_t nbytes);
   RequestPtr recv(int peer, void* data, size_t nbytes);
-  // True when recvReduce() from `peer` reduces each fragment as it arrives (straight
-  // out of shared memory); otherwise the caller receives into staging and reduces.
+  // True when recvReduce() from `peer` reduces each fragment as it arrives (its link
+  // fuses receives: shared memory); otherwise the caller receives into staging and reduces.
   bool fusedRecvReduce(int peer) const;
   // recvReduce, fused: dst[i] = in[i] (op) received[i] for `count` elements of this
   // op's dtype (`elemSize` bytes each).  Requires fusedRecvReduce(peer); `in` must be
@@ -71,7 +68,7 @@ class OpContext {
   RequestPtr recvReduce(int peer, char* dst, const char* in, int64_t count, size_t elemSize, RedOp op,
                         int step = -1, int chunk = -1, int64_t segment = -1);
   // A link that cannot check what its frames carry (Gloo's pairs) is checked through
-  // the engine instead: an empty frame of this op to the right neighbour, and the
+  // the engine, the group's control link, instead: an empty frame of this op to the right neighbour, and the
   // receive of the left one's.  The engine compares op, dtype, numel and ReduceOp at
   // once and, on a mismatch, breaks the group (which wakes every wait) instead of
   // leaving both ranks to their deadline.  Wait for both when the op is done.
@@ -99,7 +96,8 @@ class OpContext {
   void setTrace(OpTrace* t) { trace_ = t; }
 
  private:
-  Engine& engine_;
+  const LinkTable& links_;
+  Engine& engine_; // the group's failure state
   const Config& cfg_;
   OpTag tag_;
   int size_;
@@ -108,8 +106,6 @@ class OpContext {
   std::chrono::milliseconds timeout_;
   std::vector<char>& scratch_;
   std::vector<char>& workspace_;
-  ShmRing* shm_;   // null: no frame goes through shared memory
-  GlooLink* gloo_; // non-null: every frame goes through Gloo's pairs
   OpTrace* trace_ = nullptr;
 };
 

@@ -88,9 +88,18 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   const size_t slotBytes = std::clamp<size_t>(cfg_.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
   // A shared-memory group has all its ranks on this host.
   shmSpinMicros_ = cfg_.shmSpinMicros(size, usableCpus());
-  shm_ = ShmRing::connect(*store, mesh.keyPrefix, rank, size, transportSetting_ == Config::Transport::Auto, slotBytes, shmSpinMicros_,
-                          Clock::now() + timeout);
-  tracer_ = openTrace(*engine_, shm_.get(), cfg_, groupName_, rank, size, Clock::now() + timeout);
+  shm_ = ShmRing::connect(*store, *engine_, mesh.keyPrefix, rank, size, transportSetting_ == Config::Transport::Auto,
+                          slotBytes, shmSpinMicros_, Clock::now() + timeout);
+  // The links: every peer on the engine, but the ring's two neighbours on shared memory
+  // when the group has it (the gloo transport replaces all of them once attached).
+  engineLink_ = std::make_unique<EngineLink>(*engine_);
+  links_ = LinkTable::engineOnly(*engineLink_, *engine_, size);
+  if (shm_) {
+    links_.to[shm_->right()] = shm_.get();
+    links_.from[shm_->left()] = shm_.get();
+  }
+  const char* ringTransport = transportSetting_ == Config::Transport::Gloo ? "gloo" : shm_ ? "shm" : "tcp";
+  tracer_ = openTrace(*engine_, ringTransport, cfg_, groupName_, rank, size, Clock::now() + timeout);
   tracing_ = tracer_ != nullptr;
   worker_ = std::thread([this] { workerLoop(); });
   if (rank == 0) {
@@ -142,9 +151,12 @@ void RingBackend::attachGlooLink(c10::intrusive_ptr<c10d::Backend> gloo) {
               "ringpg: a Gloo link is attached once, to a group created for the gloo transport");
   TORCH_CHECK(gloo && gloo->getSize() == getSize() && gloo->getRank() == getRank(),
               "ringpg: the Gloo link must be a group of the same ranks");
-  gloo_ = std::make_unique<GlooLink>(std::move(gloo), getRank(), getSize());
+  gloo_ = std::make_unique<GlooLink>(std::move(gloo), *engine_, getRank(), getSize());
   // A failure anywhere (a peer's Abort frame, a deadline, abort()) wakes Gloo waits.
   engine_->setFailureListener([link = gloo_.get()] { link->abortWaits(); });
+  // Every collective frame takes Gloo's pairs; the engine keeps control (LinkTable).
+  std::fill(links_.to.begin(), links_.to.end(), gloo_.get());
+  std::fill(links_.from.begin(), links_.from.end(), gloo_.get());
 }
 
 void RingBackend::setTracing(bool on) {
@@ -256,8 +268,7 @@ void RingBackend::execute(Queued& q) {
     }
     TORCH_CHECK(transportSetting_ != Config::Transport::Gloo || gloo_ || getSize() == 1, describe(q.tag),
                 ": the group's Gloo link was never attached (groups are made by ringpg's registration)");
-    OpContext ctx(*engine_, cfg_, q.tag, getSize(), q.sig, Clock::now() + q.timeout, scratch_, workspace_,
-                  shm_.get(), gloo_.get());
+    OpContext ctx(links_, cfg_, q.tag, getSize(), q.sig, Clock::now() + q.timeout, scratch_, workspace_);
     engine_->setCurrentCollective(ctx.header());
     TraceOpScope traced(tracing() ? tracer_.get() : nullptr, q.tag.op, q.tag.seq, q.sig.numel, q.sig.dtype); // RINGPG_TRACE
     ctx.setTrace(traced.op());

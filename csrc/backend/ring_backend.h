@@ -30,6 +30,7 @@
 #include "common/trace.h"
 #include "transport/engine.h"
 #include "transport/gloo_link.h"
+#include "transport/link.h"
 #include "transport/shm.h"
 
 namespace ringpg {
@@ -185,6 +186,8 @@ class RingBackend final : public c10d::Backend {
   std::unique_ptr<ShmRing> shm_; // null unless every rank of the group shares this host
   int shmSpinMicros_ = 0;          // how long waits on shm_ spin (Config::shmSpinMicros)
   std::unique_ptr<GlooLink> gloo_; // RINGPG_TRANSPORT=gloo: every collective frame, else null
+  std::unique_ptr<EngineLink> engineLink_;
+  LinkTable links_; // where each peer's collective frames go (transport/link.h)
 
   // queueMu_ guards queue_, seq_, running_ and stopping_: taking the sequence number and
   // queueing under one lock keeps queue order == sequence order.

@@ -20,8 +20,9 @@ struct Config {
   int recvWindow = 4;
   bool recvWindowSet = false;
   static constexpr int kGlooRecvWindow = 16;
-  int recvWindowFor(bool glooLink) const {
-    return glooLink && !recvWindowSet ? kGlooRecvWindow : recvWindow;
+  // `sendWaitsForReceive`: the link's (Link::sendWaitsForReceive).
+  int recvWindowFor(bool sendWaitsForReceive) const {
+    return sendWaitsForReceive && !recvWindowSet ? kGlooRecvWindow : recvWindow;
   }
   // SO_SNDBUF / SO_RCVBUF for data sockets; 0 keeps the kernel's autotuning (RINGPG_SOCKET_BUFFER).
   int socketBuffer = 0;

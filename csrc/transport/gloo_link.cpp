@@ -24,8 +24,8 @@ at::Tensor bytesAt(const void* data, size_t len) {
 
 } // namespace
 
-GlooLink::GlooLink(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size)
-    : gloo_(std::move(gloo)), rank_(rank), sent_(size, 0), received_(size, 0) {
+GlooLink::GlooLink(c10::intrusive_ptr<c10d::Backend> gloo, Engine& engine, int rank, int size)
+    : gloo_(std::move(gloo)), engine_(engine), rank_(rank), sent_(size, 0), received_(size, 0) {
   TORCH_INTERNAL_ASSERT(gloo_ && gloo_->getSize() == size && gloo_->getRank() == rank,
                         "ringpg: the Gloo link's backend must have this group's ranks");
 }
@@ -50,7 +50,7 @@ uint32_t GlooLink::nextIndex(const FrameHeader& op, int peer, std::vector<uint32
 
 RequestPtr GlooLink::postSend(int peer, const FrameHeader& op, const void* data, size_t len) {
   auto req = std::make_shared<GlooRequest>();
-  req->link = Request::Link::Gloo;
+  req->link = this;
   req->hdr = op;
   req->hdr.nbytes = len;
   req->buf = static_cast<char*>(const_cast<void*>(data));
@@ -68,7 +68,7 @@ RequestPtr GlooLink::postSend(int peer, const FrameHeader& op, const void* data,
 
 RequestPtr GlooLink::postRecv(int peer, const FrameHeader& op, void* data, size_t len) {
   auto req = std::make_shared<GlooRequest>();
-  req->link = Request::Link::Gloo;
+  req->link = this;
   req->hdr = op;
   req->hdr.nbytes = len;
   req->buf = static_cast<char*>(data);
@@ -92,8 +92,9 @@ void GlooLink::abortWaits() {
   }
 }
 
-bool GlooLink::waitUntil(Engine& engine, const RequestPtr& r, Deadline deadline) {
-  TORCH_INTERNAL_ASSERT(r->link == Request::Link::Gloo);
+bool GlooLink::waitUntil(const RequestPtr& r, Deadline deadline) {
+  TORCH_INTERNAL_ASSERT(r->link == this);
+  Engine& engine = engine_;
   auto& req = static_cast<GlooRequest&>(*r);
   if (req.state.load(std::memory_order_acquire) != Request::State::Pending) {
     return true;

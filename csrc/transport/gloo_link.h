@@ -35,22 +35,30 @@
 #include <vector>
 
 #include "transport/engine.h"
+#include "transport/link.h"
 #include "transport/request.h"
 
 namespace ringpg {
 
-class GlooLink {
+class GlooLink final : public Link {
  public:
-  // `gloo`: a ProcessGroupGloo of the same ranks, used for nothing else.
-  GlooLink(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size);
+  // `gloo`: a ProcessGroupGloo of the same ranks, used for nothing else; `engine`: the
+  // group's failure state, which outlives the link.
+  GlooLink(c10::intrusive_ptr<c10d::Backend> gloo, Engine& engine, int rank, int size);
 
+  const char* transport() const override {
+    return "gloo";
+  }
+  bool sendWaitsForReceive() const override {
+    return true;
+  }
   // `op`: the header of the op's frames (its key is the op's sequence number).
-  RequestPtr postSend(int peer, const FrameHeader& op, const void* data, size_t len);
-  RequestPtr postRecv(int peer, const FrameHeader& op, void* data, size_t len);
+  RequestPtr postSend(int peer, const FrameHeader& op, const void* data, size_t len) override;
+  RequestPtr postRecv(int peer, const FrameHeader& op, void* data, size_t len) override;
 
   // Waits until `req` ends or `deadline` passes: false on timeout (still pending);
-  // true when done or failed.  A Gloo error fails `req` and breaks `engine` with it.
-  bool waitUntil(Engine& engine, const RequestPtr& req, Deadline deadline);
+  // true when done or failed.  A Gloo error fails `req` and breaks the engine with it.
+  bool waitUntil(const RequestPtr& req, Deadline deadline) override;
 
   // Wakes the wait in progress and fails every later one (the engine broke).
   void abortWaits();
@@ -63,6 +71,7 @@ class GlooLink {
   uint32_t nextIndex(const FrameHeader& op, int peer, std::vector<uint32_t>& counts);
 
   c10::intrusive_ptr<c10d::Backend> gloo_;
+  Engine& engine_;
   const int rank_;
   uint64_t countsKey_ = ~uint64_t{0}; // the op whose messages sent_/received_ count
   std::vector<uint32_t> sent_;        // per peer, messages of that op posted to it

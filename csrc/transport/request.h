@@ -15,6 +15,8 @@
 
 namespace ringpg {
 
+class Link; // transport/link.h
+
 // One posted send or receive.  The transport owns it while Pending; the poster keeps
 // the buffer alive until it is not Pending any more.
 struct Request {
@@ -28,9 +30,9 @@ struct Request {
   size_t progress = 0;      // bytes moved so far (a send counts its header)
   int peer = -1;            // send: destination; receive: source, -1 = any (p2p only)
   int sourceRank = -1;      // receive: who actually sent it
-  // The link that moves it, and so the one that waits for it.
-  enum class Link : uint8_t { Engine, Shm, Gloo };
-  Link link = Link::Engine;
+  // The transport/link.h Link that posted it, and so the one that waits for it (null:
+  // posted on the engine directly, point-to-point).
+  Link* link = nullptr;
   std::function<void(Request&)> onComplete; // run by the engine, outside its lock
 };
 using RequestPtr = std::shared_ptr<Request>;

@@ -199,8 +199,8 @@ struct ShmRing::Region {
   }
 };
 
-ShmRing::ShmRing(int rank, int size, size_t slotBytes, int spinMicros)
-    : rank_(rank), left_((rank + size - 1) % size), right_((rank + 1) % size),
+ShmRing::ShmRing(Engine& engine, int rank, int size, size_t slotBytes, int spinMicros)
+    : engine_(engine), rank_(rank), left_((rank + size - 1) % size), right_((rank + 1) % size),
       slotBytes_(slotBytes), spinMicros_(spinMicros) {}
 
 ShmRing::~ShmRing() = default;
@@ -209,8 +209,9 @@ ShmRing::Region& ShmRing::toRight() {
   return fromRight_ ? *fromRight_ : *fromLeft_;
 }
 
-std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, const std::string& prefix, int rank, int size,
-                                          bool wanted, size_t slotBytes, int spinMicros, Deadline deadline) {
+std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, const std::string& prefix, int rank,
+                                          int size, bool wanted, size_t slotBytes, int spinMicros,
+                                          Deadline deadline) {
   if (size < 2) {
     return nullptr;
   }
@@ -218,7 +219,7 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, const std::string&
   // others learn that and nobody waits for it: the decision must be the same on all.
   slotBytes = (slotBytes + kLine - 1) / kLine * kLine;
 
-  std::unique_ptr<ShmRing> self(new ShmRing(rank, size, slotBytes, spinMicros));
+  std::unique_ptr<ShmRing> self(new ShmRing(engine, rank, size, slotBytes, spinMicros));
   std::string why = wanted ? "" : "RINGPG_TRANSPORT is not auto";
   const uint64_t nonce = randomNonce();
   const std::string name = c10::str("/ringpg-", ::getpid(), "-", hex(nonce));
@@ -278,25 +279,27 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, const std::string&
   return self;
 }
 
-RequestPtr ShmRing::postSend(const FrameHeader& hdr, const void* data, size_t len) {
+RequestPtr ShmRing::postSend(int peer, const FrameHeader& hdr, const void* data, size_t len) {
+  TORCH_INTERNAL_ASSERT(peer == right_, "ringpg: the shared-memory ring sends to the right neighbour only");
   RequestPtr req = makeRequest(hdr, data, len, right_);
   req->hdr.magic = kFrameMagic;
-  req->link = Request::Link::Shm;
+  req->link = this;
   sends_.push_back(req);
   pushSends(); // eager: the first fragments leave now if there is room
   return req;
 }
 
-RequestPtr ShmRing::postRecv(const FrameHeader& expect, void* data, size_t len) {
+RequestPtr ShmRing::postRecv(int peer, const FrameHeader& expect, void* data, size_t len) {
+  TORCH_INTERNAL_ASSERT(peer == left_, "ringpg: the shared-memory ring receives from the left neighbour only");
   RequestPtr req = makeRequest(expect, data, len, left_);
   req->sourceRank = left_;
-  req->link = Request::Link::Shm;
+  req->link = this;
   recvs_.push_back(Recv{req, nullptr});
   return req;
 }
 
-RequestPtr ShmRing::postRecvInto(const FrameHeader& expect, size_t len, FragmentConsumer consume) {
-  RequestPtr req = postRecv(expect, nullptr, len);
+RequestPtr ShmRing::postRecvInto(int peer, const FrameHeader& expect, size_t len, FragmentConsumer consume) {
+  RequestPtr req = postRecv(peer, expect, nullptr, len);
   recvs_.back().consume = std::move(consume);
   return req;
 }
@@ -396,7 +399,8 @@ void ShmRing::failAll(const std::string& reason, bool network) {
   recvs_.clear();
 }
 
-bool ShmRing::waitUntil(Engine& engine, const RequestPtr& req, Deadline deadline) {
+bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
+  Engine& engine = engine_;
   using namespace std::chrono;
   const auto spinEnd = Clock::now() + microseconds(spinMicros_);
   Bell& bell = own_->bell();

@@ -35,17 +35,14 @@
 #include <string>
 
 #include "transport/engine.h"
+#include "transport/link.h"
 #include "transport/request.h"
 #include "transport/socket.h"
 #include "transport/wire.h"
 
 namespace ringpg {
 
-// Called with each fragment of a message as it arrives: `offset` bytes into the
-// message, `n` bytes at `src` (valid only during the call).
-using FragmentConsumer = std::function<void(const char* src, size_t offset, size_t n)>;
-
-class ShmRing {
+class ShmRing final : public Link {
  public:
   struct Region; // one mapped region (defined in shm.cpp)
 
@@ -55,26 +52,35 @@ class ShmRing {
   // used: world size < 2, !wanted on some rank (RINGPG_TRANSPORT=tcp), ranks on
   // different hosts, or shared memory unavailable.  `spinMicros`: how long a waiter polls before it
   // sleeps on its futex.
-  static std::unique_ptr<ShmRing> connect(c10d::Store& store, const std::string& prefix, int rank, int size,
-                                          bool wanted, size_t slotBytes, int spinMicros, Deadline deadline);
-  ~ShmRing();
+  // `engine`: the group's failure state, which outlives the ring.
+  static std::unique_ptr<ShmRing> connect(c10d::Store& store, Engine& engine, const std::string& prefix, int rank,
+                                          int size, bool wanted, size_t slotBytes, int spinMicros,
+                                          Deadline deadline);
+  ~ShmRing() override;
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;
 
   int left() const { return left_; }
   int right() const { return right_; }
 
-  // Collective frames to the right neighbour / from the left one, matched in order.
-  RequestPtr postSend(const FrameHeader& hdr, const void* data, size_t len);
-  RequestPtr postRecv(const FrameHeader& expect, void* data, size_t len);
+  const char* transport() const override {
+    return "shm";
+  }
+  // Collective frames to the right neighbour / from the left one (the only peers a
+  // LinkTable routes here), matched in order.
+  RequestPtr postSend(int peer, const FrameHeader& hdr, const void* data, size_t len) override;
+  RequestPtr postRecv(int peer, const FrameHeader& expect, void* data, size_t len) override;
   // A receive whose fragments are handed to `consume` straight from shared memory
   // (recvReduce without a staging copy).
-  RequestPtr postRecvInto(const FrameHeader& expect, size_t len, FragmentConsumer consume);
+  bool fusesReceive(int peer) const override {
+    return peer == left_;
+  }
+  RequestPtr postRecvInto(int peer, const FrameHeader& expect, size_t len, FragmentConsumer consume) override;
 
   // Drives both directions until `req` is no longer pending (true) or `deadline`
-  // passes (false).  When `engine` is broken, every queued request fails with its
+  // passes (false).  When the engine is broken, every queued request fails with its
   // reason.  Only the thread running the group's current op calls this.
-  bool waitUntil(Engine& engine, const RequestPtr& req, Deadline deadline);
+  bool waitUntil(const RequestPtr& req, Deadline deadline) override;
 
  private:
   struct Recv {
@@ -82,7 +88,7 @@ class ShmRing {
     FragmentConsumer consume; // null: copy into req->buf
   };
 
-  ShmRing(int rank, int size, size_t slotBytes, int spinMicros);
+  ShmRing(Engine& engine, int rank, int size, size_t slotBytes, int spinMicros);
   // Moves what can move now; true if any fragment moved.
   bool progress(Engine& engine);
   bool pushSends();
@@ -93,6 +99,7 @@ class ShmRing {
   // the same rank (world size 2).
   Region& toRight();
 
+  Engine& engine_; // the group's failure state
   const int rank_;
   const int left_, right_;
   const size_t slotBytes_;

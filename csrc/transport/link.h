@@ -1,0 +1,95 @@
+// The one interface between the algorithms and the transports.
+//
+// A Link moves the collective frames of the running op to and from peers: it posts a
+// send, posts a receive into a buffer, posts a fused receive where it can hand each
+// fragment over as it arrives (shared memory: the ring reduces straight out of the
+// slot), and waits for a request with a deadline.  Three transports implement it:
+//   EngineLink  ringpg's TCP engine (transport/engine.h), any peer;
+//   ShmRing     the shared-memory ring (transport/shm.h), right neighbour / left one;
+//   GlooLink    Gloo's own TCP pairs (transport/gloo_link.h), any peer.
+// The group has one failure state, its Engine's: every link reports a failure into it
+// (Engine::fail, which tells every peer), and every link's waits end when it breaks.
+// A group owns a link per peer and direction (LinkTable); each link says which
+// transport it is.
+#pragma once
+
+#include <c10/util/Exception.h>
+
+#include <functional>
+#include <vector>
+
+#include "transport/engine.h"
+#include "transport/request.h"
+#include "transport/wire.h"
+
+namespace ringpg {
+
+// Called with each fragment of a message as it arrives: `offset` bytes into the
+// message, `n` bytes at `src` (valid only during the call).
+using FragmentConsumer = std::function<void(const char* src, size_t offset, size_t n)>;
+
+class Link {
+ public:
+  virtual ~Link() = default;
+
+  // "tcp", "shm" or "gloo".
+  virtual const char* transport() const = 0;
+
+  // `op`: the header every frame of the running op carries (its key is the op's
+  // sequence number).  The requests remember this link (Request::link), which waits.
+  virtual RequestPtr postSend(int peer, const FrameHeader& op, const void* data, size_t len) = 0;
+  virtual RequestPtr postRecv(int peer, const FrameHeader& op, void* data, size_t len) = 0;
+
+  // Whether a send moves only once the peer has posted its receive (Gloo's pairs): a
+  // ring then posts receives further ahead (Config::recvWindowFor).
+  virtual bool sendWaitsForReceive() const {
+    return false;
+  }
+
+  // Whether postRecvInto() works for frames from `peer`.
+  virtual bool fusesReceive(int /*peer*/) const {
+    return false;
+  }
+  // A receive of `len` bytes whose fragments go to `consume` as they arrive.
+  virtual RequestPtr postRecvInto(int /*peer*/, const FrameHeader& /*op*/, size_t /*len*/,
+                                  FragmentConsumer /*consume*/) {
+    TORCH_INTERNAL_ASSERT(false, "ringpg: ", transport(), " links do not fuse receives");
+  }
+
+  // Waits until `req` (posted here) is no longer pending: true when done or failed
+  // (a failure also when the group's failure state broke meanwhile), false when
+  // `deadline` passed first (still pending; the caller reports the timeout).
+  virtual bool waitUntil(const RequestPtr& req, Deadline deadline) = 0;
+};
+
+// ringpg's TCP engine as a Link.
+class EngineLink final : public Link {
+ public:
+  explicit EngineLink(Engine& engine) : engine_(engine) {}
+  const char* transport() const override {
+    return "tcp";
+  }
+  RequestPtr postSend(int peer, const FrameHeader& op, const void* data, size_t len) override;
+  RequestPtr postRecv(int peer, const FrameHeader& op, void* data, size_t len) override;
+  bool waitUntil(const RequestPtr& req, Deadline deadline) override;
+
+ private:
+  Engine& engine_;
+};
+
+// The links of one group: the one collective frames to peer q take (`to[q]`), the one
+// frames from q come by (`from[q]`), and the Engine, which is the group's failure state
+// and control channel (`control`, its Link: announcements; aborts; point-to-point).
+struct LinkTable {
+  Engine* engine = nullptr;
+  Link* control = nullptr;
+  std::vector<Link*> to;
+  std::vector<Link*> from;
+
+  // Every peer on the engine both ways.
+  static LinkTable engineOnly(EngineLink& link, Engine& engine, int size) {
+    return LinkTable{&engine, &link, std::vector<Link*>(size, &link), std::vector<Link*>(size, &link)};
+  }
+};
+
+} // namespace ringpg
