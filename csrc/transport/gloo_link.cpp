@@ -48,7 +48,7 @@ uint32_t GlooLink::nextIndex(const FrameHeader& op, int peer, std::vector<uint32
   return counts[peer]++;
 }
 
-RequestPtr GlooLink::postSend(int peer, const FrameHeader& op, const void* data, size_t len) {
+RequestPtr GlooLink::post(Direction dir, int peer, const FrameHeader& op, const void* data, size_t len) {
   auto req = std::make_shared<GlooRequest>();
   req->link = this;
   req->hdr = op;
@@ -57,31 +57,26 @@ RequestPtr GlooLink::postSend(int peer, const FrameHeader& op, const void* data,
   req->len = len;
   req->peer = peer;
   if (len == 0) {
-    // Nothing to move, and the receiving side posts no empty receive either.
+    // Nothing to move, and the other side posts no empty message either.
     req->state.store(Request::State::Done, std::memory_order_release);
     return req;
   }
   std::vector<at::Tensor> t{bytesAt(data, len)};
-  req->work = gloo_->send(t, peer, tagOf(op, nextIndex(op, peer, sent_)));
+  if (dir == Direction::Send) {
+    req->work = gloo_->send(t, peer, tagOf(op, nextIndex(op, peer, sent_)));
+  } else {
+    req->sourceRank = peer;
+    req->work = gloo_->recv(t, peer, tagOf(op, nextIndex(op, peer, received_)));
+  }
   return req;
 }
 
+RequestPtr GlooLink::postSend(int peer, const FrameHeader& op, const void* data, size_t len) {
+  return post(Direction::Send, peer, op, data, len);
+}
+
 RequestPtr GlooLink::postRecv(int peer, const FrameHeader& op, void* data, size_t len) {
-  auto req = std::make_shared<GlooRequest>();
-  req->link = this;
-  req->hdr = op;
-  req->hdr.nbytes = len;
-  req->buf = static_cast<char*>(data);
-  req->len = len;
-  req->peer = peer;
-  req->sourceRank = peer;
-  if (len == 0) {
-    req->state.store(Request::State::Done, std::memory_order_release);
-    return req;
-  }
-  std::vector<at::Tensor> t{bytesAt(data, len)};
-  req->work = gloo_->recv(t, peer, tagOf(op, nextIndex(op, peer, received_)));
-  return req;
+  return post(Direction::Recv, peer, op, data, len);
 }
 
 void GlooLink::abortWaits() {

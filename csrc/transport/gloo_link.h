@@ -67,6 +67,9 @@ class GlooLink final : public Link {
   static int32_t tagOf(const FrameHeader& op, uint32_t index);
 
  private:
+  enum class Direction : uint8_t { Send, Recv };
+  // Posts one message (an empty one completes at once: neither side posts it to Gloo).
+  RequestPtr post(Direction dir, int peer, const FrameHeader& op, const void* data, size_t len);
   // The index of the next message of op `op` to or from `peer` in `counts`.
   uint32_t nextIndex(const FrameHeader& op, int peer, std::vector<uint32_t>& counts);
 
