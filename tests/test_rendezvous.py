@@ -10,6 +10,8 @@
   non-contiguous pair, each compared with the gloo subgroup of the same ranks;
 * ranks that disagree on the transport (one sets RINGPG_TRANSPORT=tcp): the group
   agrees through the Store and uses TCP on every rank;
+* ``ringpg.use_transport("gloo")``: a group made inside it runs on Gloo's pairs, one
+  made after it on the process's setting, and an unknown name is refused;
 * a rank whose /dev/shm is a tiny one of its own (a container's): no region fits and
   its neighbours' are invisible, so the group falls back to TCP without a crash and
   leaves no names behind;
@@ -121,6 +123,32 @@ def test_one_rank_opting_out_of_shm_keeps_the_whole_group_on_tcp() -> None:
     """Both ends of every link must use the same transport, whatever each rank was told."""
     spec = InitSpec(rank0_env=(("RINGPG_TRANSPORT", "tcp"),))
     assert_reports_ok(run_workers(disagreeing_worker, 3, spec=spec))
+
+
+def use_transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    import ringpg
+
+    chk = Checker(rank)
+    with ringpg.use_transport("gloo"):
+        gloo_pairs = dist.new_group(backend="ringpg")
+    tcp = dist.new_group(backend="ringpg")  # outside the block: RINGPG_TRANSPORT again (here auto)
+    chk.true("transport inside use_transport", transport_of(gloo_pairs) == "gloo", transport_of(gloo_pairs))
+    chk.true("transport after it", transport_of(tcp) == transport_of(groups.test), transport_of(tcp))
+    smoke_checks(chk, "a group made in use_transport('gloo')", gloo_pairs, groups.ref, numel=100_003)
+    try:
+        with ringpg.use_transport("udp"):
+            pass
+        chk.true("unknown transport refused", False, "no error")
+    except ValueError as e:
+        chk.true("unknown transport refused", "not one of auto, tcp, gloo" in str(e), str(e))
+    return chk.report()
+
+
+@pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringpg's transport choice")
+def test_use_transport_picks_the_link_of_groups_made_inside_it() -> None:
+    """Groups of one job on different links (the bench's ringpg@gloo column), each
+    checked against gloo; the process's RINGPG_TRANSPORT still rules outside the block."""
+    assert_reports_ok(run_workers(use_transport_worker, 3))
 
 
 def _tiny_private_dev_shm() -> None:
