@@ -25,7 +25,7 @@ RequestPtr OpContext::recv(int peer, void* data, size_t nbytes) {
 }
 
 std::vector<RequestPtr> OpContext::announce() {
-  if (size_ == 1) {
+  if (size_ == 1 || links_.from[left()]->checksFrames()) {
     return {};
   }
   return {links_.control->postRecv(left(), header(), nullptr, 0),

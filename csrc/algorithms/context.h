@@ -67,11 +67,12 @@ class OpContext {
   // "reduce" event of ring step `step`, chunk `chunk`, segment `segment`.
   RequestPtr recvReduce(int peer, char* dst, const char* in, int64_t count, size_t elemSize, RedOp op,
                         int step = -1, int chunk = -1, int64_t segment = -1);
-  // A link that cannot check what its frames carry (Gloo's pairs) is checked through
-  // the engine, the group's control link, instead: an empty frame of this op to the right neighbour, and the
-  // receive of the left one's.  The engine compares op, dtype, numel and ReduceOp at
-  // once and, on a mismatch, breaks the group (which wakes every wait) instead of
-  // leaving both ranks to their deadline.  Wait for both when the op is done.
+  // Where the group's links do not check what their frames carry (Gloo's pairs:
+  // Link::checksFrames), the op is checked on the engine, its control link, instead:
+  // an empty frame of this op to the right neighbour, and the receive of the left
+  // one's.  The engine compares op, dtype, numel and ReduceOp at once and, on a
+  // mismatch, breaks the group (which wakes every wait) instead of leaving both ranks
+  // to their deadline.  Empty where the links check; wait for both when the op is done.
   std::vector<RequestPtr> announce();
 
   // Blocks until `req` completes; throws a c10d error naming op, rank and peer on

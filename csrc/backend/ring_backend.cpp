@@ -98,8 +98,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     links_.to[shm_->right()] = shm_.get();
     links_.from[shm_->left()] = shm_.get();
   }
-  const char* ringTransport = transportSetting_ == Config::Transport::Gloo ? "gloo" : shm_ ? "shm" : "tcp";
-  tracer_ = openTrace(*engine_, ringTransport, cfg_, groupName_, rank, size, Clock::now() + timeout);
+  tracer_ = openTrace(*engine_, transport(), cfg_, groupName_, rank, size, Clock::now() + timeout);
   tracing_ = tracer_ != nullptr;
   worker_ = std::thread([this] { workerLoop(); });
   if (rank == 0) {
@@ -272,8 +271,7 @@ void RingBackend::execute(Queued& q) {
     engine_->setCurrentCollective(ctx.header());
     TraceOpScope traced(tracing() ? tracer_.get() : nullptr, q.tag.op, q.tag.seq, q.sig.numel, q.sig.dtype); // RINGPG_TRACE
     ctx.setTrace(traced.op());
-    // Gloo's pairs carry bytes only: the op's signature goes by the engine (OpContext::announce).
-    std::vector<RequestPtr> signature = gloo_ ? ctx.announce() : std::vector<RequestPtr>{};
+    std::vector<RequestPtr> signature = ctx.announce(); // links of bare bytes: checked on the engine
     q.fn(ctx);
     ctx.waitAll(signature);
   } catch (const c10::Error& e) {

@@ -115,10 +115,10 @@ class RingBackend final : public c10d::Backend {
     engine_->debugSendRaw(peer, std::move(bytes));
   }
 
-  // The link collectives move over: "gloo" (Gloo's pairs), "shm" (shared memory),
-  // else "tcp" (ringpg's engine) (diagnostics and tests).
-  std::string transport() const {
-    return gloo_ ? "gloo" : shm_ ? "shm" : "tcp";
+  // The link collectives move over: "gloo" (Gloo's pairs, RINGPG_TRANSPORT=gloo),
+  // "shm" (shared memory), else "tcp" (ringpg's engine) (diagnostics, traces, tests).
+  const char* transport() const {
+    return transportSetting_ == Config::Transport::Gloo ? "gloo" : shm_ ? "shm" : "tcp";
   }
   // Microseconds the group's waits spin before sleeping (RINGPG_SPIN_US, or what
   // auto chose for this transport and host).

@@ -96,7 +96,8 @@ const Config& Config::get() {
 
 std::string Config::summary() const {
   return c10::str(
-      "segment_bytes=", segmentBytes, " oneshot_bytes=", oneShotBytes, " recv_window=", recvWindowSet ? std::to_string(recvWindow) : c10::str(recvWindow, "(gloo:", kGlooRecvWindow, ")"),
+      "segment_bytes=", segmentBytes, " oneshot_bytes=", oneShotBytes,
+      " recv_window=", recvWindowSet ? std::to_string(recvWindow) : c10::str(recvWindow, "(gloo:", kGlooRecvWindow, ")"),
       " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
       " work_cache_bytes=", workCacheBytes,
       " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),

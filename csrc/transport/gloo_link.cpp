@@ -49,13 +49,8 @@ uint32_t GlooLink::nextIndex(const FrameHeader& op, int peer, std::vector<uint32
 }
 
 RequestPtr GlooLink::post(Direction dir, int peer, const FrameHeader& op, const void* data, size_t len) {
-  auto req = std::make_shared<GlooRequest>();
+  auto req = makeRequest<GlooRequest>(op, data, len, peer);
   req->link = this;
-  req->hdr = op;
-  req->hdr.nbytes = len;
-  req->buf = static_cast<char*>(const_cast<void*>(data));
-  req->len = len;
-  req->peer = peer;
   if (len == 0) {
     // Nothing to move, and the other side posts no empty message either.
     req->state.store(Request::State::Done, std::memory_order_release);
@@ -89,20 +84,19 @@ void GlooLink::abortWaits() {
 
 bool GlooLink::waitUntil(const RequestPtr& r, Deadline deadline) {
   TORCH_INTERNAL_ASSERT(r->link == this);
-  Engine& engine = engine_;
   auto& req = static_cast<GlooRequest&>(*r);
   if (req.state.load(std::memory_order_acquire) != Request::State::Pending) {
     return true;
   }
   auto failWithEngine = [&] {
     bool network = true;
-    markFailed(req, engine.brokenReason(&network), network);
+    markFailed(req, engine_.brokenReason(&network), network);
     req.work.reset(); // withdraws the buffer from Gloo
     return true;
   };
   {
     std::lock_guard<std::mutex> lk(mu_); // aborted_, waiting_
-    if (aborted_ || engine.isBroken()) {
+    if (aborted_ || engine_.isBroken()) {
       return failWithEngine();
     }
     // Registered before the wait: an abortWaits() from here on reaches it.
@@ -126,7 +120,7 @@ bool GlooLink::waitUntil(const RequestPtr& r, Deadline deadline) {
     req.state.store(Request::State::Done, std::memory_order_release);
     return true;
   }
-  if (error.empty() || engine.isBroken()) {
+  if (error.empty() || engine_.isBroken()) {
     // abortWaits() woke it: the engine broke, and says why.
     return failWithEngine();
   }
@@ -141,7 +135,7 @@ bool GlooLink::waitUntil(const RequestPtr& r, Deadline deadline) {
   const std::string why = c10::str("ringpg: rank ", rank_, " lost its Gloo pair to rank ", req.peer,
                                    ": Connection closed by peer (Gloo: ", error,
                                    "; the peer process probably exited, crashed or was killed)");
-  engine.fail(why, /*network=*/true); // every rank hears it at once
+  engine_.fail(why, /*network=*/true); // every rank hears it at once
   markFailed(req, why, /*network=*/true);
   req.work.reset();
   return true;

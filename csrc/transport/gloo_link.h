@@ -15,9 +15,9 @@
 // non-negative in int32 and unique among the messages in flight between two ranks
 // (they belong to at most two consecutive ops, and a ring keeps far fewer than 16384
 // segments in flight).  `sig` hashes the op's signature (type, dtype, numel,
-// ReduceOp), so ranks that call different collectives post tags that never match:
-// they time out with "calling a different collective" instead of combining unrelated
-// bytes (a 1-in-512 hash collision falls back to Gloo's own size check).
+// ReduceOp), so the bytes of ranks that call different collectives never match and
+// never combine, while the engine names the mismatch at once (a Link that does not
+// check its frames gets each op's signature checked there: OpContext::announce).
 //
 // Failures.  Control stays on ringpg's engine, which every group has: when a Gloo wait
 // fails (a lost peer) the link breaks the engine, whose Abort frames reach every rank
@@ -51,6 +51,9 @@ class GlooLink final : public Link {
   }
   bool sendWaitsForReceive() const override {
     return true;
+  }
+  bool checksFrames() const override {
+    return false;
   }
   // `op`: the header of the op's frames (its key is the op's sequence number).
   RequestPtr postSend(int peer, const FrameHeader& op, const void* data, size_t len) override;

@@ -40,6 +40,13 @@ class Link {
   virtual RequestPtr postSend(int peer, const FrameHeader& op, const void* data, size_t len) = 0;
   virtual RequestPtr postRecv(int peer, const FrameHeader& op, void* data, size_t len) = 0;
 
+  // Whether the link compares what arrives with what the receive expects (op, dtype,
+  // numel, ReduceOp), as the engine's and shared memory's frame headers let them; a
+  // link of bare bytes (Gloo's pairs) has each op's signature checked on the engine.
+  virtual bool checksFrames() const {
+    return true;
+  }
+
   // Whether a send moves only once the peer has posted its receive (Gloo's pairs): a
   // ring then posts receives further ahead (Config::recvWindowFor).
   virtual bool sendWaitsForReceive() const {

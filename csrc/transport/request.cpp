@@ -4,16 +4,6 @@
 
 namespace ringpg {
 
-RequestPtr makeRequest(const FrameHeader& hdr, const void* buf, size_t len, int peer) {
-  auto req = std::make_shared<Request>();
-  req->hdr = hdr;
-  req->hdr.nbytes = len;
-  req->buf = static_cast<char*>(const_cast<void*>(buf));
-  req->len = len;
-  req->peer = peer;
-  return req;
-}
-
 void markFailed(Request& req, const std::string& why, bool network) {
   req.error = why;
   req.networkError = network;

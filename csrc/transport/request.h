@@ -38,8 +38,18 @@ struct Request {
 using RequestPtr = std::shared_ptr<Request>;
 
 // A pending request for `len` bytes at `buf` to / from `peer`, with `hdr` (its nbytes
-// set to `len`): what a send writes, or what a receive expects.
-RequestPtr makeRequest(const FrameHeader& hdr, const void* buf, size_t len, int peer);
+// set to `len`): what a send writes, or what a receive expects.  `R`: a link's own
+// Request type, where it keeps more (GlooLink's Work).
+template <class R = Request>
+std::shared_ptr<R> makeRequest(const FrameHeader& hdr, const void* buf, size_t len, int peer) {
+  auto req = std::make_shared<R>();
+  req->hdr = hdr;
+  req->hdr.nbytes = len;
+  req->buf = static_cast<char*>(const_cast<void*>(buf));
+  req->len = len;
+  req->peer = peer;
+  return req;
+}
 
 // Ends a pending request with `why` (`network`: a peer/connection failure); the
 // state is published last, so a waiter that sees Failed also sees the reason.

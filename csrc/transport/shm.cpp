@@ -339,7 +339,7 @@ bool ShmRing::pushSends() {
   return moved;
 }
 
-bool ShmRing::pullRecvs(Engine& engine) {
+bool ShmRing::pullRecvs() {
   bool moved = false;
   LinkHeader& L = fromLeft_->link();
   while (!recvs_.empty()) {
@@ -360,7 +360,7 @@ bool ShmRing::pullRecvs(Engine& engine) {
           ? c10::str("ringpg: rank ", rank_, " received a corrupt shared-memory fragment from rank ", left_,
                      " (offset ", sh.offset, ", length ", sh.length, "; expected ", req.progress, ", ", want, ")")
           : collectiveMismatch(rank_, left_, req.hdr, sh.frame);
-      engine.fail(msg, /*network=*/false);
+      engine_.fail(msg, /*network=*/false);
       failAll(msg, false);
       return true;
     }
@@ -382,9 +382,9 @@ bool ShmRing::pullRecvs(Engine& engine) {
   return moved;
 }
 
-bool ShmRing::progress(Engine& engine) {
+bool ShmRing::progress() {
   const bool sent = pushSends();
-  const bool received = pullRecvs(engine);
+  const bool received = pullRecvs();
   return sent || received;
 }
 
@@ -400,20 +400,19 @@ void ShmRing::failAll(const std::string& reason, bool network) {
 }
 
 bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
-  Engine& engine = engine_;
   using namespace std::chrono;
   const auto spinEnd = Clock::now() + microseconds(spinMicros_);
   Bell& bell = own_->bell();
   while (true) {
-    if (engine.isBroken()) {
+    if (engine_.isBroken()) {
       // A peer died or the group failed elsewhere (we hear it through the sockets).
       // Checked first: a broken group moves no byte into or out of a user buffer.
       bool network = true;
-      const std::string why = engine.brokenReason(&network);
+      const std::string why = engine_.brokenReason(&network);
       failAll(why, network);
       return true;
     }
-    progress(engine);
+    progress();
     if (req->state.load(std::memory_order_acquire) != Request::State::Pending) {
       return true;
     }
@@ -431,7 +430,7 @@ bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
     // last look either sees `sleeping` and wakes us, or changed `seq` before we read it.
     bell.sleeping.store(1, std::memory_order_seq_cst);
     const uint32_t key = bell.seq.load(std::memory_order_seq_cst);
-    if (!progress(engine) && req->state.load(std::memory_order_acquire) == Request::State::Pending) {
+    if (!progress() && req->state.load(std::memory_order_acquire) == Request::State::Pending) {
       // Bounded sleeps: a broken engine (which rings no bell) is noticed within 10 ms.
       futexWait(&bell.seq, key, std::min<nanoseconds>(deadline - now, milliseconds(10)));
     }

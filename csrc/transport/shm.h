@@ -90,9 +90,9 @@ class ShmRing final : public Link {
 
   ShmRing(Engine& engine, int rank, int size, size_t slotBytes, int spinMicros);
   // Moves what can move now; true if any fragment moved.
-  bool progress(Engine& engine);
+  bool progress();
   bool pushSends();
-  bool pullRecvs(Engine& engine);
+  bool pullRecvs();
   void failAll(const std::string& reason, bool network);
   void finish(const RequestPtr& req);
   // The right neighbour's region, whose bell we ring: the left one's when they are
