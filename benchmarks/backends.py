@@ -63,7 +63,7 @@ def new_group_of(spec: str, timeout: Any) -> Any:
 def backend_status(spec: str, device: str) -> Tuple[bool, str]:
     """(usable, description) for a ``--backends`` entry on this machine, without creating a group."""
     name, transport = split_spec(spec)
-    if transport is not None and (name != "ringpg" or transport not in ("auto", "tcp", "gloo")):
+    if transport is not None and name != "ringpg":
         return False, f"{spec!r}: only ringpg takes a transport (ringpg@auto, ringpg@tcp, ringpg@gloo)"
     try:
         if name == "gloo":
@@ -79,7 +79,10 @@ def backend_status(spec: str, device: str) -> Tuple[bool, str]:
 
             load_extension()  # imports ringpg._C after its torch-version check
             import ringpg  # type: ignore[import-not-found]
+            from ringpg._registration import TRANSPORTS  # type: ignore[import-not-found]
 
+            if transport is not None and transport not in TRANSPORTS:
+                return False, f"{spec!r}: ringpg's transports are {', '.join(TRANSPORTS)}"
             return True, f"ringpg {getattr(ringpg, '__version__', '?')} ({how}, _C loaded)"
         return True, how
     except Exception as e:  # noqa: BLE001 - described to the user
