@@ -39,7 +39,8 @@ ClockOffset measureClockOffset(Engine& engine, const Config& cfg, int rank, int 
   // over a socket answered through shared memory read further off than the same path
   // both ways (alignment measured: benchmarks/RESULTS.md, "what RINGPG_TRACE costs").
   EngineLink tcp(engine);
-  const LinkTable links = LinkTable::engineOnly(tcp, engine, size);
+  const Topology ranks = Topology::singleHost(size); // direct exchanges only: no ring order needed
+  const LinkTable links = LinkTable::engineOnly(tcp, engine, ranks);
   OpContext c(links, cfg, OpTag{"trace_clock_sync", 0, rank}, size,
               OpSignature(c10d::OpType::UNKNOWN, c10::kLong, 1), deadline, scratch, workspace);
   engine.setCurrentCollective(c.header());

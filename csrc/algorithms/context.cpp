@@ -60,7 +60,7 @@ RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t co
 
 void OpContext::wait(const RequestPtr& req) {
   TORCH_INTERNAL_ASSERT(req->link, "ringpg: an op's request not posted through a link");
-  const bool done = req->link->waitUntil(req, deadline_);
+  const bool done = links_.waitUntil(req, deadline_);
   if (!done) {
     const bool isSend = hasKind(req->hdr, FrameKind::Collective) && req->progress > 0;
     const std::string msg = c10::str(

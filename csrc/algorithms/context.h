@@ -46,8 +46,15 @@ class OpContext {
 
   int rank() const { return tag_.rank; }
   int size() const { return size_; }
-  int left() const { return (tag_.rank + size_ - 1) % size_; }
-  int right() const { return (tag_.rank + 1) % size_; }
+  // The ring (transport/topology.h): ranks of a host adjacent, hosts one after another.
+  // Ring algorithms number chunks and steps by ring position; position(r) is rank r's,
+  // ringRank(pos) the rank at a position.  Identity when the ranks of each host are
+  // numbered consecutively (every single-host group).
+  int position() const { return links_.topology->position[tag_.rank]; }
+  int positionOf(int rank) const { return links_.topology->position[rank]; }
+  int ringRank(int pos) const { return links_.topology->ring[pos]; }
+  int left() const { return links_.topology->left(tag_.rank); }
+  int right() const { return links_.topology->right(tag_.rank); }
   c10::ScalarType dtype() const { return sig_.dtype; }
   const Config& config() const { return cfg_; }
   // Receives a ring posts ahead on its link from the left (Config::recvWindowFor).
@@ -61,6 +68,9 @@ class OpContext {
   // True when recvReduce() from `peer` reduces each fragment as it arrives (its link
   // fuses receives: shared memory); otherwise the caller receives into staging and reduces.
   bool fusedRecvReduce(int peer) const;
+  // Whether every rank's ring hop fuses (LinkTable::ringFusedEverywhere): the same on
+  // all ranks, unlike fusedRecvReduce(left()) in a group of several hosts.
+  bool ringFusedEverywhere() const { return links_.ringFusedEverywhere; }
   // recvReduce, fused: dst[i] = in[i] (op) received[i] for `count` elements of this
   // op's dtype (`elemSize` bytes each).  Requires fusedRecvReduce(peer); `in` must be
   // ready when it is posted.  When the op is traced, each fragment's reduction is a

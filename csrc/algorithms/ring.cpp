@@ -97,6 +97,10 @@ class RingSweep {
   int64_t unitOf(int step, int64_t segment) const {
     return static_cast<int64_t>(step - firstStep_) * plan_.segments + segment;
   }
+  // The elements of chunk `chunk`: chunks are numbered by ring position (ring_plan.h
+  // with r = this rank's position), and the chunk of position i is the data chunk of
+  // the rank there, so a reduce-scatter leaves each rank its own.
+  Range chunkOf(int chunk) const;
   // Range of segment `j` of the chunk that moves at step `step`, received or sent.
   Range recvRange(int step, int64_t j) const;
   Range sendRange(int step, int64_t j) const;
@@ -115,7 +119,7 @@ class RingSweep {
   const RingJob& job_;
   const RingBuffers& b_;
   const int p_;
-  const int r_;
+  const int r_;           // this rank's ring position (OpContext::position)
   const size_t es_;
   const bool fused_;      // the link reduces each fragment as it arrives (context.h)
   SegmentPlan plan_;
@@ -133,14 +137,15 @@ class RingSweep {
 };
 
 RingSweep::RingSweep(OpContext& c, const RingJob& job, const RingBuffers& b)
-    : c_(c), trace_(c.trace()), job_(job), b_(b), p_(c.size()), r_(c.rank()), es_(job.elemSize),
+    : c_(c), trace_(c.trace()), job_(job), b_(b), p_(c.size()), r_(c.position()), es_(job.elemSize),
       fused_(c.fusedRecvReduce(c.left())) {
   // Segments: at most the configured size, but at least minSegments per chunk (down to
   // kMinSegmentBytes) so that the ring's fill and drain, about one segment per step,
   // stay a small part of the whole.  Over shared memory a segment costs a hand-off
   // between processes, which dominates when ranks share cores, and fill is cheap: 4
-  // per chunk there beat 16 (benchmarks/RESULTS.md).
-  const int64_t minSegments = fused_ ? 4 : 16;
+  // per chunk there beat 16 (benchmarks/RESULTS.md).  Both ends of a hop must cut
+  // alike, so the choice follows the whole ring, not this rank's hop.
+  const int64_t minSegments = c.ringFusedEverywhere() ? 4 : 16;
   constexpr int64_t kMinSegmentBytes = 64 * 1024;
   const int64_t chunkBytes = (job.count + p_ - 1) / p_ * static_cast<int64_t>(es_);
   const int64_t segBytes = std::min<int64_t>(static_cast<int64_t>(c.config().segmentBytes),
@@ -149,7 +154,7 @@ RingSweep::RingSweep(OpContext& c, const RingJob& job, const RingBuffers& b)
   firstStep_ = job.reduceScatter ? 0 : p_ - 1;
   const int endStep = job.allGather ? 2 * p_ - 2 : p_ - 1;
   units_ = static_cast<int64_t>(endStep - firstStep_) * plan_.segments;
-  ownChunk_ = chunkRange(job.count, p_, r_);
+  ownChunk_ = chunkRange(job.count, p_, c.rank());
   window_ = c.recvWindow();
   slotBytes_ = static_cast<size_t>(plan_.segElems) * es_;
   // Fused: the link reduces each fragment as it arrives, with no staging slots.
@@ -164,12 +169,16 @@ RingSweep::RingSweep(OpContext& c, const RingJob& job, const RingBuffers& b)
   }
 }
 
+Range RingSweep::chunkOf(int chunk) const {
+  return chunkRange(job_.count, p_, c_.ringRank(chunk));
+}
+
 Range RingSweep::recvRange(int step, int64_t j) const {
-  return segmentRange(chunkRange(job_.count, p_, ringRecvChunk(r_, p_, step)), plan_, j);
+  return segmentRange(chunkOf(ringRecvChunk(r_, p_, step)), plan_, j);
 }
 
 Range RingSweep::sendRange(int step, int64_t j) const {
-  return segmentRange(chunkRange(job_.count, p_, ringSendChunk(r_, p_, step)), plan_, j);
+  return segmentRange(chunkOf(ringSendChunk(r_, p_, step)), plan_, j);
 }
 
 char* RingSweep::home(int chunk, const Range& R) const {
@@ -181,7 +190,7 @@ char* RingSweep::home(int chunk, const Range& R) const {
 
 void RingSweep::needInput(int chunk) {
   if (!inputReady_[chunk]) {
-    job_.awaitInput(chunk);
+    job_.awaitInput(c_.ringRank(chunk));
     inputReady_[chunk] = true;
   }
 }
@@ -366,8 +375,9 @@ void chainBroadcast(OpContext& c, char* data, size_t nbytes, int root) {
   if (p == 1 || nbytes == 0) {
     return;
   }
-  // Position along the chain root -> root+1 -> ... -> root-1.
-  const int pos = (c.rank() - root + p) % p;
+  // Position along the chain from the root around the ring (root's right neighbour
+  // first, its left one last).
+  const int pos = (c.position() - c.positionOf(root) + p) % p;
   const bool last = pos == p - 1;
   const int64_t segBytes = static_cast<int64_t>(c.config().segmentBytes);
   const int64_t segs = flatSegments(static_cast<int64_t>(nbytes), segBytes);

@@ -27,10 +27,11 @@ using c10d::OpType;
 namespace {
 
 // Gloo's pairs need a ProcessGroupGloo on every rank: one rank alone on them would wait
-// for the others until the timeout.  Each rank publishes its choice under the group's
-// keys (after the mesh is up, so every rank is here) and all refuse a group that mixes
-// gloo with another; auto and tcp mix (the shared-memory agreement then keeps the
-// whole group on TCP).
+// for the others until the timeout; and shm, which refuses a group that cannot use
+// shared memory, must be asked for by all or its refusal would reach some ranks only.
+// Each rank publishes its choice under the group's keys (after the mesh is up, so
+// every rank is here) and all refuse a group that mixes gloo or shm with another; auto
+// and tcp mix (the shared-memory agreement then keeps the whole group on TCP).
 void agreeOnTransport(c10d::Store& store, const std::string& prefix, int rank, int size,
                       Config::Transport mine, Deadline deadline) {
   if (size == 1) {
@@ -40,26 +41,22 @@ void agreeOnTransport(c10d::Store& store, const std::string& prefix, int rank, i
   std::string listed;
   bool anyGloo = false;
   bool allGloo = true;
+  bool anyShm = false;
+  bool allShm = true;
   for (const auto q : c10::irange(size)) {
     const auto bytes = store.get(c10::str(prefix, "transport/", q));
     const std::string name(bytes.begin(), bytes.end());
     anyGloo = anyGloo || name == "gloo";
     allGloo = allGloo && name == "gloo";
+    anyShm = anyShm || name == "shm";
+    allShm = allShm && name == "shm";
     listed += c10::str(q == 0 ? "" : ", ", "rank ", q, ": ", name);
   }
-  if (anyGloo && !allGloo) {
-    // Every rank raises, so the store's host may soon be gone: leave once all have read
-    // (a store gone meanwhile means its host has read and left).
-    const std::string readKey = prefix + "transport/read";
-    try {
-      store.add(readKey, 1);
-      while (store.add(readKey, 0) < size && Clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    } catch (const std::exception&) {
-    }
+  if ((anyGloo && !allGloo) || (anyShm && !allShm)) {
+    // Every rank raises, so the store's host may soon be gone: leave together.
+    waitForAll(store, prefix + "transport/read", size, deadline);
     TORCH_CHECK_VALUE(false, "ringpg: the ranks of a group disagree on RINGPG_TRANSPORT (", listed,
-                      "); gloo must be set on every rank or on none");
+                      "); gloo and shm must be set on every rank or on none");
   }
 }
 
@@ -83,27 +80,43 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   keyPrefix_ = mesh.keyPrefix;
   engine_ = std::make_unique<Engine>(rank, size, std::move(mesh.tx), std::move(mesh.rx), cfg_.socketBuffer,
                                      cfg_.tcpCongestion, cfg_.engineSpinMicros());
-  // Same-host groups move ring traffic through shared memory (transport/shm.h).  A
-  // slot holds one default-sized segment; larger segments travel as fragments.
+  // The ring runs host by host (transport/topology.h); its hops between ranks of one
+  // host move through shared memory (transport/shm.h).  A slot holds one
+  // default-sized segment; larger segments travel as fragments.
+  topology_ = exchangeTopology(*store, mesh.keyPrefix, rank, size);
   const size_t slotBytes = std::clamp<size_t>(cfg_.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
-  // A shared-memory group has all its ranks on this host.
-  shmSpinMicros_ = cfg_.shmSpinMicros(size, usableCpus());
-  shm_ = ShmRing::connect(*store, *engine_, mesh.keyPrefix, rank, size, transportSetting_ == Config::Transport::Auto,
-                          slotBytes, shmSpinMicros_, Clock::now() + timeout);
-  // The links: every peer on the engine, but the ring's two neighbours on shared memory
-  // when the group has it (the gloo transport replaces all of them once attached).
+  // Spin only while this host's ranks can each have a core.
+  shmSpinMicros_ = cfg_.shmSpinMicros(topology_.ranksOn(topology_.hostOf[rank]), usableCpus());
+  bool shmUsed = false;
+  shm_ = ShmRing::connect(*store, *engine_, mesh.keyPrefix, topology_, rank, transportSetting_, slotBytes,
+                          shmSpinMicros_, Clock::now() + timeout, &shmUsed);
+  // What the group's links are, the same words on every rank: "shm" (one host),
+  // "shm+tcp" (several hosts, some holding several ranks), "tcp"; "gloo" once attached.
+  transportName_ = transportSetting_ == Config::Transport::Gloo ? "gloo"
+                   : !shmUsed                                  ? "tcp"
+                   : topology_.hosts == 1                      ? "shm"
+                                                               : "shm+tcp";
+  // The links: every peer on the engine, but a ring neighbour on this host on shared
+  // memory (the gloo transport replaces all of them once attached).
   engineLink_ = std::make_unique<EngineLink>(*engine_);
-  links_ = LinkTable::engineOnly(*engineLink_, *engine_, size);
+  links_ = LinkTable::engineOnly(*engineLink_, *engine_, topology_);
   if (shm_) {
-    links_.to[shm_->right()] = shm_.get();
-    links_.from[shm_->left()] = shm_.get();
+    if (shm_->sendsRight()) {
+      links_.to[shm_->right()] = shm_.get();
+    }
+    if (shm_->receivesLeft()) {
+      links_.from[shm_->left()] = shm_.get();
+    }
+    links_.driven = shm_.get();
   }
-  tracer_ = openTrace(*engine_, transport(), cfg_, groupName_, rank, size, Clock::now() + timeout);
+  links_.ringFusedEverywhere = transportName_ == "shm";
+  tracer_ = openTrace(*engine_, transport().c_str(), cfg_, groupName_, rank, size, Clock::now() + timeout);
   tracing_ = tracer_ != nullptr;
   worker_ = std::thread([this] { workerLoop(); });
   if (rank == 0) {
     LOG(INFO) << "ringpg: group '" << groupName_ << "' size " << size << " on " << localAddress_ << ": "
-              << cfg_.summary() << " transport=" << transport() << " wait_spin_us="
+              << cfg_.summary() << " transport=" << transport() << " hosts=" << topology_.hosts
+              << " ranks_per_host=" << topology_.ranksPerHost() << " wait_spin_us="
               << waitSpinMicros() << " reduce_isa=" << reduceIsa() << " tcp_congestion_in_use="
               << tcpCongestion();
   }

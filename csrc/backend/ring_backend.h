@@ -115,10 +115,16 @@ class RingBackend final : public c10d::Backend {
     engine_->debugSendRaw(peer, std::move(bytes));
   }
 
-  // The link collectives move over: "gloo" (Gloo's pairs, RINGPG_TRANSPORT=gloo),
-  // "shm" (shared memory), else "tcp" (ringpg's engine) (diagnostics, traces, tests).
-  const char* transport() const {
-    return transportSetting_ == Config::Transport::Gloo ? "gloo" : shm_ ? "shm" : "tcp";
+  // The links collectives move over, the same on every rank: "gloo" (Gloo's pairs,
+  // RINGPG_TRANSPORT=gloo), "shm" (shared memory, one host), "shm+tcp" (shared memory
+  // within hosts, ringpg's engine between them), "tcp" (the engine everywhere)
+  // (diagnostics, traces, tests).
+  const std::string& transport() const {
+    return transportName_;
+  }
+  // Where the group's ranks run (transport/topology.h): hosts, their ranks, ring order.
+  const Topology& topology() const {
+    return topology_;
   }
   // Microseconds the group's waits spin before sleeping (RINGPG_SPIN_US, or what
   // auto chose for this transport and host).
@@ -183,7 +189,9 @@ class RingBackend final : public c10d::Backend {
   std::string localAddress_;
   std::string keyPrefix_;
   std::unique_ptr<Engine> engine_;
-  std::unique_ptr<ShmRing> shm_; // null unless every rank of the group shares this host
+  Topology topology_;             // who shares a host; the ring order
+  std::string transportName_;     // transport()
+  std::unique_ptr<ShmRing> shm_; // this rank's shared-memory links, or null (ShmRing::connect)
   int shmSpinMicros_ = 0;          // how long waits on shm_ spin (Config::shmSpinMicros)
   std::unique_ptr<GlooLink> gloo_; // RINGPG_TRANSPORT=gloo: every collective frame, else null
   std::unique_ptr<EngineLink> engineLink_;

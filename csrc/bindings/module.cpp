@@ -68,8 +68,15 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("_key_prefix", &ringpg::RingBackend::keyPrefix,
                              "this group's namespace in its Store (links made beside it key below it)")
       .def_property_readonly("transport", &ringpg::RingBackend::transport,
-                             "the link collectives move over: 'gloo' (Gloo's pairs, RINGPG_TRANSPORT=gloo), 'shm' "
-                             "(shared memory, all ranks on one host), else 'tcp' (ringpg's engine)")
+                             "the links collectives move over, the same on every rank: 'gloo' (Gloo's pairs, "
+                             "RINGPG_TRANSPORT=gloo), 'shm' (shared memory, all ranks on one host), 'shm+tcp' "
+                             "(shared memory within hosts, ringpg's engine between them), 'tcp' (the engine)")
+      .def_property_readonly("hosts", [](const ringpg::RingBackend& b) { return b.topology().hosts; },
+                             "how many hosts the group's ranks run on (RINGPG_HOSTID, else hostname, boot id, netns)")
+      .def_property_readonly("host_of", [](const ringpg::RingBackend& b) { return b.topology().hostOf; },
+                             "each rank's host, numbered by first appearance")
+      .def_property_readonly("ring_order", [](const ringpg::RingBackend& b) { return b.topology().ring; },
+                             "the ranks in ring order: each host's ranks one after another")
       .def_property_readonly("tcp_congestion", &ringpg::RingBackend::tcpCongestion,
                              "TCP congestion control of the data sockets (RINGPG_TCP_CONGESTION, or the host's default)")
       .def_property("tracing", &ringpg::RingBackend::tracing, &ringpg::RingBackend::setTracing,
@@ -127,6 +134,11 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("op"), py::arg("out"), py::arg("a"), py::arg("b"), py::arg("isa") = "",
       "out = a (op) b with ringpg's kernels (for tests); `isa` picks one of reduce_isas()");
+  m.def("ring_order_by_host", [](const std::vector<std::string>& hostIds) {
+    const auto t = ringpg::Topology::fromHosts(hostIds);
+    return std::make_tuple(t.ring, t.hostOf, t.ranksPerHost());
+  }, py::arg("host_ids"), "(ring order, host of each rank, ranks per host or 0) of ranks on these hosts "
+     "(transport/topology.h); for the tests");
   m.def("reduce_isa", &ringpg::reduceIsa);
   m.def("reduce_isas", &ringpg::reduceIsas, "instruction sets whose kernels this CPU can run, best first");
   m.def("config_summary", [] { return ringpg::Config::get().summary(); });

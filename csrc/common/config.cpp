@@ -60,6 +60,9 @@ Config load() {
   } else if (auto g = c10::utils::get_env("GLOO_SOCKET_IFNAME"); g && !g->empty()) {
     c.ifname = *g;
   }
+  if (auto v = c10::utils::get_env("RINGPG_HOSTID"); v && !v->empty()) {
+    c.hostId = *v;
+  }
   if (auto v = c10::utils::get_env("RINGPG_TRACE"); v && !v->empty()) {
     c.traceDir = *v;
   }
@@ -72,6 +75,8 @@ const char* Config::transportName(Transport t) {
   switch (t) {
     case Transport::Auto:
       return "auto";
+    case Transport::Shm:
+      return "shm";
     case Transport::Tcp:
       return "tcp";
     case Transport::Gloo:
@@ -81,12 +86,12 @@ const char* Config::transportName(Transport t) {
 }
 
 Config::Transport Config::transportNamed(const std::string& name, const char* what) {
-  for (auto choice : {Transport::Auto, Transport::Tcp, Transport::Gloo}) {
+  for (auto choice : {Transport::Auto, Transport::Shm, Transport::Tcp, Transport::Gloo}) {
     if (name == transportName(choice)) {
       return choice;
     }
   }
-  TORCH_CHECK(false, "ringpg: ", what, name, " is not one of auto, tcp, gloo");
+  TORCH_CHECK(false, "ringpg: ", what, name, " is not one of auto, shm, tcp, gloo");
 }
 
 const Config& Config::get() {
@@ -103,6 +108,7 @@ std::string Config::summary() const {
       " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
       " transport_setting=", transportName(transport),
       " tcp_congestion=", tcpCongestion.empty() ? std::string("default") : tcpCongestion,
+      " hostid=", hostId.empty() ? std::string("(auto)") : hostId,
       " ifname=", ifname.empty() ? std::string("(hostname)") : ifname,
       " trace=", traceDir.empty() ? std::string("off") : traceDir);
 }

@@ -35,20 +35,31 @@ struct Config {
   static constexpr int kSpinAuto = -1;
   static constexpr int kAutoShmSpinMicros = 100;
   int spinMicros = kSpinAuto;
-  // Which link carries the ring (RINGPG_TRANSPORT): Auto (the default) uses the
-  // shared-memory ring when every rank shares this host, else ringpg's TCP engine;
-  // Tcp keeps every byte on the engine; Gloo moves the collectives' data over Gloo's
-  // TCP pairs (transport/gloo_link.h), the engine keeping control and point-to-point.
-  enum class Transport : uint8_t { Auto, Tcp, Gloo };
+  // Which link carries each hop of the ring (RINGPG_TRANSPORT), chosen per link:
+  //   Auto (the default): shared memory between ring neighbours on one host
+  //        (transport/shm.h), ringpg's TCP engine between hosts; a group that cannot
+  //        set shared memory up keeps every link on TCP;
+  //   Shm  the same, but a group that cannot set shared memory up is refused;
+  //   Tcp  every byte on the engine;
+  //   Gloo the collectives' data over Gloo's TCP pairs (transport/gloo_link.h), the
+  //        engine keeping control and point-to-point.
+  // (Between hosts auto keeps the engine, not Gloo's pairs: on the emulated 1 Gbit
+  // ring the engine read 95.8-98.7% of the link and Gloo's pairs 90.5-97.0%,
+  // benchmarks/RESULTS.md "2026-11-25 (2)".)
+  enum class Transport : uint8_t { Auto, Shm, Tcp, Gloo };
   Transport transport = Transport::Auto;
   static const char* transportName(Transport t);
-  // The Transport named `name` (auto, tcp, gloo); `what` names the setting in the error.
+  // The Transport named `name` (auto, shm, tcp, gloo); `what` names the setting in the error.
   static Transport transportNamed(const std::string& name, const char* what);
   // TCP congestion control of data sockets (RINGPG_TCP_CONGESTION); empty keeps the
   // host's default (its network namespace's net.ipv4.tcp_congestion_control).
   std::string tcpCongestion;
   // Interface to bind (RINGPG_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME); empty = hostname.
   std::string ifname;
+  // This process's host identity (RINGPG_HOSTID, as NCCL_HOSTID): ranks with equal
+  // identities are taken to share a host (memory, kernel); empty: hostname, kernel boot
+  // id and network namespace (transport/topology.h).
+  std::string hostId;
   // Directory each rank writes its per-step timeline to (RINGPG_TRACE, common/trace.h);
   // empty: no tracing.
   std::string traceDir;

@@ -20,6 +20,7 @@
 
 #include "transport/engine.h"
 #include "transport/request.h"
+#include "transport/topology.h"
 #include "transport/wire.h"
 
 namespace ringpg {
@@ -67,6 +68,16 @@ class Link {
   // (a failure also when the group's failure state broke meanwhile), false when
   // `deadline` passed first (still pending; the caller reports the timeout).
   virtual bool waitUntil(const RequestPtr& req, Deadline deadline) = 0;
+
+  // A link moved only by its waiters (shared memory: no progress thread of its own)
+  // says whether it holds queued sends or posted receives, and moves what can move
+  // now (true if anything moved).  Links with a progress thread keep the defaults.
+  virtual bool hasQueued() const {
+    return false;
+  }
+  virtual bool progress() {
+    return false;
+  }
 };
 
 // ringpg's TCP engine as a Link.
@@ -86,16 +97,33 @@ class EngineLink final : public Link {
 
 // The links of one group: the one collective frames to peer q take (`to[q]`), the one
 // frames from q come by (`from[q]`), and the Engine, which is the group's failure state
-// and control channel (`control`, its Link: announcements; aborts; point-to-point).
+// and control channel (`control`, its Link: announcements; aborts; point-to-point);
+// and the ring they form (`topology`: ring order by host, transport/topology.h).
 struct LinkTable {
   Engine* engine = nullptr;
+  const Topology* topology = nullptr;
   Link* control = nullptr;
   std::vector<Link*> to;
   std::vector<Link*> from;
+  // The link only waiters move (shared memory), when the group has one: see waitUntil.
+  Link* driven = nullptr;
+  // Whether every hop of the ring, on every rank, fuses receives (shared memory on one
+  // host): the same on all ranks, so plans that depend on it (the ring's segment
+  // count) agree at both ends of every link.
+  bool ringFusedEverywhere = false;
+
+  // Waits for `req` on the link that posted it (Link::waitUntil).  A wait on another
+  // link keeps `driven` moving meanwhile, in slices of kDriveSlice: a rank whose ring
+  // hop to the right is shared memory and whose hop from the left is TCP would
+  // otherwise sit on its TCP receive with its shared-memory sends queued, and the
+  // ring, which runs through both, would stall until the deadline.
+  static constexpr std::chrono::microseconds kDriveSlice{100};
+  bool waitUntil(const RequestPtr& req, Deadline deadline) const;
 
   // Every peer on the engine both ways.
-  static LinkTable engineOnly(EngineLink& link, Engine& engine, int size) {
-    return LinkTable{&engine, &link, std::vector<Link*>(size, &link), std::vector<Link*>(size, &link)};
+  static LinkTable engineOnly(EngineLink& link, Engine& engine, const Topology& topology) {
+    const int size = topology.size();
+    return LinkTable{&engine, &topology, &link, std::vector<Link*>(size, &link), std::vector<Link*>(size, &link)};
   }
 };
 

@@ -116,6 +116,16 @@ void acceptPeers(int listenFd, int rank, int size, uint64_t nonce, Deadline dead
 
 } // namespace
 
+void waitForAll(c10d::Store& store, const std::string& key, int size, Deadline deadline) {
+  try {
+    store.add(key, 1);
+    while (store.add(key, 0) < size && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  } catch (const std::exception&) {
+  }
+}
+
 Mesh connectMesh(c10d::Store& store, int rank, int size, const std::string& ifname,
                  std::chrono::milliseconds timeout) {
   Mesh mesh;

@@ -82,25 +82,6 @@ void ring(Bell& bell) {
   }
 }
 
-std::string firstLine(const char* path) {
-  std::ifstream f(path);
-  std::string line;
-  std::getline(f, line);
-  return line;
-}
-
-// Ranks may share memory only if they run under one kernel (boot id) in one network
-// namespace: ranks that the benchmark's network emulation puts in namespaces of their
-// own stand for separate hosts and keep talking over their (shaped) links.
-std::string hostIdentity() {
-  char host[256] = {0};
-  ::gethostname(host, sizeof(host) - 1);
-  char netns[128] = {0};
-  ssize_t n = ::readlink("/proc/self/ns/net", netns, sizeof(netns) - 1);
-  (void)n;
-  return c10::str(host, "|", firstLine("/proc/sys/kernel/random/boot_id"), "|", netns);
-}
-
 std::string hex(uint64_t v) {
   std::ostringstream o;
   o << std::hex << v;
@@ -199,8 +180,8 @@ struct ShmRing::Region {
   }
 };
 
-ShmRing::ShmRing(Engine& engine, int rank, int size, size_t slotBytes, int spinMicros)
-    : engine_(engine), rank_(rank), left_((rank + size - 1) % size), right_((rank + 1) % size),
+ShmRing::ShmRing(Engine& engine, int rank, int left, int right, size_t slotBytes, int spinMicros)
+    : engine_(engine), rank_(rank), left_(left), right_(right),
       slotBytes_(slotBytes), spinMicros_(spinMicros) {}
 
 ShmRing::~ShmRing() = default;
@@ -209,49 +190,65 @@ ShmRing::Region& ShmRing::toRight() {
   return fromRight_ ? *fromRight_ : *fromLeft_;
 }
 
-std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, const std::string& prefix, int rank,
-                                          int size, bool wanted, size_t slotBytes, int spinMicros,
-                                          Deadline deadline) {
-  if (size < 2) {
+std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, const std::string& prefix,
+                                          const Topology& topo, int rank, Config::Transport setting,
+                                          size_t slotBytes, int spinMicros, Deadline deadline, bool* used) {
+  *used = false;
+  const int size = topo.size();
+  // No two ranks share a host: every rank knows it from the same topology, so none
+  // takes part in the agreement below.
+  if (size < 2 || !topo.anyHostShared()) {
     return nullptr;
   }
+  const bool wanted = setting == Config::Transport::Auto || setting == Config::Transport::Shm;
   // Every rank takes part even when it will not use shared memory itself, so the
   // others learn that and nobody waits for it: the decision must be the same on all.
   slotBytes = (slotBytes + kLine - 1) / kLine * kLine;
+  const int left = topo.left(rank);
+  const int right = topo.right(rank);
+  const bool leftShared = topo.sameHost(rank, left);
+  const bool rightShared = topo.sameHost(rank, right);
 
-  std::unique_ptr<ShmRing> self(new ShmRing(engine, rank, size, slotBytes, spinMicros));
-  std::string why = wanted ? "" : "RINGPG_TRANSPORT is not auto";
+  std::unique_ptr<ShmRing> self(new ShmRing(engine, rank, left, right, slotBytes, spinMicros));
+  std::string why = wanted ? "" : c10::str("RINGPG_TRANSPORT=", Config::transportName(setting));
   const uint64_t nonce = randomNonce();
   const std::string name = c10::str("/ringpg-", ::getpid(), "-", hex(nonce));
-  if (wanted) {
+  // Our region holds our bell (the futex this rank sleeps on, which a same-host
+  // neighbour rings) and the slots of the link to the right (used when it is shared).
+  if (wanted && (leftShared || rightShared)) {
     self->own_ = Region::create(name, nonce, slotBytes, why);
   }
-  const std::string host = hostIdentity();
-  store.set(c10::str(prefix, "shm/", rank),
-            toBytes(c10::str(self->own_ ? name : std::string("-"), " ", nonce, " ", host)));
+  store.set(c10::str(prefix, "shm/", rank), toBytes(c10::str(self->own_ ? name : std::string("-"), " ", nonce)));
 
-  // Maps neighbour q's region if it is on this host and was created.
+  // Maps same-host neighbour q's region.
   auto mapPeer = [&](int q) -> std::unique_ptr<Region> {
     auto bytes = store.get(c10::str(prefix, "shm/", q));
     std::istringstream in(std::string(bytes.begin(), bytes.end()));
-    std::string peerName, peerHost;
+    std::string peerName;
     uint64_t peerNonce = 0;
     in >> peerName >> peerNonce;
-    std::getline(in >> std::ws, peerHost);
-    if (peerName == "-" || peerHost != host) {
-      why = c10::str("rank ", q, peerName == "-" ? " has no shared-memory region" : " is on another host");
+    if (peerName == "-") {
+      why = c10::str("rank ", q, " has no shared-memory region");
       return nullptr;
     }
     return Region::open(peerName, peerNonce, slotBytes, why);
   };
-  bool ok = self->own_ != nullptr;
-  if (ok) {
-    self->fromLeft_ = mapPeer(self->left_);
+  // A rank with no same-host neighbour has nothing to set up (wanted or not, it
+  // agrees: its links are TCP either way); one that has them must map them all.
+  bool ok = wanted || !(leftShared || rightShared);
+  if (ok && (leftShared || rightShared)) {
+    ok = self->own_ != nullptr;
+  }
+  if (ok && leftShared) {
+    self->fromLeft_ = mapPeer(left);
     ok = self->fromLeft_ != nullptr;
   }
-  if (ok && self->right_ != self->left_) {
-    self->fromRight_ = mapPeer(self->right_);
+  if (ok && rightShared && right != left) {
+    self->fromRight_ = mapPeer(right);
     ok = self->fromRight_ != nullptr;
+  }
+  if (!wanted) {
+    ok = false; // RINGPG_TRANSPORT=tcp on this rank keeps the whole group on TCP
   }
 
   // Agreement: count the ranks that succeeded; the last to arrive publishes "done".
@@ -261,8 +258,8 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
   if (store.add(prefix + "shm/arrived", 1) == size) {
     store.set(doneKey, toBytes("1"));
   }
-  const auto left = std::max<int64_t>(1, msUntil(deadline));
-  store.wait({doneKey}, std::chrono::milliseconds(left));
+  const auto msLeft = std::max<int64_t>(1, msUntil(deadline));
+  store.wait({doneKey}, std::chrono::milliseconds(msLeft));
   const bool all = store.add(okKey, 0) == size;
   // Every neighbour has mapped our region (or given up): the name is no longer
   // needed, and unlinking it now means a crash later leaks nothing in /dev/shm.
@@ -270,17 +267,28 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
     self->own_->unlinkName();
   }
   if (!all) {
+    if (setting == Config::Transport::Shm) {
+      // Every rank raises, so the store's host may soon be gone: leave together.
+      waitForAll(store, prefix + "shm/read", size, deadline);
+    }
+    TORCH_CHECK(setting != Config::Transport::Shm, "ringpg: RINGPG_TRANSPORT=shm, but rank ", rank,
+                " cannot use shared memory with its same-host ring neighbours",
+                why.empty() ? std::string(" (another rank could not set it up)") : c10::str(": ", why));
     if (rank == 0 && wanted) {
-      LOG(INFO) << "ringpg: shared-memory ring not used"
-                << (why.empty() ? std::string(" (another rank could not set it up)") : c10::str(": ", why));
+      LOG(INFO) << "ringpg: shared-memory links not used"
+                << (why.empty() ? std::string(" (another rank could not set them up)") : c10::str(": ", why));
     }
     return nullptr;
   }
-  return self;
+  *used = true;
+  self->sendsRight_ = rightShared;
+  self->receivesLeft_ = leftShared;
+  // Ranks whose neighbours are both on other hosts have no shared-memory link.
+  return leftShared || rightShared ? std::move(self) : nullptr;
 }
 
 RequestPtr ShmRing::postSend(int peer, const FrameHeader& hdr, const void* data, size_t len) {
-  TORCH_INTERNAL_ASSERT(peer == right_, "ringpg: the shared-memory ring sends to the right neighbour only");
+  TORCH_INTERNAL_ASSERT(peer == right_ && sendsRight(), "ringpg: the shared-memory ring sends to a same-host right neighbour only");
   RequestPtr req = makeRequest(hdr, data, len, right_);
   req->hdr.magic = kFrameMagic;
   req->link = this;
@@ -290,7 +298,7 @@ RequestPtr ShmRing::postSend(int peer, const FrameHeader& hdr, const void* data,
 }
 
 RequestPtr ShmRing::postRecv(int peer, const FrameHeader& expect, void* data, size_t len) {
-  TORCH_INTERNAL_ASSERT(peer == left_, "ringpg: the shared-memory ring receives from the left neighbour only");
+  TORCH_INTERNAL_ASSERT(peer == left_ && receivesLeft(), "ringpg: the shared-memory ring receives from a same-host left neighbour only");
   RequestPtr req = makeRequest(expect, data, len, left_);
   req->sourceRank = left_;
   req->link = this;
@@ -309,6 +317,9 @@ void ShmRing::finish(const RequestPtr& req) {
 }
 
 bool ShmRing::pushSends() {
+  if (sends_.empty()) {
+    return false; // also where the right neighbour is on another host (no slots to fill)
+  }
   bool moved = false;
   LinkHeader& L = own_->link();
   while (!sends_.empty()) {
@@ -340,6 +351,9 @@ bool ShmRing::pushSends() {
 }
 
 bool ShmRing::pullRecvs() {
+  if (recvs_.empty()) {
+    return false; // also where the left neighbour is on another host (no region mapped)
+  }
   bool moved = false;
   LinkHeader& L = fromLeft_->link();
   while (!recvs_.empty()) {

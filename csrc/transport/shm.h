@@ -34,10 +34,12 @@
 #include <memory>
 #include <string>
 
+#include "common/config.h"
 #include "transport/engine.h"
 #include "transport/link.h"
 #include "transport/request.h"
 #include "transport/socket.h"
+#include "transport/topology.h"
 #include "transport/wire.h"
 
 namespace ringpg {
@@ -46,22 +48,28 @@ class ShmRing final : public Link {
  public:
   struct Region; // one mapped region (defined in shm.cpp)
 
-  // Collective over the group: every rank creates its region and maps its
-  // neighbours'; shm is used only if every rank succeeded (all ranks then agree, so
-  // both ends of every link use the same transport).  Returns null when it is not
-  // used: world size < 2, !wanted on some rank (RINGPG_TRANSPORT=tcp), ranks on
-  // different hosts, or shared memory unavailable.  `spinMicros`: how long a waiter polls before it
-  // sleeps on its futex.
+  // Collective over the group: shared memory on every ring link whose two ends share a
+  // host (`topo`: the ring order and who shares a host).  Each rank with a same-host
+  // neighbour creates its region (its bell, and the slots of its link to the right)
+  // and maps the same-host neighbours' regions; the links are used only if every rank
+  // succeeded (all ranks then agree, so both ends of every link use the same
+  // transport), and `*used` says so on every rank.  Returns this rank's links, or null:
+  // no rank shares a host, setting Tcp on some rank, shared memory unavailable, or
+  // this rank's neighbours are both on other hosts.  Setting Shm raises instead of
+  // falling back.  `spinMicros`: how long a waiter polls before it sleeps on its futex.
   // `engine`: the group's failure state, which outlives the ring.
-  static std::unique_ptr<ShmRing> connect(c10d::Store& store, Engine& engine, const std::string& prefix, int rank,
-                                          int size, bool wanted, size_t slotBytes, int spinMicros,
-                                          Deadline deadline);
+  static std::unique_ptr<ShmRing> connect(c10d::Store& store, Engine& engine, const std::string& prefix,
+                                          const Topology& topo, int rank, Config::Transport setting,
+                                          size_t slotBytes, int spinMicros, Deadline deadline, bool* used);
   ~ShmRing() override;
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;
 
   int left() const { return left_; }
   int right() const { return right_; }
+  // Whether the link to the right neighbour / from the left one is shared memory.
+  bool sendsRight() const { return sendsRight_; }
+  bool receivesLeft() const { return receivesLeft_; }
 
   const char* transport() const override {
     return "shm";
@@ -73,7 +81,7 @@ class ShmRing final : public Link {
   // A receive whose fragments are handed to `consume` straight from shared memory
   // (recvReduce without a staging copy).
   bool fusesReceive(int peer) const override {
-    return peer == left_;
+    return peer == left_ && receivesLeft();
   }
   RequestPtr postRecvInto(int peer, const FrameHeader& expect, size_t len, FragmentConsumer consume) override;
 
@@ -81,6 +89,12 @@ class ShmRing final : public Link {
   // passes (false).  When the engine is broken, every queued request fails with its
   // reason.  Only the thread running the group's current op calls this.
   bool waitUntil(const RequestPtr& req, Deadline deadline) override;
+  // Only the waiting thread moves shared memory, so a wait on another link of the
+  // group drives this one meanwhile (LinkTable::waitUntil).
+  bool hasQueued() const override {
+    return !sends_.empty() || !recvs_.empty();
+  }
+  bool progress() override;
 
  private:
   struct Recv {
@@ -88,9 +102,7 @@ class ShmRing final : public Link {
     FragmentConsumer consume; // null: copy into req->buf
   };
 
-  ShmRing(Engine& engine, int rank, int size, size_t slotBytes, int spinMicros);
-  // Moves what can move now; true if any fragment moved.
-  bool progress();
+  ShmRing(Engine& engine, int rank, int left, int right, size_t slotBytes, int spinMicros);
   bool pushSends();
   bool pullRecvs();
   void failAll(const std::string& reason, bool network);
@@ -107,6 +119,8 @@ class ShmRing final : public Link {
   std::unique_ptr<Region> own_;   // we send into it; our bell is in it
   std::unique_ptr<Region> fromLeft_;  // we receive from it and ring the left's bell
   std::unique_ptr<Region> fromRight_; // mapped for its bell only; null when right == left
+  bool sendsRight_ = false;   // the right neighbour shares this host: own_'s slots carry to it
+  bool receivesLeft_ = false; // the left one does: fromLeft_'s slots carry from it
   std::deque<RequestPtr> sends_;
   std::deque<Recv> recvs_;
 };

@@ -15,7 +15,7 @@ import torch.distributed as dist
 BACKEND_NAME = "ringpg"
 
 
-TRANSPORTS = ("auto", "tcp", "gloo")
+TRANSPORTS = ("auto", "shm", "tcp", "gloo")
 _transport_override: Optional[str] = None
 
 

@@ -1,0 +1,99 @@
+#include "transport/topology.h"
+
+#include <c10/util/StringUtil.h>
+#include <c10/util/irange.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <numeric>
+
+#include "common/config.h"
+#include "transport/rendezvous.h"
+
+namespace ringpg {
+
+Topology Topology::fromHosts(const std::vector<std::string>& hostIds) {
+  const int n = static_cast<int>(hostIds.size());
+  Topology t;
+  t.hostOf.resize(n);
+  std::vector<std::string> seen; // hosts in order of first appearance
+  for (const auto r : c10::irange(n)) {
+    auto it = std::find(seen.begin(), seen.end(), hostIds[r]);
+    t.hostOf[r] = static_cast<int>(it - seen.begin());
+    if (it == seen.end()) {
+      seen.push_back(hostIds[r]);
+    }
+  }
+  t.hosts = std::max<int>(1, static_cast<int>(seen.size()));
+  t.ring.resize(n);
+  std::iota(t.ring.begin(), t.ring.end(), 0);
+  // Stable: within a host the ranks keep their order.
+  std::stable_sort(t.ring.begin(), t.ring.end(), [&](int a, int b) { return t.hostOf[a] < t.hostOf[b]; });
+  t.position.resize(n);
+  for (const auto pos : c10::irange(n)) {
+    t.position[t.ring[pos]] = pos;
+  }
+  return t;
+}
+
+Topology Topology::singleHost(int size) {
+  return fromHosts(std::vector<std::string>(size, ""));
+}
+
+int Topology::ranksOn(int h) const {
+  return static_cast<int>(std::count(hostOf.begin(), hostOf.end(), h));
+}
+
+int Topology::ranksPerHost() const {
+  const int k = ranksOn(0);
+  for (const auto h : c10::irange(1, hosts)) {
+    if (ranksOn(h) != k) {
+      return 0;
+    }
+  }
+  return k;
+}
+
+bool Topology::anyHostShared() const {
+  return size() > hosts;
+}
+
+namespace {
+
+std::string firstLine(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+} // namespace
+
+std::string hostIdentity() {
+  const Config& cfg = Config::get();
+  if (!cfg.hostId.empty()) {
+    return "id:" + cfg.hostId;
+  }
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  char netns[128] = {0};
+  ssize_t n = ::readlink("/proc/self/ns/net", netns, sizeof(netns) - 1);
+  (void)n;
+  return c10::str(host, "|", firstLine("/proc/sys/kernel/random/boot_id"), "|", netns);
+}
+
+Topology exchangeTopology(c10d::Store& store, const std::string& prefix, int rank, int size) {
+  if (size == 1) {
+    return Topology::singleHost(1);
+  }
+  store.set(c10::str(prefix, "host/", rank), toBytes(hostIdentity()));
+  std::vector<std::string> ids(size);
+  for (const auto q : c10::irange(size)) {
+    const auto bytes = store.get(c10::str(prefix, "host/", q));
+    ids[q].assign(bytes.begin(), bytes.end());
+  }
+  return Topology::fromHosts(ids);
+}
+
+} // namespace ringpg

@@ -1,0 +1,59 @@
+// Which ranks of a group share a host, and the ring order that follows from it.
+//
+// Each rank publishes its host identity under the group's keys; every rank reads all
+// of them and computes the same Topology, so both ends of every link decide alike.
+// Hosts are numbered by first appearance in rank order, and the ring visits the ranks
+// of one host one after another (ascending), host after host: whatever order the
+// launcher gave the ranks, the ring crosses each host boundary once per direction.
+//   hosts of ranks 0..3:  A B A B   ->  ring 0 2 1 3  (0->2 and 1->3 stay on a host)
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <string>
+#include <vector>
+
+namespace ringpg {
+
+struct Topology {
+  std::vector<int> hostOf;   // hostOf[rank]: the rank's host, numbered by first appearance
+  std::vector<int> ring;     // ring[pos]: the rank at ring position pos
+  std::vector<int> position; // position[rank]: where the rank sits on the ring (ring's inverse)
+  int hosts = 1;
+
+  // The topology of ranks whose host identities are `hostIds` (index = rank).
+  static Topology fromHosts(const std::vector<std::string>& hostIds);
+  // A group of `size` ranks on one host (a group of one; ring = rank order).
+  static Topology singleHost(int size);
+
+  int size() const {
+    return static_cast<int>(ring.size());
+  }
+  bool sameHost(int a, int b) const {
+    return hostOf[a] == hostOf[b];
+  }
+  // Ring neighbours of `rank`.
+  int left(int rank) const {
+    return ring[(position[rank] + size() - 1) % size()];
+  }
+  int right(int rank) const {
+    return ring[(position[rank] + 1) % size()];
+  }
+  // Ranks on host h.
+  int ranksOn(int h) const;
+  // K when every host holds K ranks, else 0.
+  int ranksPerHost() const;
+  // Whether some host holds two ranks or more (a same-host link exists).
+  bool anyHostShared() const;
+};
+
+// This process's host identity: RINGPG_HOSTID, else hostname, kernel boot id and
+// network namespace (ranks the benchmark's network emulation puts in namespaces of
+// their own stand for separate hosts).
+std::string hostIdentity();
+
+// Collective over the group: publishes this rank's host identity under `prefix` and
+// reads everyone's (the store's own timeout bounds each read).
+Topology exchangeTopology(c10d::Store& store, const std::string& prefix, int rank, int size);
+
+} // namespace ringpg
