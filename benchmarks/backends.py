@@ -91,7 +91,7 @@ def backend_status(spec: str, device: str) -> Tuple[bool, str]:
 
 def transport_of(group: Any, device: str = "cpu") -> Optional[str]:
     """How a live group moves its ring traffic, for backends that say (ringpg: "shm",
-    "tcp" or "gloo"); None for other backends, or where ringpg is absent or cannot load."""
+    "shm+tcp", "tcp" or "gloo"); None for other backends, or where ringpg is absent or cannot load."""
     try:
         import ringpg  # type: ignore[import-not-found]
 

@@ -11,7 +11,7 @@ Run from the repository root::
 How a number is made (details in ``benchmarks/data.py`` and ``benchmarks/timing.py``):
 
 * The launcher starts ``ws`` ranks (multiprocessing spawn, tcp:// rendezvous on
-  127.0.0.1 with a free port; under ``--emulate`` one network namespace per rank, see
+  127.0.0.1 with a free port; under ``--emulate`` one network namespace per rank (per host with ``--hosts``), see
   ``benchmarks/netns.py``).  The default group is gloo; every backend gets its own group
   over the same ranks (``dist.new_group(backend=...)``).
 * Per case, backends alternate every iteration on the same buffers; each op follows a
@@ -476,6 +476,7 @@ def finalize(args: argparse.Namespace, facts: Dict[str, str], events: List[Dict[
     probe = probes[0]["probe"] if probes else None
     done = {e["world_size"] for e in events if e.get("kind") == "done"}
     timing = {e["world_size"]: e.get("timing") for e in events if e.get("kind") == "transports"}
+    transports = {e["world_size"]: e.get("transports") for e in events if e.get("kind") == "transports"}
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     save = not args.no_save and not args.check
     out_dir = Path(args.out_dir)
@@ -491,7 +492,8 @@ def finalize(args: argparse.Namespace, facts: Dict[str, str], events: List[Dict[
         paths["json"].parent.mkdir(parents=True, exist_ok=True)
         with open(paths["json"], "w") as f:
             json.dump({"machine": facts, "argv": sys.argv, "probe": probe, "link_GBps": link_GBps,
-                       "world_sizes_completed": sorted(done), "timing": timing, "problems": launch_problems,
+                       "world_sizes_completed": sorted(done), "timing": timing, "transports": transports,
+                       "problems": launch_problems,
                        "results": rows}, f, indent=1)
         print(f"# json: {paths['json']}")
     if paths["csv"]:
@@ -574,6 +576,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g.add_argument("--emulate", metavar="RATE", default=None,
                    help="emulated cluster: each rank in its own network namespace, links shaped to RATE "
                         "(tc notation: 1gbit, 100mbit, 10gbit). Needs root and iproute2; skipped otherwise")
+    g.add_argument("--hosts", type=int, default=None, metavar="H",
+                   help="with --emulate: H emulated hosts (network namespaces), rank r on host r %% H, the "
+                        "ranks of a host sharing its link and its memory (default: one host per rank)")
     g.add_argument("--mtu", type=int, default=1500,
                    help="MTU of the emulated links (default 1500: TCP goodput <= 95.6%% of the rate; "
                         "9000, jumbo frames: <= 99.3%%)")
@@ -608,6 +613,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         ap.error("world sizes must be >= 2")
     if args.min_bytes > args.max_bytes:
         ap.error("--min-bytes is larger than --max-bytes")
+    if args.hosts is not None and (not args.emulate or args.hosts < 1 or args.hosts > min(args.world_sizes)):
+        ap.error("--hosts H needs --emulate and 1 <= H <= every world size")
     if args.pair_dtypes and (args.check or len(args.dtypes) < 2):
         ap.error("--pair-dtypes needs two or more --dtypes, and no --check")
     if args.batch < 1 or (args.check and args.batch != 1):
@@ -723,7 +730,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if reason:
             print(f"# --emulate {args.emulate}: network emulation skipped: {reason}")
             return 0
-        extra["network"] = f"emulated, {args.emulate} per link (tc tbf), one netns per rank"
+        per = f"{args.hosts} hosts (netns), rank r on host r % {args.hosts}" if args.hosts else "one netns per rank"
+        extra["network"] = f"emulated, {args.emulate} per link (tc tbf), {per}"
     else:
         extra["network"] = "loopback 127.0.0.1 (GLOO_SOCKET_IFNAME/RINGPG_SOCKET_IFNAME=lo unless set)"
     facts = machine_facts(info, args.device, extra)
@@ -748,7 +756,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         _interrupt_on_signals()
         if args.emulate:
-            cluster = netns.EmulatedCluster(max(args.world_sizes), args.rate_bps, mtu=args.mtu)
+            cluster = netns.EmulatedCluster(max(args.world_sizes), args.rate_bps, mtu=args.mtu, hosts=args.hosts)
             cluster.up()
             _interrupt_on_signals()  # ours, not netns's: finish below with partial results
             print(f"# emulated cluster: {cluster.describe()}", flush=True)

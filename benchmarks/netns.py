@@ -162,13 +162,22 @@ def _install_handlers() -> None:
 
 
 class EmulatedCluster:
-    """``ranks`` namespaces on one bridge, every link shaped to ``rate_bps`` in both directions."""
+    """``ranks`` namespaces on one bridge, every link shaped to ``rate_bps`` in both directions.
+
+    With ``hosts=H`` there are H namespaces, one per emulated host, and rank r runs in
+    host ``r % H``'s (a cyclic placement, as ``srun --distribution=cyclic`` gives):
+    the ranks of one host share its link and, being in one network namespace, its
+    memory as ringpg sees it (shared-memory links between them).
+    """
 
     def __init__(self, ranks: int, rate_bps: int, *, subnet: str = DEFAULT_SUBNET,
                  burst_bytes: Optional[int] = None, latency_ms: int = 50,
-                 shape_download: bool = True, mtu: int = 1500) -> None:
+                 shape_download: bool = True, mtu: int = 1500, hosts: Optional[int] = None) -> None:
         if not 1 <= ranks <= 250:
             raise ValueError("1..250 ranks")
+        if hosts is not None and not 1 <= hosts <= ranks:
+            raise ValueError("1..ranks hosts")
+        self.hosts = hosts
         if not re.fullmatch(r"192\.168\.\d{1,3}", subnet):
             raise ValueError("subnet must be a 192.168.X prefix (private, inside our namespaces only)")
         self.ranks = ranks
@@ -189,8 +198,18 @@ class EmulatedCluster:
         self._up = False
 
     # -- addressing ------------------------------------------------------------------
+    @property
+    def namespaces(self) -> int:
+        """Emulated hosts: one namespace (and one shaped link) each."""
+        return self.hosts or self.ranks
+
+    def host_of(self, r: int) -> int:
+        """The namespace rank ``r`` runs in."""
+        return r % self.namespaces
+
     def rank(self, r: int) -> RankNet:
-        return RankNet(r, f"{self.prefix}r{r}", f"rpg{r}", f"{self.subnet}.{r + 1}")
+        h = self.host_of(r)
+        return RankNet(r, f"{self.prefix}r{h}", f"rpg{h}", f"{self.subnet}.{h + 1}")
 
     @property
     def master_addr(self) -> str:
@@ -214,7 +233,8 @@ class EmulatedCluster:
     def describe(self) -> str:
         from .units import format_rate  # local import keeps this module usable alone
 
-        return (f"{self.ranks} namespaces {self.prefix}r*, veth links to bridge {self.bridge_ns}/br0, "
+        layout = f"{self.hosts} hosts (rank r on host r % {self.hosts}), " if self.hosts else ""
+        return (f"{layout}{self.namespaces} namespaces {self.prefix}r*, veth links to bridge {self.bridge_ns}/br0, "
                 f"{self.subnet}.0/24, tbf {format_rate(self.rate_bps)} burst {self.burst_bytes} B "
                 f"latency {self.latency_ms} ms, mtu {self.mtu}, "
                 f"{'both directions' if self.shape_download else 'egress only'}")
@@ -235,9 +255,9 @@ class EmulatedCluster:
             _run(["ip", "-n", self.bridge_ns, "link", "add", "br0", "type", "bridge",
                   "forward_delay", "0", "stp_state", "0"])
             _run(["ip", "-n", self.bridge_ns, "link", "set", "br0", "mtu", str(self.mtu), "up"])
-            for r in range(self.ranks):
-                net = self.rank(r)
-                port = f"port{r}"
+            for h in range(self.namespaces):
+                net = self.rank(h)  # rank h is the first on host h
+                port = f"port{h}"
                 self._add_ns(net.netns)
                 _run(["ip", "-n", net.netns, "link", "set", "lo", "up"])
                 _run(["ip", "-n", net.netns, "link", "add", net.ifname, "type", "veth",

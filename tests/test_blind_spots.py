@@ -34,6 +34,7 @@ import torch.distributed as dist
 from benchmarks.backends import global_rank, transport_of
 from harness import (
     TRANSPORT_ENVS,
+    transport_expected,
     CheckReport,
     Checker,
     Groups,
@@ -79,10 +80,12 @@ def on_transports(*transports: str) -> Callable[[Any], Any]:
 
 
 def check_transport(chk: Checker, groups: Groups, transport: str) -> None:
-    """The group under test really runs on ``transport`` (ringpg only)."""
+    """The group under test really runs on ``transport`` (ringpg only; TRANSPORT_ENVS's
+    name, whose links harness.transport_expected names)."""
     if groups.backend == "ringpg":
         got = transport_of(groups.test)
-        chk.true(f"group runs on {transport}", got == transport, f"got {got!r}")
+        want = transport_expected(transport, dist.get_world_size(groups.test))
+        chk.true(f"group runs on {want}", got == want, f"got {got!r}")
 
 
 def transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> Optional[str]:

@@ -43,6 +43,7 @@ import torch.distributed as dist
 from benchmarks.backends import global_rank, transport_of
 from harness import (
     TRANSPORT_ENVS,
+    transport_expected,
     CheckReport,
     Checker,
     Groups,
@@ -144,7 +145,7 @@ def test_bad_input_on_one_rank(bpool: WorkerPool, transport: str, case: str) -> 
     res = bpool.run(bad_input_worker, (case, transport), timeout=60)
     bound = BAD_TIMEOUT_S + 1.0
     for r, v in enumerate(res):
-        assert v["transport"] == transport, v
+        assert v["transport"] == transport_expected(transport, len(res)), v
         kind, msg, took = v["first"]
         if r == BAD_RANK:  # refused locally, before taking a sequence number
             assert kind in ("RuntimeError", "ValueError") and f"ringpg::{case}" in msg, (r, v)
@@ -328,7 +329,7 @@ def test_dead_peer(tmp_path: Any, op: str, transport: str) -> None:
     name = "all_reduce" if op.startswith("subgroup") else op
     for r in survivors:
         v = res[r]
-        assert v["transport"] == transport, v
+        assert v["transport"] == transport_expected(transport, DEAD_WS), v
         assert v["type"] in TYPED, (r, v)
         assert f"ringpg::{name}" in v["msg"], (r, v["msg"])
         assert v["t"] - died < DETECT_S, (r, v["t"] - died, v["msg"])
@@ -348,7 +349,8 @@ def subgroup_worker(rank: int, ws: int, groups: Groups, transport: str) -> Check
         chk.true("non-member", sub == dist.GroupMember.NON_GROUP_MEMBER, repr(sub))
         return chk.report()
     if groups.backend == "ringpg":
-        chk.true(f"subgroup runs on {transport}", transport_of(sub) == transport, str(transport_of(sub)))
+        want = transport_expected(transport, SUB_RANKS)
+        chk.true(f"subgroup runs on {want}", transport_of(sub) == want, str(transport_of(sub)))
     me, n = dist.get_rank(sub), dist.get_world_size(sub)
     tag = f"subgroup {SUB_RANKS} {transport}"
     for dtype in (torch.int64, torch.float32):

@@ -81,7 +81,7 @@ def test_killed_rank_every_survivor_raises_fast(tmp_path: Any, victim: int, how:
                        env=TRANSPORTS[transport])
     died = float(open(stamp).read())
     for r, v in res.items():
-        assert v.get("transport") == transport, v
+        assert v.get("transport") == harness.transport_expected(transport, ws), v
         assert v["type"] in ("DistNetworkError", "DistBackendError"), (r, v)
         assert "ringpg::all_reduce" in v["msg"] and f"rank {r}" in v["msg"], v["msg"]
         # gloo's words, which torchft and scripts match on (issue 19 item 5).
@@ -108,7 +108,7 @@ def test_frozen_rank_gives_timeout_at_the_deadline(transport: str) -> None:
     ws = 3
     res = run_scenario(_freeze_mid_collective, ws, (2,), expect={0, 1}, env=TRANSPORTS[transport])
     for r, v in res.items():
-        assert v["transport"] == transport, v
+        assert v["transport"] == harness.transport_expected(transport, ws), v
         assert v["type"] in ("DistBackendError", "DistNetworkError"), v
         assert "ringpg::all_reduce" in v["msg"], v["msg"]
         # The rank waiting on the frozen one times out; the other may learn it from its abort.
@@ -147,7 +147,7 @@ def test_set_timeout_applies_to_later_ops(transport: str) -> None:
     peer fails after 1 s, in gloo's words, not after 60 s (issue 19 item 1)."""
     res = run_scenario(_set_timeout_then_freeze, 2, expect={0}, env=TRANSPORTS[transport])
     v = res[0]
-    assert v["transport"] == transport, v
+    assert v["transport"] == harness.transport_expected(transport, 2), v
     assert v["type"] == "DistBackendError", v
     assert "Timed out waiting for rank 1 after 1000 ms" in v["msg"], v["msg"]
     assert 0.9 < v["took"] < 1.0 + KILL_DETECT_S, v
@@ -213,26 +213,69 @@ def _mismatch(rank: int, ws: int, port: int, args: Any) -> dict:
 def test_ranks_calling_different_sizes_raise_instead_of_overrunning(what: str, transport: str) -> None:
     res = run_scenario(_mismatch, 2, (what,), env=TRANSPORTS[transport])
     for r, v in res.items():
-        assert v["transport"] == transport, v
+        assert v["transport"] == harness.transport_expected(transport, 2), v
         assert v["type"] in ("DistBackendError", "DistNetworkError"), v
         assert "mismatch" in v["msg"] or "aborted" in v["msg"], v["msg"]
         assert v["took"] < KILL_DETECT_S, v
 
 
-def _one_rank_on_gloo(rank: int, ws: int, port: int, args: Any) -> dict:
+def _one_rank_on(rank: int, ws: int, port: int, args: Any) -> dict:
+    (transport,) = args
     if rank == 0:
-        os.environ["RINGPG_TRANSPORT"] = "gloo"  # read when the first group is made
+        os.environ["RINGPG_TRANSPORT"] = transport  # read when the first group is made
     kind, msg, took = _expect_error(lambda: _init(rank, ws, port, timeout_s=20.0))
     return {"type": kind, "msg": msg, "took": took}
 
 
-def test_a_rank_alone_on_gloo_pairs_fails_every_rank_clearly() -> None:
+@pytest.mark.parametrize("transport", ["gloo", "shm"])
+def test_a_rank_alone_on_its_transport_fails_every_rank_clearly(transport: str) -> None:
     """Gloo's pairs need a Gloo group on every rank: one rank alone would wait for the
-    others until the timeout.  The ranks compare choices through the store first."""
-    res = run_scenario(_one_rank_on_gloo, 3)
+    others until the timeout; shm refuses a group without shared memory, which must
+    reach every rank alike.  The ranks compare choices through the store first."""
+    res = run_scenario(_one_rank_on, 3, (transport,))
     for r, v in res.items():
         assert v["type"] == "ValueError", v
-        assert "disagree on RINGPG_TRANSPORT (rank 0: gloo, rank 1: auto, rank 2: auto)" in v["msg"], v
+        assert f"disagree on RINGPG_TRANSPORT (rank 0: {transport}, rank 1: auto, rank 2: auto)" in v["msg"], v
+        assert v["took"] < KILL_DETECT_S, v
+
+
+def _shm_on_separate_hosts(rank: int, ws: int, port: int, args: Any) -> dict:
+    """RINGPG_TRANSPORT=shm on emulated hosts: ranks 0 and 2 share one, rank 1 is alone
+    on the other (no same-host neighbour: nothing to set up, TCP both ways)."""
+    os.environ["RINGPG_TRANSPORT"] = "shm"
+    os.environ["RINGPG_HOSTID"] = f"host-{rank % 2}"
+    _init(rank, ws, port, timeout_s=20.0)
+    out = {"transport": transport_of(dist.group.WORLD)}
+    x = torch.arange(10.0) + rank
+    dist.all_reduce(x)
+    out["sum_ok"] = bool(torch.equal(x, torch.arange(10.0) * ws + sum(range(ws))))
+    return out
+
+
+def test_shm_transport_runs_shared_memory_where_ranks_share_a_host() -> None:
+    """RINGPG_TRANSPORT=shm on three ranks of two emulated hosts: shared memory within the
+    host of ranks 0 and 2, TCP to rank 1; a correct sum."""
+    res = run_scenario(_shm_on_separate_hosts, 3)
+    for r, v in res.items():
+        assert v == {"transport": "shm+tcp", "sum_ok": True}, (r, v)
+
+
+def _shm_without_dev_shm(rank: int, ws: int, port: int, args: Any) -> dict:
+    os.environ["RINGPG_TRANSPORT"] = "shm"
+    if rank == 0:
+        harness.tiny_private_dev_shm()
+    kind, msg, took = _expect_error(lambda: _init(rank, ws, port, timeout_s=20.0))
+    return {"type": kind, "msg": msg, "took": took}
+
+
+@pytest.mark.skipif(not harness.can_make_mount_namespaces(), reason="needs root and mount namespaces")
+def test_shm_transport_without_shared_memory_fails_every_rank_clearly() -> None:
+    """Where one rank cannot create its region, RINGPG_TRANSPORT=shm fails the group's
+    creation on every rank (auto would fall back to TCP), naming the cause."""
+    res = run_scenario(_shm_without_dev_shm, 2)
+    for r, v in res.items():
+        assert v["type"] == "RuntimeError", v
+        assert "RINGPG_TRANSPORT=shm" in v["msg"] and "cannot use shared memory" in v["msg"], v
         assert v["took"] < KILL_DETECT_S, v
 
 
@@ -263,7 +306,7 @@ def test_ranks_calling_different_collectives_get_one_clear_error(what: str, nume
                                                                  transport: str) -> None:
     res = run_scenario(_different_calls, 2, (what, numel), env=TRANSPORTS[transport])
     for r, v in res.items():
-        assert v["transport"] == transport, v
+        assert v["transport"] == harness.transport_expected(transport, 2), v
         assert v["type"] in ("DistBackendError", "DistNetworkError"), (r, v)
         assert v["took"] < KILL_DETECT_S, v
     # The rank that saw it first names both calls.  The other hears it through that
@@ -407,7 +450,7 @@ def _hostile_frames(rank: int, ws: int, port: int, args: Any) -> dict:
 def test_corrupt_frames_raise_instead_of_crashing(name: str, payload: bytes, transport: str) -> None:
     res = run_scenario(_hostile_frames, 2, (payload,), expect={0}, env=TRANSPORTS[transport])
     v = res[0]
-    assert v["transport"] == transport, v
+    assert v["transport"] == harness.transport_expected(transport, 2), v
     if transport == "shm" and not v["type"]:
         # Over shared memory the op may finish before the socket is read: then its result
         # must be right (2 ranks x 1.0 x 2 ops) and the next op must raise.
@@ -440,7 +483,7 @@ def test_a_bad_header_for_the_running_op_fails_it_at_once(name: str, payload: by
     # Over shared memory the running op never posts a socket receive for this frame, so
     # the frame must be judged when it arrives, not when (never) a receive is posted.
     v = run_scenario(_hostile_running_op, 2, (payload,), expect={0}, env=TRANSPORTS[transport])[0]
-    assert v["transport"] == transport, v
+    assert v["transport"] == harness.transport_expected(transport, 2), v
     assert v["type"] in ("DistNetworkError", "DistBackendError"), v
     assert "ringpg::all_reduce (seq 2" in v["msg"], v["msg"]
     assert "implausible" in v["msg"] or "mismatch" in v["msg"], v["msg"]

@@ -19,9 +19,7 @@
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import shutil
 import subprocess
 import sys
 from typing import Any, Optional
@@ -39,10 +37,12 @@ from harness import (
     WorkerPool,
     assert_reports_ok,
     backend_under_test,
+    can_make_mount_namespaces,
     make_data,
     ref_all_reduce,
     run_workers,
     smoke_checks,
+    tiny_private_dev_shm,
 )
 
 
@@ -140,7 +140,7 @@ def use_transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> Check
             pass
         chk.true("unknown transport refused", False, "no error")
     except ValueError as e:
-        chk.true("unknown transport refused", "not one of auto, tcp, gloo" in str(e), str(e))
+        chk.true("unknown transport refused", "not one of auto, shm, tcp, gloo" in str(e), str(e))
     return chk.report()
 
 
@@ -149,18 +149,6 @@ def test_use_transport_picks_the_link_of_groups_made_inside_it() -> None:
     """Groups of one job on different links (the bench's ringpg@gloo column), each
     checked against gloo; the process's RINGPG_TRANSPORT still rules outside the block."""
     assert_reports_ok(run_workers(use_transport_worker, 3))
-
-
-def _tiny_private_dev_shm() -> None:
-    """Gives this process a 256 KiB /dev/shm of its own (a new mount namespace), as a
-    container with a small, unshared /dev/shm has.  Runs before any thread starts."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    CLONE_NEWNS, MS_REC, MS_PRIVATE = 0x00020000, 0x4000, 0x40000
-    if (libc.unshare(CLONE_NEWNS) != 0
-            or libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0
-            or libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, b"size=256k") != 0):
-        err = ctypes.get_errno()
-        raise OSError(err, f"private /dev/shm: {os.strerror(err)}")
 
 
 def small_shm_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
@@ -173,16 +161,10 @@ def small_shm_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRepo
     return chk.report()
 
 
-def _can_make_mount_namespaces() -> bool:
-    tool = shutil.which("unshare")
-    return (os.geteuid() == 0 and tool is not None
-            and subprocess.run([tool, "-m", "true"], capture_output=True).returncode == 0)
-
-
 @pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringpg's transport choice")
-@pytest.mark.skipif(not _can_make_mount_namespaces(), reason="needs root and mount namespaces")
+@pytest.mark.skipif(not can_make_mount_namespaces(), reason="needs root and mount namespaces")
 def test_a_rank_with_a_tiny_private_dev_shm_keeps_the_group_on_tcp() -> None:
-    spec = InitSpec(rank0_setup=_tiny_private_dev_shm)
+    spec = InitSpec(rank0_setup=tiny_private_dev_shm)
     assert_reports_ok(run_workers(small_shm_worker, 3, spec=spec))
 
 

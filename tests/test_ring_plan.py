@@ -114,3 +114,23 @@ def test_gloo_tags_are_int32_unique_in_flight_and_separate_signatures() -> None:
               tag(5, allreduce, f32, max_, 1 << 20, 0), tag(5, allreduce, f32, sum_, 3 << 20, 0)]
     assert all(o != base for o in others), (base, others)
     assert tag(5 + 256, allreduce, f32, sum_, 1 << 20, 0) == base  # seq is kept mod 256
+
+
+@pytest.mark.parametrize("hosts", [
+    ["a"], ["a", "a"], ["a", "b"], ["a", "b", "a", "b"], ["b", "a", "a", "b", "c", "a"],
+    ["a", "a", "b", "b"], ["x", "y", "z"], ["a", "b", "a"],
+])
+def test_ring_runs_host_by_host(hosts: list[str]) -> None:
+    """The ring order (csrc/transport/topology.h): a permutation of the ranks in which
+    each host's ranks are adjacent and ascending, hosts in order of first appearance, so
+    the ring crosses each host boundary exactly once per direction."""
+    ring, host_of, per_host = _C.ring_order_by_host(hosts)
+    n = len(hosts)
+    assert sorted(ring) == list(range(n))
+    first_seen = list(dict.fromkeys(hosts))
+    assert host_of == [first_seen.index(h) for h in hosts]
+    assert ring == sorted(range(n), key=lambda r: (host_of[r], r))
+    crossings = sum(host_of[ring[i]] != host_of[ring[(i + 1) % n]] for i in range(n))
+    assert crossings == (len(first_seen) if len(first_seen) > 1 else 0)
+    counts = {h: hosts.count(h) for h in first_seen}
+    assert per_host == (counts[hosts[0]] if len(set(counts.values())) == 1 else 0)

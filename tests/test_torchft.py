@@ -322,7 +322,7 @@ def _failover(rank: int, port: int, env: dict[str, str], out: Any) -> None:
     """Rank 2 is SIGKILLed; ranks 0 and 1 see their op fail, reconfigure, go on; then
     rank 1 freezes (alive, silent) and rank 0's op times out; then rank 0 aborts a
     group with an op still pending (how long that takes is what issue 19 item 1 fixes)."""
-    os.environ.update(env)
+    harness.apply_env(env, rank)
     torch.set_num_threads(1)
     res: dict[str, Any] = {}
     try:
@@ -392,7 +392,7 @@ def failover(request: Any) -> dict[int, dict[str, Any]]:
     for p in procs:
         p.start()
     results = harness.collect_results(procs, out, {0, 1}, 60)  # rank 2 is killed on purpose
-    assert all(results[r]["transport"] == request.param for r in (0, 1)), results
+    assert all(results[r]["transport"] == harness.transport_expected(request.param, 3) for r in (0, 1)), results
     return results
 
 

@@ -48,6 +48,7 @@ from harness import (
     ref_reduce_scatter,
     sentinel_like,
     skip_case,
+    transport_expected,
     wait_spin_of,
 )
 
@@ -60,6 +61,7 @@ CONFIGS = [
     ("shm", TRANSPORT_ENVS["shm"], "shm"),
     ("tcp", TRANSPORT_ENVS["tcp"], "tcp"),
     ("gloo", TRANSPORT_ENVS["gloo"], "gloo"),
+    ("mixed", TRANSPORT_ENVS["mixed"], "mixed"),
     # ...and reduce-scatter's partial sums in a buffer of their own per op past 4 KiB
     # (the kept workspace is what every other configuration runs).
     ("shm-64k-slots", (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)), ("RINGPG_WORK_CACHE_BYTES", "4096")), "shm"),
@@ -72,17 +74,23 @@ CONFIGS = [
 AUTO_SHM_SPIN_US = 100  # Config::kAutoShmSpinMicros
 
 
-def expected_spin_us(env: tuple[tuple[str, str], ...], transport: str, ws: int) -> int:
-    """README's rule for RINGPG_SPIN_US: a set value everywhere; auto spins only over
-    shared memory, and only when the group's ranks do not outnumber this process's CPUs."""
+def expected_spin_us(env: tuple[tuple[str, str], ...], transport: str, ws: int, rank: int) -> int:
+    """README's rule for RINGPG_SPIN_US: a set value everywhere; auto spins only on ranks
+    with a shared-memory link, and only when their host's ranks do not outnumber this
+    process's CPUs."""
     given = dict(env).get("RINGPG_SPIN_US", os.environ.get("RINGPG_SPIN_US", "auto"))
     if given != "auto":
         return int(given)
     if transport in ("tcp", "gloo"):
         return 0
+    local = ws
+    if transport == "shm+tcp":  # "mixed": rank r on emulated host r % 2
+        local = len([q for q in range(ws) if q % 2 == rank % 2])
+        if local == 1:
+            return 0  # no shared-memory link on this rank
     import ringpg._C  # affinity mask lowered by a CFS quota (tests/test_host.py)
 
-    return AUTO_SHM_SPIN_US if ws <= ringpg._C.usable_cpus() else 0
+    return AUTO_SHM_SPIN_US if local <= ringpg._C.usable_cpus() else 0
 
 
 DTYPES = (torch.float32, torch.bfloat16, torch.int32, torch.int8)
@@ -170,9 +178,10 @@ def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world
     host's), and the group leaves no names in /dev/shm."""
     results = tpool.run(transport_worker)
     if backend_under_test() == "ringpg":
-        assert [r["transport"] for r in results] == [config[2]] * len(results)
-        spin = expected_spin_us(config[1], config[2], world_size)
-        assert [r["spin"] for r in results] == [spin] * len(results)
+        transport = transport_expected(config[2], world_size) if config[2] == "mixed" else config[2]
+        assert [r["transport"] for r in results] == [transport] * len(results)
+        spin = [expected_spin_us(config[1], transport, world_size, r) for r in range(world_size)]
+        assert [r["spin"] for r in results] == spin
         isa = dict(config[1]).get("RINGPG_REDUCE_ISA", results[0]["isas"][0])  # pinned, else the best
         assert [r["isa"] for r in results] == [isa] * len(results)
         chosen = dict(config[1]).get("RINGPG_TCP_CONGESTION", os.environ.get("RINGPG_TCP_CONGESTION", ""))

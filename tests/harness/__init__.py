@@ -26,12 +26,17 @@ from __future__ import annotations
 from .backend import (
     BACKEND_ENV,
     REFERENCE_BACKEND,
+    EMULATED_HOSTS_ENV,
     TRANSPORT_ENVS,
+    apply_env,
     backend_under_test,
+    can_make_mount_namespaces,
     cpu_backend,
     entry_point_installed,
     oneshot_limit_bytes,
     traced_algorithms,
+    tiny_private_dev_shm,
+    transport_expected,
     wait_spin_of,
 )
 from .checking import CheckReport, Checker, assert_reports_ok, describe_mismatch, smoke_checks

@@ -8,22 +8,71 @@ How a ring moves its bytes (``transport_of``) is asked through
 """
 from __future__ import annotations
 
+import ctypes
 import os
-from typing import Any, Optional
+import shutil
+import subprocess
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 
 BACKEND_ENV = "RINGPG_TEST_BACKEND"
+EMULATED_HOSTS_ENV = "RINGPG_TEST_HOSTS"
 REFERENCE_BACKEND = "gloo"
 
 # Worker environments (InitSpec.env) that put ringpg's ring on each of its transports:
 # shared memory is the default on one host; RINGPG_TRANSPORT=tcp keeps it on ringpg's
 # own sockets; RINGPG_TRANSPORT=gloo moves it over Gloo's TCP pairs.
+# "mixed" emulates two hosts on this one: rank r claims host r % 2 (RINGPG_HOSTID, set
+# by apply_env), so the ring runs host by host (0, 2, ... then 1, 3, ...), its hops
+# within a "host" on shared memory and those between on TCP: 'shm+tcp' from 3 ranks.
 TRANSPORT_ENVS: dict[str, tuple[tuple[str, str], ...]] = {
     "shm": (),
     "tcp": (("RINGPG_TRANSPORT", "tcp"),),
     "gloo": (("RINGPG_TRANSPORT", "gloo"),),
+    "mixed": ((EMULATED_HOSTS_ENV, "2"),),
 }
+
+
+def apply_env(env: Mapping[str, str], rank: int) -> None:
+    """Sets a worker's environment (before torch.distributed starts): ``env``, and under
+    ``EMULATED_HOSTS_ENV=H`` the host identity ``RINGPG_HOSTID`` of host ``rank % H``."""
+    os.environ.update(env)
+    hosts = env.get(EMULATED_HOSTS_ENV)
+    if hosts:
+        os.environ["RINGPG_HOSTID"] = f"emulated-host-{rank % int(hosts)}"
+
+
+def tiny_private_dev_shm() -> None:
+    """Gives this process a 256 KiB /dev/shm of its own (a new mount namespace), as a
+    container with a small, unshared /dev/shm has: no shared-memory region fits.  Runs
+    before any thread starts (see can_make_mount_namespaces)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    CLONE_NEWNS, MS_REC, MS_PRIVATE = 0x00020000, 0x4000, 0x40000
+    if (libc.unshare(CLONE_NEWNS) != 0
+            or libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0
+            or libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, b"size=256k") != 0):
+        err = ctypes.get_errno()
+        raise OSError(err, f"private /dev/shm: {os.strerror(err)}")
+
+
+def can_make_mount_namespaces() -> bool:
+    """Whether tiny_private_dev_shm can work here (root, unshare(1) permitted)."""
+    tool = shutil.which("unshare")
+    return (os.geteuid() == 0 and tool is not None
+            and subprocess.run([tool, "-m", "true"], capture_output=True).returncode == 0)
+
+
+def transport_expected(name: str, ranks: Union[int, Sequence[int]]) -> str:
+    """What ``ringpg.backend(g).transport`` reads for TRANSPORT_ENVS[name] on a group of
+    ``ranks`` (the world ranks, or a world size)."""
+    members = range(ranks) if isinstance(ranks, int) else ranks
+    if name == "mixed":  # rank r on emulated host r % 2
+        hosts = [r % 2 for r in members]
+        if len(set(hosts)) == 1:
+            return "shm" if len(hosts) > 1 else "tcp"
+        return "shm+tcp" if len(hosts) > len(set(hosts)) else "tcp"
+    return name
 ONESHOT_BYTES_DEFAULT = 262144  # README: RINGPG_ONESHOT_BYTES
 
 

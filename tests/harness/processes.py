@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from benchmarks.launch import free_port
 
-from .backend import REFERENCE_BACKEND, backend_under_test
+from .backend import REFERENCE_BACKEND, apply_env, backend_under_test
 
 DEFAULT_RUN_TIMEOUT_S = 120.0
 PG_TIMEOUT_S = 60.0
@@ -84,7 +84,7 @@ class _Rendezvous:
 
 def _init_child(rank: int, ws: int, rdv: _Rendezvous) -> Groups:
     torch.set_num_threads(1)
-    os.environ.update(dict(rdv.spec.env))
+    apply_env(dict(rdv.spec.env), rank)
     if rank == 0:
         os.environ.update(dict(rdv.spec.rank0_env))
         if rdv.spec.rank0_setup is not None:

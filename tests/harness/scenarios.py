@@ -17,13 +17,14 @@ from typing import Any, Callable, Optional
 
 from benchmarks.launch import free_port
 
+from .backend import apply_env
 from .processes import collect_results
 
 ScenarioFn = Callable[[int, int, int, Any], dict]
 
 
 def _scenario_child(fn: ScenarioFn, rank: int, ws: int, port: int, args: Any, out: Any, env: dict[str, str]) -> None:
-    os.environ.update(env)
+    apply_env(env, rank)
     try:
         res = fn(rank, ws, port, args)
     except BaseException as e:  # noqa: BLE001 - reported to the parent
