@@ -540,6 +540,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="comma list of backends measured side by side (default ringpg,gloo; nccl is added "
                         "with --device cuda). Use gloo,gloo to validate the tool without ringpg; "
                         "ringpg@tcp, ringpg@gloo pin ringpg's transport per column (ringpg.use_transport)")
+    g.add_argument("--transports", default=None, metavar="LIST",
+                   help="the transport axis: each 'ringpg' of --backends becomes one column per transport "
+                        "(e.g. --transports tcp,gloo: ringpg@tcp,ringpg@gloo; auto, shm, tcp, gloo)")
     g.add_argument("--baseline", default="gloo", help="label the ratio column divides by (default gloo)")
     g.add_argument("--ops", default=",".join(OPS), help="comma list (aliases ar,rs,ag,bc,a2a)")
     g.add_argument("--dtypes", default="float32,bfloat16")
@@ -620,6 +623,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.batch < 1 or (args.check and args.batch != 1):
         ap.error("--batch must be >= 1, and 1 with --check (every op is verified)")
     args.backends = _csv_list(args.backends)
+    if args.transports:
+        args.backends = [f"ringpg@{t}" if b == "ringpg" else b
+                         for b in args.backends for t in (_csv_list(args.transports) if b == "ringpg" else [None])]
     if args.device == "cuda":
         if not torch.cuda.is_available():
             ap.error("--device cuda but torch.cuda.is_available() is False")

@@ -83,21 +83,21 @@ def test_emulated_rows_report_link_and_probe_fractions(tmp_path: Path) -> None:
 
 def test_emulated_hosts_run_shared_memory_within_and_tcp_between(tmp_path: Path) -> None:
     """Two emulated hosts (network namespaces) holding two ranks each, placed cyclically
-    (ranks 0, 2 on one, 1, 3 on the other): ringpg's default group runs 'shm+tcp' (its
-    ring runs host by host, shared memory within a host), the group pinned to tcp runs
-    'tcp', and both match gloo on every checked case (--check compares every element)."""
+    (ranks 0, 2 on one, 1, 3 on the other), ringpg on the --transports axis: auto runs
+    'shm+tcp' (its ring runs host by host, shared memory within a host), tcp runs 'tcp',
+    and both match gloo on every checked case (--check compares every element)."""
     out = tmp_path / "hosts.json"
     p = _bench("--check", "--emulate", "1gbit", "--hosts", "2", "--mtu", "9000", "--world-sizes", "4",
-               "--ops", "ar,rs,ag,bc", "--dtypes", "float32,bfloat16", "--backends", "ringpg,ringpg@tcp,gloo",
+               "--ops", "ar,rs,ag,bc", "--dtypes", "float32,bfloat16", "--backends", "ringpg,gloo", "--transports", "auto,tcp",
                "--no-probe", "--quiet", "--json", str(out))
     if "emulation skipped" in p.stdout:
         pytest.skip(p.stdout.strip().splitlines()[-1])
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
-    assert doc["transports"] == {"4": {"ringpg": "shm+tcp", "ringpg@tcp": "tcp"}}, doc["transports"]
+    assert doc["transports"] == {"4": {"ringpg@auto": "shm+tcp", "ringpg@tcp": "tcp"}}, doc["transports"]
     rows = doc["results"]
     assert rows and all(r["wrong"] == 0 and r["error"] is None for r in rows)
-    assert {r["backend"] for r in rows} == {"ringpg", "ringpg@tcp", "gloo"}
+    assert {r["backend"] for r in rows} == {"ringpg@auto", "ringpg@tcp", "gloo"}
 
 
 def test_emulated_links_deliver_each_flow_in_order() -> None:
