@@ -62,6 +62,9 @@ CONFIGS = [
     ("tcp", TRANSPORT_ENVS["tcp"], "tcp"),
     ("gloo", TRANSPORT_ENVS["gloo"], "gloo"),
     ("mixed", TRANSPORT_ENVS["mixed"], "mixed"),
+    # The same emulated hosts with the flat ring forced (at ws 4 auto runs the
+    # hierarchical allreduce: host rings, then rings across hosts).
+    ("mixed-flat", (*TRANSPORT_ENVS["mixed"], ("RINGPG_ALGO", "ring")), "mixed"),
     # ...and reduce-scatter's partial sums in a buffer of their own per op past 4 KiB
     # (the kept workspace is what every other configuration runs).
     ("shm-64k-slots", (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)), ("RINGPG_WORK_CACHE_BYTES", "4096")), "shm"),
@@ -125,7 +128,9 @@ def transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str,
     b = ringpg.backend(groups.test)
     return {"transport": transport_of(groups.test), "leftover": leftover, "spin": wait_spin_of(groups.test),
             "isa": ringpg._C.reduce_isa(), "isas": ringpg._C.reduce_isas(),
-            "cc": b.tcp_congestion if b is not None else None, "host_cc": default_tcp_congestion()}
+            "cc": b.tcp_congestion if b is not None else None, "host_cc": default_tcp_congestion(),
+            "allreduce": b.allreduce_algorithm if b is not None else None,
+            "hosts": (b.hosts, b.ranks_per_host, b.ring_order) if b is not None else None}
 
 
 def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
@@ -187,6 +192,16 @@ def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world
         chosen = dict(config[1]).get("RINGPG_TCP_CONGESTION", os.environ.get("RINGPG_TCP_CONGESTION", ""))
         cc = results[0]["host_cc"] if chosen in ("", "default") else chosen  # as config.cpp reads it
         assert [r["cc"] for r in results] == [cc] * len(results)
+        # Emulated hosts (rank r on host r % 2): the ring runs host by host, and a large
+        # allreduce is hierarchical where both hosts hold two ranks, unless forced flat.
+        if config[2] == "mixed":
+            ring = [r for r in range(world_size) if r % 2 == 0] + [r for r in range(world_size) if r % 2 == 1]
+            per_host = world_size // 2 if world_size % 2 == 0 else 0
+            assert [r["hosts"] for r in results] == [(2, per_host, ring)] * world_size
+            hier = world_size == 4 and dict(config[1]).get("RINGPG_ALGO") != "ring"
+            assert [r["allreduce"] for r in results] == ["hier" if hier else "ring"] * world_size
+        else:
+            assert [r["allreduce"] for r in results] == ["ring"] * world_size
     assert all(not r["leftover"] for r in results), results
 
 

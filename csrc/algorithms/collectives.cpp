@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "algorithms/direct.h"
+#include "algorithms/hierarchical.h"
 #include "algorithms/host_buffer.h"
 #include "algorithms/ring.h"
 #include "algorithms/ring_plan.h"
@@ -68,8 +69,13 @@ at::Tensor premultiplied(const Reduction& red, const at::Tensor& host, bool inPl
 // Allreduce of a contiguous host tensor (of the kernels' dtype), in place.
 void hostAllreduce(OpContext& c, const at::Tensor& host, const Reduction& red) {
   auto finalize = finalizer(red, host.scalar_type(), c.size());
-  if (chooseAllreduce(c, nbytes(host), host.device(), true) == AllreduceAlgo::OneShot) {
+  const AllreduceAlgo algo = chooseAllreduce(c, nbytes(host), host.device(), true);
+  if (algo == AllreduceAlgo::OneShot) {
     oneShotAllreduce(c, bytes(host), host.numel(), host.element_size(), red.op, finalize);
+    return;
+  }
+  if (algo == AllreduceAlgo::Hier) {
+    hierAllreduce(c, bytes(host), host.numel(), host.element_size(), red.op, finalize);
     return;
   }
   RingJob job;
@@ -138,7 +144,11 @@ AllreduceAlgo chooseAllreduce(const OpContext& c, size_t bytes, const c10::Devic
     return AllreduceAlgo::OneShot;
   }
   // Large contiguous device tensors: chunked copies overlap the ring (cuda/staging.h).
-  return !device.is_cpu() && contiguous ? AllreduceAlgo::StagedRing : AllreduceAlgo::Ring;
+  if (!device.is_cpu() && contiguous) {
+    return AllreduceAlgo::StagedRing;
+  }
+  // Host buffers of a group spanning hosts: cross each host's network once.
+  return hierarchicalApplies(c) ? AllreduceAlgo::Hier : AllreduceAlgo::Ring;
 }
 
 void allreduce(OpContext& c, const at::Tensor& t, const Reduction& red) {

@@ -40,6 +40,7 @@ enum class AllreduceAlgo {
   OneShot,    // every rank sends its whole buffer to every peer (small buffers)
   Ring,       // host ring: reduce-scatter then all-gather in one pipelined sweep
   StagedRing, // the ring over pinned host memory, chunked copies to and from the device
+  Hier,       // host buffers across hosts: hierarchical.h (host rings, then rings across hosts)
 };
 // The choice for `bytes` of data on `device` (contiguous or not) in this op's group.
 AllreduceAlgo chooseAllreduce(const OpContext& c, size_t bytes, const c10::Device& device, bool contiguous);

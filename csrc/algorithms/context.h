@@ -54,11 +54,12 @@ class OpContext {
   int positionOf(int rank) const { return links_.topology->position[rank]; }
   int ringRank(int pos) const { return links_.topology->ring[pos]; }
   int left() const { return links_.topology->left(tag_.rank); }
+  const Topology& topology() const { return *links_.topology; }
   int right() const { return links_.topology->right(tag_.rank); }
   c10::ScalarType dtype() const { return sig_.dtype; }
   const Config& config() const { return cfg_; }
-  // Receives a ring posts ahead on its link from the left (Config::recvWindowFor).
-  int recvWindow() const { return cfg_.recvWindowFor(links_.from[left()]->sendWaitsForReceive()); }
+  // Receives a ring posts ahead on its link from `peer` (Config::recvWindowFor).
+  int recvWindowFrom(int peer) const { return cfg_.recvWindowFor(links_.from[peer]->sendWaitsForReceive()); }
   const OpTag& tag() const { return tag_; }
 
   // Collective frames of this op: same key/op/dtype/numel on both sides, on the link

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "algorithms/ring_plan.h"
 
@@ -49,7 +50,7 @@ void localCollective(const RingJob& job, const RingBuffers& b) {
 // forwarded as soon as it is final on this rank, while the next ones are in flight.
 class RingSweep {
  public:
-  RingSweep(OpContext& c, const RingJob& job, const RingBuffers& b);
+  RingSweep(OpContext& c, const RingView& ring, const RingJob& job, const RingBuffers& b);
 
   // Posts step `step`'s sends: the chunk leaves from the input (reduce-scatter's first
   // step) or from the own chunk (all-gather's first step).
@@ -115,6 +116,7 @@ class RingSweep {
   void postAhead(int64_t done);
 
   OpContext& c_;
+  const RingView& ring_;
   OpTrace* const trace_;  // null unless RINGPG_TRACE: off, a recording site is a never-taken branch or two
   const RingJob& job_;
   const RingBuffers& b_;
@@ -136,16 +138,13 @@ class RingSweep {
   std::vector<int64_t> postedAt_; // traced: when each unit's receive was posted
 };
 
-RingSweep::RingSweep(OpContext& c, const RingJob& job, const RingBuffers& b)
-    : c_(c), trace_(c.trace()), job_(job), b_(b), p_(c.size()), r_(c.position()), es_(job.elemSize),
-      fused_(c.fusedRecvReduce(c.left())) {
-  // Segments: at most the configured size, but at least minSegments per chunk (down to
-  // kMinSegmentBytes) so that the ring's fill and drain, about one segment per step,
-  // stay a small part of the whole.  Over shared memory a segment costs a hand-off
-  // between processes, which dominates when ranks share cores, and fill is cheap: 4
-  // per chunk there beat 16 (benchmarks/RESULTS.md).  Both ends of a hop must cut
-  // alike, so the choice follows the whole ring, not this rank's hop.
-  const int64_t minSegments = c.ringFusedEverywhere() ? 4 : 16;
+RingSweep::RingSweep(OpContext& c, const RingView& ring, const RingJob& job, const RingBuffers& b)
+    : c_(c), ring_(ring), trace_(c.trace()), job_(job), b_(b), p_(ring.size()), r_(ring.me), es_(job.elemSize),
+      fused_(c.fusedRecvReduce(ring.left())) {
+  // Segments: at most the configured size, but at least the ring's minSegments per
+  // chunk (down to kMinSegmentBytes) so that the ring's fill and drain, about one
+  // segment per step, stay a small part of the whole (RingView::minSegments).
+  const int64_t minSegments = ring.minSegments;
   constexpr int64_t kMinSegmentBytes = 64 * 1024;
   const int64_t chunkBytes = (job.count + p_ - 1) / p_ * static_cast<int64_t>(es_);
   const int64_t segBytes = std::min<int64_t>(static_cast<int64_t>(c.config().segmentBytes),
@@ -154,15 +153,17 @@ RingSweep::RingSweep(OpContext& c, const RingJob& job, const RingBuffers& b)
   firstStep_ = job.reduceScatter ? 0 : p_ - 1;
   const int endStep = job.allGather ? 2 * p_ - 2 : p_ - 1;
   units_ = static_cast<int64_t>(endStep - firstStep_) * plan_.segments;
-  ownChunk_ = chunkRange(job.count, p_, c.rank());
-  window_ = c.recvWindow();
+  ownChunk_ = chunkOf(r_);
+  window_ = c.recvWindowFrom(ring.left());
   slotBytes_ = static_cast<size_t>(plan_.segElems) * es_;
   // Fused: the link reduces each fragment as it arrives, with no staging slots.
   slots_ = job.reduceScatter && !fused_ ? c.scratch(slotBytes_ * window_) : nullptr;
   inputReady_.assign(p_, !job.awaitInput);
   recvs_.resize(units_);
   if (trace_) {
-    trace_->algorithm = "ring";
+    if (trace_->algorithm == nullptr) {
+      trace_->algorithm = "ring"; // the hierarchical collectives name themselves first
+    }
     trace_->ring = TraceRingPlan{job.count, static_cast<int64_t>(es_), plan_.segments, plan_.segElems, window_,
                                  fused_, job.reduceScatter, job.allGather};
     postedAt_.assign(units_, 0);
@@ -170,7 +171,7 @@ RingSweep::RingSweep(OpContext& c, const RingJob& job, const RingBuffers& b)
 }
 
 Range RingSweep::chunkOf(int chunk) const {
-  return chunkRange(job_.count, p_, c_.ringRank(chunk));
+  return chunkRange(job_.count, p_, ring_.dataChunk[chunk]);
 }
 
 Range RingSweep::recvRange(int step, int64_t j) const {
@@ -190,7 +191,7 @@ char* RingSweep::home(int chunk, const Range& R) const {
 
 void RingSweep::needInput(int chunk) {
   if (!inputReady_[chunk]) {
-    job_.awaitInput(c_.ringRank(chunk));
+    job_.awaitInput(ring_.dataChunk[chunk]);
     inputReady_[chunk] = true;
   }
 }
@@ -208,22 +209,22 @@ void RingSweep::postAhead(int64_t done) {
     }
     if (isReduceStep(step) && fused_) {
       needInput(chunk); // the reduction may run during any later wait
-      recvs_[posted_] = c_.recvReduce(c_.left(), home(chunk, R), b_.input + R.offset * es_, R.length, es_, job_.op,
+      recvs_[posted_] = c_.recvReduce(ring_.left(), home(chunk, R), b_.input + R.offset * es_, R.length, es_, job_.op,
                                       step, chunk, posted_ % plan_.segments);
     } else if (isReduceStep(step)) {
       // Slot u % window is free again: unit u - window was reduced before u was posted.
-      recvs_[posted_] = c_.recv(c_.left(), slots_ + (posted_ % window_) * slotBytes_, R.length * es_);
+      recvs_[posted_] = c_.recv(ring_.left(), slots_ + (posted_ % window_) * slotBytes_, R.length * es_);
     } else {
-      recvs_[posted_] = c_.recv(c_.left(), home(chunk, R), R.length * es_); // gathered: lands in place
+      recvs_[posted_] = c_.recv(ring_.left(), home(chunk, R), R.length * es_); // gathered: lands in place
     }
   }
 }
 
 void RingSweep::postSend(int step, int chunk, int64_t j, const char* src, int64_t n) {
   const int64_t begin = trace_ ? traceNow() : 0;
-  sends_.push_back(c_.send(c_.right(), src, n * es_));
+  sends_.push_back(c_.send(ring_.right(), src, n * es_));
   if (trace_) {
-    trace_->segment(TraceKind::Send, "send", begin, step, chunk, j, c_.right(), n * static_cast<int64_t>(es_));
+    trace_->segment(TraceKind::Send, "send", begin, step, chunk, j, ring_.right(), n * static_cast<int64_t>(es_));
   }
 }
 
@@ -272,7 +273,7 @@ void RingSweep::receiveStep(const char* name, int step, Reduce reduceIt, Final f
     const int64_t waitBegin = trace_ ? traceNow() : 0;
     c_.wait(recvs_[u]);
     if (trace_) {
-      trace_->segment(TraceKind::Recv, "recv", waitBegin, step, chunk, j, c_.left(),
+      trace_->segment(TraceKind::Recv, "recv", waitBegin, step, chunk, j, ring_.left(),
                       R.length * static_cast<int64_t>(es_), postedAt_[u]);
     }
     recvs_[u].reset();
@@ -283,7 +284,7 @@ void RingSweep::receiveStep(const char* name, int step, Reduce reduceIt, Final f
       const int64_t reduceBegin = trace_ ? traceNow() : 0;
       reduce(c_.dtype(), job_.op, dst, b_.input + R.offset * es_, slots_ + (u % window_) * slotBytes_, R.length);
       if (trace_) {
-        trace_->segment(TraceKind::Reduce, "reduce", reduceBegin, step, chunk, j, c_.left(),
+        trace_->segment(TraceKind::Reduce, "reduce", reduceBegin, step, chunk, j, ring_.left(),
                         R.length * static_cast<int64_t>(es_));
       }
     }
@@ -334,14 +335,44 @@ void RingSweep::finish() {
 
 } // namespace
 
+RingView RingView::ofGroup(const OpContext& c) {
+  RingView v;
+  v.members.resize(c.size());
+  for (int pos = 0; pos < c.size(); ++pos) {
+    v.members[pos] = c.ringRank(pos);
+  }
+  v.dataChunk = v.members; // the member at each position owns its rank's chunk
+  v.me = c.position();
+  // Over shared memory a segment costs a hand-off between processes, which dominates
+  // when ranks share cores, and fill is cheap: 4 per chunk there beat 16 (RESULTS.md).
+  v.minSegments = c.ringFusedEverywhere() ? 4 : 16;
+  return v;
+}
+
+RingView RingView::of(std::vector<int> members, int rank, int64_t minSegments) {
+  RingView v;
+  const auto it = std::find(members.begin(), members.end(), rank);
+  TORCH_INTERNAL_ASSERT(it != members.end(), "ringpg: rank ", rank, " is not on the ring it runs");
+  v.me = static_cast<int>(it - members.begin());
+  v.dataChunk.resize(members.size());
+  std::iota(v.dataChunk.begin(), v.dataChunk.end(), 0);
+  v.members = std::move(members);
+  v.minSegments = minSegments;
+  return v;
+}
+
 void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b) {
+  ringCollectiveOn(c, RingView::ofGroup(c), job, b);
+}
+
+void ringCollectiveOn(OpContext& c, const RingView& view, const RingJob& job, const RingBuffers& b) {
   TORCH_INTERNAL_ASSERT(job.reduceScatter || job.allGather);
-  const int p = c.size();
+  const int p = view.size();
   if (p == 1 || job.count == 0) {
     localCollective(job, b);
     return;
   }
-  RingSweep ring(c, job, b);
+  RingSweep ring(c, view, job, b);
   const int lastReduce = p - 2;     // after it, rank r holds the reduced chunk r
   const int lastGather = 2 * p - 3; // after it, every rank holds every chunk
   if (job.reduceScatter) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "algorithms/context.h"
 #include "algorithms/ring_plan.h"
@@ -39,10 +40,36 @@ struct RingJob {
   std::function<void(const Range& range)> onFinal;
 };
 
+// The ring a sweep runs on: the group's (every rank, ordered host by host), or a ring
+// of some of its ranks (a host's ranks; one rank of each host: the hierarchical
+// collectives).  The sweep numbers chunks by ring position (ring_plan.h over
+// members.size() parts); the member at position `pos` owns data chunk dataChunk[pos]
+// (ring_plan.h's chunkRange of that index), where a reduce-scatter leaves its result.
+struct RingView {
+  std::vector<int> members;   // group ranks in ring order
+  std::vector<int> dataChunk; // dataChunk[pos]: the data chunk the member at pos owns
+  int me = 0;                 // this rank's position
+  // Ring steps cut each chunk into at least this many segments; both ends of every
+  // hop must agree, so it is a property of the whole ring (OpContext::ringFusedEverywhere).
+  int64_t minSegments = 16;
+
+  int size() const { return static_cast<int>(members.size()); }
+  int left() const { return members[(me + size() - 1) % size()]; }
+  int right() const { return members[(me + 1) % size()]; }
+
+  // The group's ring: chunks are its ranks' (reduce-scatter leaves rank r chunk r).
+  static RingView ofGroup(const OpContext& c);
+  // A ring of `members` (group ranks, in ring order; this rank among them) whose
+  // member at position i owns chunk i.
+  static RingView of(std::vector<int> members, int rank, int64_t minSegments);
+};
+
 // Requires job.reduceScatter || job.allGather.  For all-gather alone the own chunk
 // is either already in `work`, or, with `own` set, read from `own` and copied into
 // `work` by the collective (`own` must not overlap `work`).
 void ringCollective(OpContext& c, const RingJob& job, const RingBuffers& b);
+// The same on the ring `ring`.
+void ringCollectiveOn(OpContext& c, const RingView& ring, const RingJob& job, const RingBuffers& b);
 
 // Pipelined chain broadcast of `nbytes` from `root` along the ring.
 void chainBroadcast(OpContext& c, char* data, size_t nbytes, int root);

@@ -11,6 +11,7 @@
 
 #include "algorithms/clock_sync.h"
 #include "algorithms/collectives.h"
+#include "algorithms/hierarchical.h"
 #include "algorithms/host_buffer.h"
 #include "backend/validation.h"
 #include "common/host.h"
@@ -116,7 +117,8 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   if (rank == 0) {
     LOG(INFO) << "ringpg: group '" << groupName_ << "' size " << size << " on " << localAddress_ << ": "
               << cfg_.summary() << " transport=" << transport() << " hosts=" << topology_.hosts
-              << " ranks_per_host=" << topology_.ranksPerHost() << " wait_spin_us="
+              << " ranks_per_host=" << topology_.ranksPerHost() << " allreduce=" << allreduceAlgorithm()
+              << " wait_spin_us="
               << waitSpinMicros() << " reduce_isa=" << reduceIsa() << " tcp_congestion_in_use="
               << tcpCongestion();
   }
@@ -169,6 +171,10 @@ void RingBackend::attachGlooLink(c10::intrusive_ptr<c10d::Backend> gloo) {
   // Every collective frame takes Gloo's pairs; the engine keeps control (LinkTable).
   std::fill(links_.to.begin(), links_.to.end(), gloo_.get());
   std::fill(links_.from.begin(), links_.from.end(), gloo_.get());
+}
+
+const char* RingBackend::allreduceAlgorithm() const {
+  return hierarchicalApplies(topology_, cfg_.algo) ? "hier" : "ring";
 }
 
 void RingBackend::setTracing(bool on) {

@@ -122,6 +122,9 @@ class RingBackend final : public c10d::Backend {
   const std::string& transport() const {
     return transportName_;
   }
+  // What a large allreduce on host memory runs here: "hier" (algorithms/hierarchical.h)
+  // or "ring" (RINGPG_ALGO and the group's shape decide).
+  const char* allreduceAlgorithm() const;
   // Where the group's ranks run (transport/topology.h): hosts, their ranks, ring order.
   const Topology& topology() const {
     return topology_;

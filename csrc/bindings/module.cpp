@@ -75,6 +75,11 @@ PYBIND11_MODULE(_C, m) {
                              "how many hosts the group's ranks run on (RINGPG_HOSTID, else hostname, boot id, netns)")
       .def_property_readonly("host_of", [](const ringpg::RingBackend& b) { return b.topology().hostOf; },
                              "each rank's host, numbered by first appearance")
+      .def_property_readonly("ranks_per_host", [](const ringpg::RingBackend& b) { return b.topology().ranksPerHost(); },
+                             "K when every host holds K of the group's ranks, else 0")
+      .def_property_readonly("allreduce_algorithm", &ringpg::RingBackend::allreduceAlgorithm,
+                             "what a large allreduce on host memory runs: 'hier' (host rings, then rings across "
+                             "hosts) or 'ring' (RINGPG_ALGO and the group's shape decide)")
       .def_property_readonly("ring_order", [](const ringpg::RingBackend& b) { return b.topology().ring; },
                              "the ranks in ring order: each host's ranks one after another")
       .def_property_readonly("tcp_congestion", &ringpg::RingBackend::tcpCongestion,

@@ -60,6 +60,16 @@ Config load() {
   } else if (auto g = c10::utils::get_env("GLOO_SOCKET_IFNAME"); g && !g->empty()) {
     c.ifname = *g;
   }
+  if (auto v = c10::utils::get_env("RINGPG_ALGO"); v && !v->empty()) {
+    bool known = false;
+    for (auto a : {Config::Algo::Auto, Config::Algo::Ring, Config::Algo::Hier}) {
+      if (*v == Config::algoName(a)) {
+        c.algo = a;
+        known = true;
+      }
+    }
+    TORCH_CHECK(known, "ringpg: RINGPG_ALGO=", *v, " is not one of auto, ring, hier");
+  }
   if (auto v = c10::utils::get_env("RINGPG_HOSTID"); v && !v->empty()) {
     c.hostId = *v;
   }
@@ -94,6 +104,18 @@ Config::Transport Config::transportNamed(const std::string& name, const char* wh
   TORCH_CHECK(false, "ringpg: ", what, name, " is not one of auto, shm, tcp, gloo");
 }
 
+const char* Config::algoName(Algo a) {
+  switch (a) {
+    case Algo::Auto:
+      return "auto";
+    case Algo::Ring:
+      return "ring";
+    case Algo::Hier:
+      return "hier";
+  }
+  return "?";
+}
+
 const Config& Config::get() {
   static const Config config = load(); // thread-safe static init
   return config;
@@ -106,7 +128,7 @@ std::string Config::summary() const {
       " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
       " work_cache_bytes=", workCacheBytes,
       " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
-      " transport_setting=", transportName(transport),
+      " transport_setting=", transportName(transport), " algo=", algoName(algo),
       " tcp_congestion=", tcpCongestion.empty() ? std::string("default") : tcpCongestion,
       " hostid=", hostId.empty() ? std::string("(auto)") : hostId,
       " ifname=", ifname.empty() ? std::string("(hostname)") : ifname,

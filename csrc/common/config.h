@@ -51,6 +51,13 @@ struct Config {
   static const char* transportName(Transport t);
   // The Transport named `name` (auto, shm, tcp, gloo); `what` names the setting in the error.
   static Transport transportNamed(const std::string& name, const char* what);
+  // Which algorithm a large allreduce runs (RINGPG_ALGO): Auto takes the hierarchical
+  // one (algorithms/hierarchical.h) where the group spans several hosts holding the
+  // same number (> 1) of its ranks each, else the flat ring; Ring always the flat ring;
+  // Hier the hierarchical one wherever hosts hold equal numbers of ranks.
+  enum class Algo : uint8_t { Auto, Ring, Hier };
+  Algo algo = Algo::Auto;
+  static const char* algoName(Algo a);
   // TCP congestion control of data sockets (RINGPG_TCP_CONGESTION); empty keeps the
   // host's default (its network namespace's net.ipv4.tcp_congestion_control).
   std::string tcpCongestion;

@@ -45,6 +45,32 @@ int Topology::ranksOn(int h) const {
   return static_cast<int>(std::count(hostOf.begin(), hostOf.end(), h));
 }
 
+std::vector<int> Topology::ranksOfHost(int h) const {
+  std::vector<int> out;
+  for (const int r : ring) {
+    if (hostOf[r] == h) {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+std::vector<int> Topology::localRanks(int j) const {
+  std::vector<int> out;
+  for (const auto h : c10::irange(hosts)) {
+    const auto mine = ranksOfHost(h);
+    if (j < static_cast<int>(mine.size())) {
+      out.push_back(mine[j]);
+    }
+  }
+  return out;
+}
+
+int Topology::localIndex(int rank) const {
+  const auto mine = ranksOfHost(hostOf[rank]);
+  return static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
+}
+
 int Topology::ranksPerHost() const {
   const int k = ranksOn(0);
   for (const auto h : c10::irange(1, hosts)) {

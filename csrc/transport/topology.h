@@ -41,6 +41,13 @@ struct Topology {
   }
   // Ranks on host h.
   int ranksOn(int h) const;
+  // The ranks of host h, in ring order (ascending).
+  std::vector<int> ranksOfHost(int h) const;
+  // The j-th rank of every host that has one, hosts in order: the ring of local rank j
+  // across hosts (the hierarchical collectives' inter-host rings).
+  std::vector<int> localRanks(int j) const;
+  // Which of its host's ranks `rank` is (0-based, ascending).
+  int localIndex(int rank) const;
   // K when every host holds K ranks, else 0.
   int ranksPerHost() const;
   // Whether some host holds two ranks or more (a same-host link exists).

@@ -1,0 +1,33 @@
+// Collectives that cross each host's network once: for a group of H hosts holding K of
+// its ranks each (transport/topology.h), an allreduce of n elements runs
+//   1. a reduce-scatter over each host's ranks (shared memory): local rank j of every
+//      host ends with chunk j (n/K elements) summed over its host;
+//   2. K allreduces at once, ring j over local rank j of every host, each on chunk j;
+//   3. an all-gather over each host's ranks: every rank ends with every chunk.
+// Each host's network link carries 2(H-1)/H of the data instead of a flat ring's
+// 2(N-1)/N (N = H*K), so bus bandwidth can exceed the link rate (NCCL and MPI do the
+// same for the same reason).  Every element is reduced in one fixed order (host ring,
+// then the ring across hosts) and then copied, so all ranks end bit-identical.
+#pragma once
+
+#include <functional>
+
+#include "algorithms/context.h"
+#include "reduce/reduce.h"
+
+namespace ringpg {
+
+// Whether a group of this shape runs the hierarchical algorithms under setting `algo`
+// (Config::algo): hosts must hold equal numbers of its ranks; auto takes them where
+// both levels have more than one member (elsewhere they are the flat ring).
+bool hierarchicalApplies(const Topology& t, Config::Algo algo);
+inline bool hierarchicalApplies(const OpContext& c) {
+  return hierarchicalApplies(c.topology(), c.config().algo);
+}
+
+// Allreduce of `count` elements of `elemSize` bytes at `data`, in place; `finalize`
+// (AVG's division, may be empty) runs once on each finished element.
+void hierAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op,
+                   const std::function<void(char*, int64_t)>& finalize);
+
+} // namespace ringpg
