@@ -84,6 +84,10 @@ def split_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
             parent = dist.new_group(backend="ringpg", timeout=PG_TIMEOUT)
         created.append(parent)
         parent_transport = ringpg.backend(parent).transport
+        # dist.new_group() calls this on non-members of a splitting backend whose default
+        # group has a bound device: ringpg needs nothing from them.
+        chk.true("perform_nocolor_split is a no-op",
+                 ringpg.backend(parent).perform_nocolor_split(torch.device("cpu")) is None, "")
         # Halves in a caller's order; then one pair, ranks 0 and 2 in no part.
         for parts in ([[1, 0], [2, 3]], [[3, 1]]):
             tag = f"split_group({parts}) of a {parent_transport} group"
