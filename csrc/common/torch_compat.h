@@ -49,6 +49,9 @@
 // is true (2.6 to 2.8 have supportsSplitting() only, and their split_group() reaches
 // NCCL's own methods).  ringpg answers true from 2.9 on; before, dist.split_group()
 // refuses a ringpg group (dist.new_group() makes the same groups on any release).
+// torch's Python split_group() of 2.9 to 2.14 also refuses, for every backend, unless
+// the default group is bound to an accelerator (init_process_group(device_id=...));
+// 2.15 drops that condition (and keeps each part's rank order, which 2.9 to 2.13 sort).
 #define RINGPG_HAS_BACKEND_SPLIT RINGPG_TORCH_AT_LEAST(2, 9)
 
 // torch 2.10: c10d::Backend gains the virtuals supportsShrinking() and

@@ -52,7 +52,9 @@ FEATURES: Dict[str, Feature] = {
     ),
     "split_group": Feature(
         (2, 9), "backend_split",
-        "dist.split_group(group, split_ranks) splits a ringpg group into ringpg groups of the same transport",
+        "dist.split_group(group, split_ranks) splits a ringpg group into ringpg groups of the same transport "
+        "(torch 2.9 to 2.14 split only when init_process_group(device_id=...) bound the default group to an "
+        "accelerator, for every backend; 2.15 splits CPU-only jobs too)",
         "dist.split_group() refuses a ringpg group; dist.new_group(ranks) makes the same groups",
     ),
     "shrink_group": Feature(
