@@ -3,10 +3,14 @@
 #include <ATen/ATen.h>
 #include <c10/util/irange.h>
 #include <c10/util/Logging.h>
+#include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <thread>
 
 #include "algorithms/clock_sync.h"
@@ -69,7 +73,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     : c10d::Backend(rank, size), cfg_(Config::get()),
       transportSetting_(transportChoice.empty() ? cfg_.transport
                                                 : Config::transportNamed(transportChoice, "transport ")),
-      timeout_(timeout), groupName_(std::move(groupName)) {
+      timeout_(timeout), groupName_(std::move(groupName)), store_(store) {
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "ringpg: invalid rank ", rank, " / size ", size);
   reduceIsa(); // a RINGPG_REDUCE_ISA this CPU cannot run fails the group's creation, not its first op
   if (!cfg_.tcpCongestion.empty()) {
@@ -204,6 +208,134 @@ void RingBackend::setTimeout(std::chrono::milliseconds timeout) {
   TORCH_CHECK(timeout.count() > 0, opName("set_timeout"), ": the timeout must be positive, got ", timeout.count(),
               " ms");
   timeout_.store(timeout);
+}
+#endif
+
+// ---- Split and shrink -----------------------------------------------------------
+
+#if RINGPG_HAS_BACKEND_SPLIT
+namespace {
+
+// A connection of the child's own to `store`: torch warns that a split's Store may share
+// the parent's live connection, and a rendezvous blocks on it.  A Store that cannot be
+// cloned (one written in Python, say) is shared as it is.
+c10::intrusive_ptr<c10d::Store> ownConnection(const c10::intrusive_ptr<c10d::Store>& store) {
+  try {
+    return store->clone();
+  } catch (const c10::Error&) {
+    return store;
+  }
+}
+
+// "a,b,c" (messages and Store keys).
+template <class T>
+std::string joined(const std::vector<T>& v) {
+  std::string out;
+  for (const auto& x : v) {
+    out += c10::str(out.empty() ? "" : ",", x);
+  }
+  return out;
+}
+
+} // namespace
+
+c10::intrusive_ptr<c10d::Backend> RingBackend::makeChild(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                         int size, std::chrono::milliseconds timeout,
+                                                         const std::string& name) const {
+  const std::string transport = Config::transportName(transportSetting_);
+  if (transportSetting_ == Config::Transport::Gloo) {
+    // The gloo link is a ProcessGroupGloo made by torch's Python binding (which reads
+    // GLOO_SOCKET_IFNAME): ringpg's registration builds the child as it builds any group.
+    pybind11::gil_scoped_acquire gil;
+    pybind11::object child = pybind11::module_::import("ringpg._registration")
+                                 .attr("new_ring_backend")(store, rank, size, timeout, name,
+                                                           pybind11::arg("transport") = transport);
+    return child.cast<c10::intrusive_ptr<RingBackend>>();
+  }
+  // The rendezvous blocks: not with the GIL (if the caller held it).
+  std::optional<pybind11::gil_scoped_release> noGil;
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    noGil.emplace();
+  }
+  return c10::make_intrusive<RingBackend>(store, rank, size, timeout, name, transport);
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> RingBackend::getBackendOptions() {
+  auto opts = c10::make_intrusive<c10d::Backend::Options>(getBackendName(), timeout_.load());
+  opts->group_name = groupName_;
+  return opts;
+}
+
+c10::intrusive_ptr<c10d::Backend> RingBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const std::vector<int>& ranks,
+                                                     const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  std::vector<bool> seen(getSize(), false);
+  for (const int r : ranks) {
+    TORCH_CHECK_VALUE(r >= 0 && r < getSize() && !seen[r], opName("split"), ": rank ", r,
+                      " is out of range or repeated in [", joined(ranks), "] (group size ", getSize(), ")");
+    seen[r] = true;
+  }
+  const auto me = std::find(ranks.begin(), ranks.end(), getRank());
+  if (me == ranks.end()) {
+    return nullptr; // in no part: torch makes this rank a non-member
+  }
+  {
+    std::lock_guard<std::mutex> lk(splitMu_);
+    if (store.get() == lastSplitStore_ && ranks == lastSplitRanks_) {
+      if (auto child = lastSplitChild_.lock()) {
+        return child; // the same split, for the parent's next device type
+      }
+    }
+  }
+  const auto timeout = opts && opts->timeout.count() > 0 ? opts->timeout : timeout_.load();
+  const std::string name = opts && !opts->group_name.empty() ? opts->group_name : groupName_ + ":split";
+  // Not under splitMu_: the rendezvous blocks, and the gloo transport takes the GIL.
+  auto child = makeChild(ownConnection(store), static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()),
+                         timeout, name);
+  std::lock_guard<std::mutex> lk(splitMu_);
+  lastSplitStore_ = store.get();
+  lastSplitRanks_ = ranks;
+  lastSplitChild_ = c10::weak_intrusive_ptr<c10d::Backend>(child);
+  return child;
+}
+#endif
+
+#if RINGPG_HAS_BACKEND_SHRINK
+c10::intrusive_ptr<c10d::Backend> RingBackend::shrink(const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+                                                      const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) {
+  constexpr int kShrinkAbort = 0x01; // torch.distributed.distributed_c10d.SHRINK_ABORT
+  TORCH_CHECK_VALUE(shrinkFlags == 0 || shrinkFlags == kShrinkAbort, opName("shrink"),
+                    ": shrink_flags must be SHRINK_DEFAULT (0) or SHRINK_ABORT (1), got ", shrinkFlags);
+  TORCH_CHECK_VALUE(!ranksToExclude.empty(), opName("shrink"), ": no rank to exclude");
+  std::vector<bool> excluded(getSize(), false);
+  for (const int64_t r : ranksToExclude) {
+    TORCH_CHECK_VALUE(r >= 0 && r < getSize() && !excluded[r], opName("shrink"), ": rank ", r,
+                      " is out of range or repeated in [", joined(ranksToExclude), "] (group size ", getSize(), ")");
+    excluded[r] = true;
+  }
+  TORCH_CHECK_VALUE(!excluded[getRank()], opName("shrink"), ": rank ", getRank(),
+                    " is among the ranks to exclude; only the survivors call shrink");
+  // The survivors keep their order: the new rank counts the survivors below this one.
+  int newRank = 0;
+  int newSize = 0;
+  for (const auto q : c10::irange(getSize())) {
+    newRank += !excluded[q] && q < getRank() ? 1 : 0;
+    newSize += excluded[q] ? 0 : 1;
+  }
+  if (shrinkFlags == kShrinkAbort) {
+    abort();
+  }
+  // A namespace no earlier group used: this group's, the shrink's count (the same on
+  // every survivor, as each shrinks this group alike) and the excluded ranks (survivors
+  // that disagree on them wait on different keys and time out rather than mix).
+  std::vector<int64_t> sorted = ranksToExclude;
+  std::sort(sorted.begin(), sorted.end());
+  const std::string prefix = c10::str(keyPrefix_, "shrink/", ++shrinks_, "/", joined(sorted), "/");
+  const auto timeout = optsOverride && optsOverride->timeout.count() > 0 ? optsOverride->timeout : timeout_.load();
+  const std::string name =
+      optsOverride && !optsOverride->group_name.empty() ? optsOverride->group_name : groupName_ + ":shrunk";
+  return makeChild(c10::make_intrusive<c10d::PrefixStore>(prefix, ownConnection(store_)), newRank, newSize, timeout,
+                   name);
 }
 #endif
 

@@ -106,6 +106,35 @@ class RingBackend final : public c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override;
 #endif
 
+  // ---- Split and shrink (torch 2.9 / 2.10: common/torch_compat.h) ----------------
+  // A child group is a new RingBackend of the parent's transport on a Store namespace
+  // of its own; it never uses the parent's connections, so a broken parent (a dead
+  // peer, an abort) still splits and shrinks.
+#if RINGPG_HAS_BACKEND_SPLIT
+  bool supportsSplitting() const override {
+    return true;
+  }
+  // A fresh copy on every call (torch 2.9 to 2.14 edit what they get): this group's
+  // default timeout and name.
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
+  // dist.split_group(): every rank of the parent calls it with the ranks of its part
+  // (a rank in no part passes another part's and gets nullptr); the child's rank is
+  // this rank's position in `ranks`, its keys go under `store` (torch's namespace).
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+#endif
+#if RINGPG_HAS_BACKEND_SHRINK
+  bool supportsShrinking() const override {
+    return true;
+  }
+  // dist.distributed_c10d.shrink_group(): the survivors alone call it, alike; they
+  // meet under a new namespace of this group's Store, never waiting on an excluded
+  // rank.  SHRINK_ABORT aborts this group first (its pending ops fail at once).
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+                                           const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) override;
+#endif
+
   // The gloo transport's link: a ProcessGroupGloo of the same ranks, made after this
   // backend (ringpg's Python registration does both before torch sees the group).
   void attachGlooLink(c10::intrusive_ptr<c10d::Backend> gloo);
@@ -182,6 +211,11 @@ class RingBackend final : public c10d::Backend {
   void workerLoop();
   void stop(bool graceful);
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
+#if RINGPG_HAS_BACKEND_SPLIT
+  // A group of this one's transport on `store` (split, shrink).
+  c10::intrusive_ptr<c10d::Backend> makeChild(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                              std::chrono::milliseconds timeout, const std::string& name) const;
+#endif
 
   const Config& cfg_;
   const Config::Transport transportSetting_; // what this group was asked for (Config::Transport)
@@ -214,6 +248,17 @@ class RingBackend final : public c10d::Backend {
   std::vector<char> workspace_; // likewise (OpContext::workspace)
   std::unique_ptr<Tracer> tracer_; // RINGPG_TRACE (common/trace.h), else null
   std::atomic<bool> tracing_{false}; // tracer_ && not switched off (setTracing)
+
+  // Split and shrink.  store_: the Store this group was created on (shrink's children
+  // meet under it).  splitMu_ guards lastSplit*_: torch calls split() once per device
+  // type of the parent (cpu and cuda both map to this backend) with the same Store
+  // object, and both get the one child made by the first call.
+  const c10::intrusive_ptr<c10d::Store> store_;
+  std::atomic<int> shrinks_{0}; // shrink() calls so far: each child's namespace
+  std::mutex splitMu_;
+  const c10d::Store* lastSplitStore_ = nullptr;
+  std::vector<int> lastSplitRanks_;
+  c10::weak_intrusive_ptr<c10d::Backend> lastSplitChild_{c10::intrusive_ptr<c10d::Backend>()};
 };
 
 } // namespace ringpg

@@ -99,6 +99,13 @@ PYBIND11_MODULE(_C, m) {
       .def("shutdown", &ringpg::RingBackend::shutdown, py::call_guard<py::gil_scoped_release>(),
            "Finish the queued ops, then close the group; later ops are refused");
 #endif
+#if RINGPG_HAS_BACKEND_SPLIT
+  // A backend that supports splitting gets this call from dist.new_group() on the ranks
+  // outside the new group, when the default group has a bound device (NCCL must split
+  // on every rank).  A ringpg group is made by its members alone: nothing to do.
+  backend.def("perform_nocolor_split", [](ringpg::RingBackend&, const py::object& /*device*/) {},
+              py::arg("device"), "No-op: ringpg's subgroups need nothing from non-members");
+#endif
 
   // Which c10d APIs this build was compiled with (common/torch_compat.h; read by
   // ringpg.features()).
@@ -108,6 +115,8 @@ PYBIND11_MODULE(_C, m) {
     d["backend_abort_shutdown"] = static_cast<bool>(RINGPG_HAS_BACKEND_ABORT_SHUTDOWN);
     d["async_op_in_all_options"] = static_cast<bool>(RINGPG_HAS_ASYNC_OP_IN_ALL_OPTIONS);
     d["backend_set_timeout"] = static_cast<bool>(RINGPG_HAS_BACKEND_SET_TIMEOUT);
+    d["backend_split"] = static_cast<bool>(RINGPG_HAS_BACKEND_SPLIT);
+    d["backend_shrink"] = static_cast<bool>(RINGPG_HAS_BACKEND_SHRINK);
     d["premul_sum_supplement"] = static_cast<bool>(RINGPG_HAS_PREMUL_SUM_SUPPLEMENT);
     d["work_timeout"] = static_cast<bool>(RINGPG_HAS_WORK_TIMEOUT);
     return d;

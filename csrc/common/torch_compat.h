@@ -43,6 +43,23 @@
 // Before 2.9 a group keeps the timeout it was created with.
 #define RINGPG_HAS_BACKEND_SET_TIMEOUT RINGPG_TORCH_AT_LEAST(2, 9)
 
+// torch 2.9: c10d::Backend gains the virtuals split(store, ranks, opts) and
+// getBackendOptions(), and ProcessGroup::splitGroup() calls split() on every backend of
+// the parent, so dist.split_group() works for any backend whose supportsSplitting()
+// is true (2.6 to 2.8 have supportsSplitting() only, and their split_group() reaches
+// NCCL's own methods).  ringpg answers true from 2.9 on; before, dist.split_group()
+// refuses a ringpg group (dist.new_group() makes the same groups on any release).
+// torch's Python split_group() of 2.9 to 2.14 also refuses, for every backend, unless
+// the default group is bound to an accelerator (init_process_group(device_id=...));
+// 2.15 drops that condition (and keeps each part's rank order, which 2.9 to 2.13 sort).
+#define RINGPG_HAS_BACKEND_SPLIT RINGPG_TORCH_AT_LEAST(2, 9)
+
+// torch 2.10: c10d::Backend gains the virtuals supportsShrinking() and
+// shrink(ranks_to_exclude, shrink_flags, opts_override), and
+// dist.distributed_c10d.shrink_group() calls shrink() on the survivors only.  Before
+// 2.10 the survivors of a dead rank make a new group with dist.new_group() instead.
+#define RINGPG_HAS_BACKEND_SHRINK RINGPG_TORCH_AT_LEAST(2, 10)
+
 // torch 2.13: c10d::NCCLPreMulSumSupplement (PREMUL_SUM's factor) is renamed
 // c10d::PreMulSumSupplement; the old name stays as an alias.
 #define RINGPG_HAS_PREMUL_SUM_SUPPLEMENT RINGPG_TORCH_AT_LEAST(2, 13)

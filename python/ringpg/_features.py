@@ -50,6 +50,19 @@ FEATURES: Dict[str, Feature] = {
         "without it, changes the group's default timeout for later ops",
         "the group keeps the timeout it was created with (an op's own timeout still applies)",
     ),
+    "split_group": Feature(
+        (2, 9), "backend_split",
+        "dist.split_group(group, split_ranks) splits a ringpg group into ringpg groups of the same transport "
+        "(torch 2.9 to 2.14 split only when init_process_group(device_id=...) bound the default group to an "
+        "accelerator, for every backend; 2.15 splits CPU-only jobs too)",
+        "dist.split_group() refuses a ringpg group; dist.new_group(ranks) makes the same groups",
+    ),
+    "shrink_group": Feature(
+        (2, 10), "backend_shrink",
+        "dist.distributed_c10d.shrink_group(ranks_to_exclude) gives the survivors a ringpg group "
+        "without the excluded (dead) ranks, even when the group has failed",
+        "torch has no shrink_group(); the survivors make a new group (dist.new_group) or restart",
+    ),
     "work_timeout": Feature(
         (2, 14), "work_timeout",
         "Work.timeout() reports the op's timeout",
@@ -64,8 +77,8 @@ _NOT_IMPLEMENTED = "ringpg does not implement it on any torch; there torch answe
 BACKEND_METHODS: Dict[str, Tuple[Tuple[int, int], str]] = {
     "supports_coalescing": ((2, 7), "ringpg answers False"),
     "set_timeout": ((2, 9), "ringpg sets the default timeout of later ops"),
-    "supports_shrinking": ((2, 10), "ringpg answers False"),
-    "shrink": ((2, 10), _NOT_IMPLEMENTED),
+    "supports_shrinking": ((2, 10), "ringpg answers True"),
+    "shrink": ((2, 10), "ringpg builds the survivors' group (dist.distributed_c10d.shrink_group)"),
     "supports_reconfigure": ((2, 14), "ringpg answers False"),
     "reconfigure": ((2, 14), _NOT_IMPLEMENTED),
     "get_reconfigure_handle": ((2, 14), _NOT_IMPLEMENTED),

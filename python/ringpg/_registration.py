@@ -38,18 +38,20 @@ def use_transport(name: str) -> Iterator[None]:
         _transport_override = before
 
 
-def new_ring_backend(store: Any, rank: int, size: int, timeout: timedelta, group_name: str) -> Any:
+def new_ring_backend(store: Any, rank: int, size: int, timeout: timedelta, group_name: str,
+                     transport: Optional[str] = None) -> Any:
     """One C++ ``RingBackend`` of ``size`` ranks on ``store`` (every rank calls it alike).
 
     With ``RINGPG_TRANSPORT=gloo`` (or :func:`use_transport`) the collectives' data move
     over Gloo's TCP pairs: a ProcessGroupGloo of the same ranks, on its own prefix of
     the group's store (it honours ``GLOO_SOCKET_IFNAME``), is handed to the C++
-    backend as its link.
+    backend as its link.  ``transport`` overrides both: the C++ backend passes its own
+    when it splits or shrinks a gloo-transport group (ring_backend.cpp, makeChild).
     """
     from ._loader import load_extension
 
     _C = load_extension()
-    choice = _transport_override or _C.transport_setting()
+    choice = transport or _transport_override or _C.transport_setting()
     # The C++ backend first: its rendezvous is where ranks that disagree about gloo fail.
     backend = _C.RingBackend(store, rank, size, timeout, group_name, transport=choice)
     if choice == "gloo" and size > 1:
