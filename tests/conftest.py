@@ -10,12 +10,22 @@
   ``world_size`` parameter.  Declare the parameter with
   ``pytest.mark.parametrize("world_size", [...], scope="module")`` so pytest groups
   a module's tests by world size and each pool is started once.
+* torch >= 2.15 dumps its flight recorder's trace when a ringpg group fails (ringpg
+  runs torch's abort hooks, and the failed op's error waits for them), and the fault
+  tests fail groups on purpose: unless ``TORCH_FR_DUMP_TEMP_FILE`` is set, the dumps go
+  to a temporary directory of this session (the ranks inherit it; removed at exit), not
+  to torch's default place in /tmp; and unless ``TORCH_INCLUDE_STACK_TRACE`` is set, they carry no
+  stack traces, whose symbolization takes torch 2 s or more on a 2-core machine and
+  would blur how fast the fault tests' failures surface.
 """
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 from typing import Iterator
 
 import pytest
@@ -29,6 +39,12 @@ if importlib.util.find_spec("ringpg") is None:
     sys.path.insert(0, os.path.join(ROOT, "python"))
 
 import harness  # noqa: E402
+
+if "TORCH_FR_DUMP_TEMP_FILE" not in os.environ:
+    _fr_dump_dir = tempfile.mkdtemp(prefix="ringpg-tests-fr-")
+    atexit.register(shutil.rmtree, _fr_dump_dir, ignore_errors=True)
+    os.environ["TORCH_FR_DUMP_TEMP_FILE"] = os.path.join(_fr_dump_dir, "rank_")
+os.environ.setdefault("TORCH_INCLUDE_STACK_TRACE", "0")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

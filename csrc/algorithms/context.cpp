@@ -67,7 +67,7 @@ void OpContext::wait(const RequestPtr& req) {
         describe(tag_), ": Timed out waiting for rank ", req->peer, " after ", timeout_.count(), " ms (",
         req->len, "-byte ", isSend ? "send" : "transfer", " pending; the op's timeout). "
         "The peer may be stuck, stopped, or calling a different collective.");
-    engine_.fail(msg); // later ops fail at once with this cause
+    engine_.fail(msg, /*network=*/false, BreakCause::Timeout); // later ops fail at once with this cause
     throwBackend(msg);
   }
   if (req->state.load(std::memory_order_acquire) == Request::State::Failed) {

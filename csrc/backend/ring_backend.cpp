@@ -65,6 +65,54 @@ void agreeOnTransport(c10d::Store& store, const std::string& prefix, int rank, i
   }
 }
 
+// Runs fn without the GIL if this thread holds it: a thread that joins the worker must
+// not hold it, since a future callback or a Python hook on the worker may need it.
+template <class Fn>
+void withoutGil(Fn&& fn) {
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    pybind11::gil_scoped_release noGil;
+    fn();
+  } else {
+    fn();
+  }
+}
+
+// A copy of `table` with `hook` added under `id` (TORCH_CHECK: a new id, a callable hook).
+template <class Hook>
+std::shared_ptr<const std::map<int64_t, Hook>> withHook(const std::shared_ptr<const std::map<int64_t, Hook>>& table,
+                                                        int64_t id, Hook hook, const char* method) {
+  TORCH_CHECK(static_cast<bool>(hook), opName(method), ": the hook is empty");
+  auto next = table ? std::make_shared<std::map<int64_t, Hook>>(*table) : std::make_shared<std::map<int64_t, Hook>>();
+  TORCH_CHECK(next->emplace(id, std::move(hook)).second, opName(method), ": hook id ", id,
+              " is already registered on this group");
+  return next;
+}
+
+// A copy of `table` without `id` (the same table if it has no such hook).
+template <class Hook>
+std::shared_ptr<const std::map<int64_t, Hook>> withoutHook(const std::shared_ptr<const std::map<int64_t, Hook>>& table,
+                                                           int64_t id) {
+  if (!table || table->count(id) == 0) {
+    return table;
+  }
+  auto next = std::make_shared<std::map<int64_t, Hook>>(*table);
+  next->erase(id);
+  return next;
+}
+
+// Calls hook(args...) for a hook registered under `id`; a hook that throws is logged
+// and the caller (the worker, the engine's thread) carries on.
+template <class Hook, class... Args>
+void callHook(const char* kind, int64_t id, const Hook& hook, const Args&... args) {
+  try {
+    hook(args...);
+  } catch (const std::exception& e) {
+    LOG(WARNING) << "ringpg: " << kind << " hook " << id << " threw (ignored): " << e.what();
+  } catch (...) {
+    LOG(WARNING) << "ringpg: " << kind << " hook " << id << " threw a non-exception (ignored)";
+  }
+}
+
 } // namespace
 
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -118,6 +166,12 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   tracer_ = openTrace(*engine_, transport().c_str(), cfg_, groupName_, rank, size, Clock::now() + timeout);
   tracing_ = tracer_ != nullptr;
   worker_ = std::thread([this] { workerLoop(); });
+  // Last, so that a constructor that throws never leaves the listener pointing at a
+  // half-built backend; a failure that came before it is caught up on here.
+  engine_->setFailureListener([this] { onGroupFailed(/*wakeGlooWaits=*/false); });
+  if (engine_->isBroken()) {
+    onGroupFailed(/*wakeGlooWaits=*/false);
+  }
   if (rank == 0) {
     LOG(INFO) << "ringpg: group '" << groupName_ << "' size " << size << " on " << localAddress_ << ": "
               << cfg_.summary() << " transport=" << transport() << " hosts=" << topology_.hosts
@@ -129,13 +183,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
 }
 
 RingBackend::~RingBackend() {
-  // Joining threads must not hold the GIL: a future callback on the worker may need it.
-  if (Py_IsInitialized() && PyGILState_Check()) {
-    pybind11::gil_scoped_release noGil;
-    stop(/*graceful=*/true);
-  } else {
-    stop(/*graceful=*/true);
-  }
+  withoutGil([this] { stop(/*graceful=*/true); });
 }
 
 void RingBackend::stop(bool graceful) {
@@ -147,7 +195,8 @@ void RingBackend::stop(bool graceful) {
     stopping_ = true;
   }
   if (!graceful && engine_) {
-    engine_->fail("ringpg: the process group was aborted");
+    // Runs the abort hooks here (the listener) unless the group had failed already.
+    engine_->fail("ringpg: the process group was aborted", /*network=*/false, BreakCause::Aborted);
   }
   queueCv_.notify_all();
   if (worker_.joinable()) {
@@ -155,6 +204,7 @@ void RingBackend::stop(bool graceful) {
   }
   tracing_ = false;
   tracer_.reset(); // closes the trace file: a complete JSON array from here on
+  closing_ = true; // what the engine reports from here on is its teardown
   if (engine_) {
     if (graceful) {
       engine_->shutdown(Clock::now() + std::chrono::seconds(2));
@@ -171,7 +221,7 @@ void RingBackend::attachGlooLink(c10::intrusive_ptr<c10d::Backend> gloo) {
               "ringpg: the Gloo link must be a group of the same ranks");
   gloo_ = std::make_unique<GlooLink>(std::move(gloo), *engine_, getRank(), getSize());
   // A failure anywhere (a peer's Abort frame, a deadline, abort()) wakes Gloo waits.
-  engine_->setFailureListener([link = gloo_.get()] { link->abortWaits(); });
+  engine_->setFailureListener([this] { onGroupFailed(/*wakeGlooWaits=*/true); });
   // Every collective frame takes Gloo's pairs; the engine keeps control (LinkTable).
   std::fill(links_.to.begin(), links_.to.end(), gloo_.get());
   std::fill(links_.from.begin(), links_.from.end(), gloo_.get());
@@ -187,12 +237,116 @@ void RingBackend::setTracing(bool on) {
 }
 
 void RingBackend::shutdown() {
-  stop(/*graceful=*/true);
+  withoutGil([this] { stop(/*graceful=*/true); });
 }
 
 void RingBackend::abort() {
-  stop(/*graceful=*/false);
+  withoutGil([this] { stop(/*graceful=*/false); });
 }
+
+// ---- Failure state and hooks ---------------------------------------------------------
+
+void RingBackend::onGroupFailed(bool wakeGlooWaits) {
+  if (wakeGlooWaits) {
+    gloo_->abortWaits(); // first: the hooks may take a while (a trace dump)
+  }
+  if (closing_) {
+    return;
+  }
+  noteFailure();
+  runAbortHooks();
+}
+
+void RingBackend::noteFailure() {
+  BreakCause cause = BreakCause::Local;
+  if (engine_->brokenReason(nullptr, &cause).empty()) {
+    return;
+  }
+  int healthy = 0; // the first cause wins, as in the engine
+  failure_.compare_exchange_strong(healthy, static_cast<int>(cause) + 1);
+}
+
+void RingBackend::runAbortHooks() {
+  std::shared_ptr<const std::map<int64_t, AbortHookFn>> hooks;
+  {
+    std::lock_guard<std::mutex> lk(hooksMu_); // abortHooks_ (the pointer)
+    hooks = abortHooks_;
+  }
+  if (hooks) {
+    for (const auto& [id, hook] : *hooks) {
+      callHook("abort", id, hook);
+    }
+  }
+  abortHooksRan_ = true;
+}
+
+void RingBackend::finishWork(RingWork& work, std::exception_ptr error) {
+#if RINGPG_HAS_BACKEND_COMPLETION_HOOKS
+  if (!error) {
+    work.complete(nullptr, [this, &work] {
+      std::shared_ptr<const std::map<int64_t, c10d::CompletionHook>> hooks;
+      {
+        std::lock_guard<std::mutex> lk(hooksMu_); // completionHooks_ (the pointer)
+        hooks = completionHooks_;
+      }
+      if (!hooks || hooks->empty()) {
+        return;
+      }
+      c10d::CompletionHookArgs args;
+      args.completionKey = work.getCompletionKey();
+      args.duration_ms = work.getDuration();
+      for (const auto& [id, hook] : *hooks) {
+        callHook("completion", id, hook, args);
+      }
+    });
+    return;
+  }
+#endif
+  work.complete(error);
+}
+
+#if RINGPG_HAS_BACKEND_GET_ERROR
+c10d::ErrorType RingBackend::getError() {
+  const int failure = failure_.load();
+  if (failure == 0) {
+    return c10d::ErrorType::SUCCESS;
+  }
+  switch (static_cast<BreakCause>(failure - 1)) {
+    case BreakCause::Timeout:
+      return c10d::ErrorType::TIMEOUT;
+    case BreakCause::Remote:
+      return c10d::ErrorType::REMOTE_ERROR;
+    case BreakCause::Local:
+    case BreakCause::Aborted:
+      break;
+  }
+  return c10d::ErrorType::COMM_ERROR;
+}
+#endif
+
+#if RINGPG_HAS_BACKEND_ABORT_HOOKS
+void RingBackend::registerAbortHook(int64_t hookId, c10d::AbortHook hook) {
+  std::lock_guard<std::mutex> lk(hooksMu_); // abortHooks_
+  abortHooks_ = withHook<AbortHookFn>(abortHooks_, hookId, std::move(hook), "register_abort_hook");
+}
+
+void RingBackend::unregisterAbortHook(int64_t hookId) {
+  std::lock_guard<std::mutex> lk(hooksMu_); // abortHooks_
+  abortHooks_ = withoutHook(abortHooks_, hookId);
+}
+#endif
+
+#if RINGPG_HAS_BACKEND_COMPLETION_HOOKS
+void RingBackend::registerCompletionHook(int64_t hookId, c10d::CompletionHook hook) {
+  std::lock_guard<std::mutex> lk(hooksMu_); // completionHooks_
+  completionHooks_ = withHook(completionHooks_, hookId, std::move(hook), "register_completion_hook");
+}
+
+void RingBackend::unregisterCompletionHook(int64_t hookId) {
+  std::lock_guard<std::mutex> lk(hooksMu_); // completionHooks_
+  completionHooks_ = withoutHook(completionHooks_, hookId);
+}
+#endif
 
 uint64_t RingBackend::getSequenceNumberForGroup() {
   std::lock_guard<std::mutex> lk(queueMu_);
@@ -408,6 +562,7 @@ void RingBackend::workerLoop() {
 // Stage 3: runs one op to completion and completes its Work (never throws).
 void RingBackend::execute(Queued& q) {
   std::exception_ptr error;
+  q.work->markStarted();
   try {
     bool network = false;
     const std::string broken = engine_->brokenReason(&network);
@@ -440,7 +595,19 @@ void RingBackend::execute(Queued& q) {
       error = std::current_exception();
     }
   }
-  q.work->complete(error);
+  if (error) {
+    // The group is broken now (every error above breaks it).  Its caller learns of it
+    // from this Work, so getError() must already say why, and the abort hooks must
+    // have run (torch's flight recorder dumps its trace there, and a process may exit
+    // on the error).  They have when the break happened on this thread; if another
+    // thread (the engine's) is still running them, run them here too: a hook is
+    // idempotent and blocks until its first run is done (Hooks.hpp).
+    noteFailure();
+    if (!abortHooksRan_) {
+      runAbortHooks();
+    }
+  }
+  finishWork(*q.work, error);
 }
 
 // ---- The collectives: validate, then queue the algorithm (algorithms/collectives.h) ----
@@ -709,7 +876,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::p2p(OpType type, const char* name, a
   // when its payload has landed, before the Work completes.
   const bool direct = tensor.device().is_cpu() && tensor.is_contiguous();
   at::Tensor host = direct ? tensor : (isSend ? toHost(tensor) : hostBufferFor(tensor));
-  auto done = [work, opTag, tensor, host, direct, isSend](Request& r) {
+  // Runs on the engine's thread (or the posting one) while the engine exists, which
+  // stop() destroys before this backend, so `this` outlives it.
+  auto done = [this, work, opTag, tensor, host, direct, isSend](Request& r) {
     std::exception_ptr err;
     try {
       if (r.state.load() == Request::State::Failed) {
@@ -722,7 +891,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::p2p(OpType type, const char* name, a
     } catch (...) {
       err = std::current_exception();
     }
-    work->complete(err);
+    finishWork(*work, err);
   };
   // The callback keeps `tensor` and `host` alive until the engine is done with them.
   if (isSend) {

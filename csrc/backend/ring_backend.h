@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -104,6 +105,39 @@ class RingBackend final : public c10d::Backend {
   // dist.set_timeout(): the default timeout of ops issued from now on; ops already
   // queued or running keep theirs, and an op's own timeout still wins.
   void setTimeout(std::chrono::milliseconds timeout) override;
+#endif
+#if RINGPG_HAS_BACKEND_GET_ERROR
+  // Whether the group has failed, and why (the first cause, which every later op's
+  // error repeats): SUCCESS while healthy (a receive whose Work.wait() timed out leaves
+  // the group healthy), TIMEOUT when an op of this rank passed its deadline,
+  // REMOTE_ERROR when another rank's group failed first and said so (its Abort frame:
+  // that rank timed out, lost a peer or was aborted), COMM_ERROR for every other
+  // failure: a peer or connection lost, a corrupt frame, ranks calling different
+  // collectives, an op that threw part-way, or abort() on this rank (the group's
+  // connections are gone).  A shutdown() is no failure.
+  c10d::ErrorType getError() override;
+#endif
+#if RINGPG_HAS_BACKEND_ABORT_HOOKS
+  // Abort hooks (torch's Hooks.hpp): run when the group fails or is aborted, before the
+  // op that saw it fail completes (see runAbortHooks).  An id registers once; a null
+  // hook is refused; unregistering an unknown id does nothing.
+  void registerAbortHook(int64_t hookId, c10d::AbortHook hook) override;
+  void unregisterAbortHook(int64_t hookId) override;
+#endif
+#if RINGPG_HAS_BACKEND_COMPLETION_HOOKS
+  bool supportsAbortHooks() const override {
+    return true;
+  }
+  // Completion hooks (torch's Hooks.hpp): run once per op that completed successfully
+  // (failed and timed-out ones fire nothing, as Hooks.hpp asks), with its duration, on
+  // the thread that completed it (the worker, the engine's thread for point-to-point,
+  // or the caller's for an op run inline), after the Work reads completed and before
+  // its Future completes.  Same id rules as the abort hooks.
+  bool supportsCompletionHooks() const override {
+    return true;
+  }
+  void registerCompletionHook(int64_t hookId, c10d::CompletionHook hook) override;
+  void unregisterCompletionHook(int64_t hookId) override;
 #endif
 
   // ---- Split and shrink (torch 2.9 / 2.10: common/torch_compat.h) ----------------
@@ -210,6 +244,17 @@ class RingBackend final : public c10d::Backend {
                                      int tag);
   void workerLoop();
   void stop(bool graceful);
+  // The engine's failure listener: the group broke (once, on the thread that broke
+  // it), so note why and run the abort hooks.  Not for the engine's own teardown.
+  void onGroupFailed(bool wakeGlooWaits);
+  // Copies the engine's cause of failure into failure_ (getError).
+  void noteFailure();
+  // Runs every abort hook, outside hooksMu_, each in a try (a throwing hook is logged
+  // and skipped, never kills the calling thread); marks abortHooksRan_ after.
+  void runAbortHooks();
+  // Completes `work` and, on success, runs the completion hooks (RingWork::complete's
+  // onFinished).
+  void finishWork(RingWork& work, std::exception_ptr error);
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
 #if RINGPG_HAS_BACKEND_SPLIT
   // A group of this one's transport on `store` (split, shrink).
@@ -259,6 +304,28 @@ class RingBackend final : public c10d::Backend {
   const c10d::Store* lastSplitStore_ = nullptr;
   std::vector<int> lastSplitRanks_;
   c10::weak_intrusive_ptr<c10d::Backend> lastSplitChild_{c10::intrusive_ptr<c10d::Backend>()};
+
+  // Failure state for getError(): a BreakCause + 1, 0 while healthy.  Written once the
+  // engine has broken (by its listener, and by the worker before it completes a
+  // failed op, so a caller that saw the error sees the cause); read by any thread.
+  std::atomic<int> failure_{0};
+  // Set by stop() before the engine is destroyed: the "destroyed" failure the engine
+  // reports then is teardown, not a failure (no hooks, getError unchanged).
+  std::atomic<bool> closing_{false};
+  // The abort hooks have run to their end once since the group broke (runAbortHooks).
+  std::atomic<bool> abortHooksRan_{false};
+
+  // The hook tables, copy-on-write: hooksMu_ guards the two pointers only.  A thread
+  // that runs hooks copies the pointer under the lock and calls the hooks after
+  // releasing it, so no hook ever runs under hooksMu_ (torch's FlightRecorderHook
+  // unregisters while hooks may be running: Hooks.hpp's lock-order note), and
+  // registering replaces the table instead of changing one that is being iterated.
+  using AbortHookFn = std::function<void()>;
+  std::mutex hooksMu_;
+  std::shared_ptr<const std::map<int64_t, AbortHookFn>> abortHooks_;
+#if RINGPG_HAS_BACKEND_COMPLETION_HOOKS
+  std::shared_ptr<const std::map<int64_t, c10d::CompletionHook>> completionHooks_;
+#endif
 };
 
 } // namespace ringpg

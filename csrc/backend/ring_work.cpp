@@ -3,6 +3,7 @@
 #include <ATen/core/jit_type.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "common/errors.h"
 
@@ -22,6 +23,15 @@ std::vector<c10::Device> devicesOf(const std::vector<at::Tensor>& tensors) {
   return devices;
 }
 
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Completion keys: one counter for the process, so no two Works share one even across
+// groups, and a key is never reused after its Work is gone.
+std::atomic<uint64_t> nextCompletionKey{1};
+
 } // namespace
 
 RingWork::RingWork(int rank, c10d::OpType opType, const char* opName, uint64_t seq, const char* profilingTitle,
@@ -33,12 +43,22 @@ RingWork::RingWork(int rank, c10d::OpType opType, const char* opName, uint64_t s
                                                        devicesOf(outputs_))),
       opName_(opName),
       seq_(seq),
-      timeout_(timeout) {}
+      timeout_(timeout),
+      completionKey_(nextCompletionKey.fetch_add(1, std::memory_order_relaxed)),
+      startNs_(nowNs()) {}
 
-void RingWork::complete(std::exception_ptr error) {
-  // Work's own state first (wait()/is_completed()), then the future, whose callbacks
-  // (DDP comm hooks, user then()) may run inline here.
+void RingWork::markStarted() {
+  startNs_.store(nowNs(), std::memory_order_relaxed);
+}
+
+void RingWork::complete(std::exception_ptr error, const std::function<void()>& onFinished) {
+  endNs_.store(nowNs(), std::memory_order_relaxed);
+  // Work's own state first (wait()/is_completed()), then `onFinished`, then the future,
+  // whose callbacks (DDP comm hooks, user then()) may run inline here.
   finish(error);
+  if (onFinished) {
+    onFinished();
+  }
   if (error) {
     future_->setError(error);
     return;
@@ -73,13 +93,46 @@ int RingWork::sourceRank() const {
   return sourceRank_.load();
 }
 
+float RingWork::getDuration() const {
+  {
+    std::lock_guard<std::mutex> lock(mutex_); // completed_ (Work's)
+    TORCH_CHECK(completed_, describe(OpTag{opName_, seq_, rank_}), ": Work.get_duration(): the op has not completed");
+  }
+  const int64_t ns = endNs_.load(std::memory_order_relaxed) - startNs_.load(std::memory_order_relaxed);
+  return static_cast<float>(ns) / 1e6f; // ns -> ms
+}
+
+uint64_t RingWork::getCompletionKey() const {
+  return completionKey_;
+}
+
 bool RingWork::wait(std::chrono::milliseconds timeout) {
   const auto limit = timeout == ::kNoTimeout ? timeout_ : timeout;
+  auto timedOut = [&](std::chrono::milliseconds waited) {
+    throwBackend(c10::str(describe(OpTag{opName_, seq_, rank_}), ": Work.wait() timed out after ", waited.count(),
+                          " ms; the op has not completed (for a receive: no matching send arrived)"));
+  };
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!cv_.wait_for(lock, limit, [&] { return completed_; })) {
-      throwBackend(c10::str(describe(OpTag{opName_, seq_, rank_}), ": Work.wait() timed out after ", limit.count(),
-                            " ms; the op has not completed (for a receive: no matching send arrived)"));
+    if (timeout == ::kNoTimeout && !c10d::isP2POp(opType_)) {
+      // A collective ends by its own deadline, which the worker counts from the op's
+      // start (ops queue behind each other), and it completes once the failure is
+      // reported (getError(), the abort hooks).  Wait for that, so the caller sees the
+      // op's own error (naming the rank it waited for) after the group has said why,
+      // not a wait that expired a moment before the op's deadline.  kReportGrace only
+      // bounds a worker that never gets there.
+      constexpr auto kReportGrace = std::chrono::seconds(60);
+      while (!completed_) {
+        const auto until = std::chrono::steady_clock::time_point(
+                               std::chrono::nanoseconds(startNs_.load(std::memory_order_relaxed))) +
+            timeout_ + kReportGrace;
+        if (std::chrono::steady_clock::now() >= until) {
+          timedOut(timeout_ + std::chrono::duration_cast<std::chrono::milliseconds>(kReportGrace));
+        }
+        cv_.wait_until(lock, until); // then looks again: the op may have started since
+      }
+    } else if (!cv_.wait_for(lock, limit, [&] { return completed_; })) {
+      timedOut(limit);
     }
   }
   // complete() finishes the Work just before it completes the Future; wait for that

@@ -5,6 +5,8 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -20,7 +22,12 @@ class RingWork : public c10d::Work {
            std::chrono::milliseconds timeout);
 
   // Completes with success (error == nullptr) or with the error; called once.
-  void complete(std::exception_ptr error);
+  // `onFinished` runs once the Work reads completed (is_completed(), its duration) and
+  // before its Future completes, so a wait() that returns has seen it run (the
+  // backend's completion hooks).
+  void complete(std::exception_ptr error, const std::function<void()>& onFinished = nullptr);
+  // The op starts running now (else: it ran from its creation); its duration counts from here.
+  void markStarted();
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
@@ -28,9 +35,17 @@ class RingWork : public c10d::Work {
   // A virtual of c10d::Work since torch 2.14 (common/torch_compat.h).
   std::chrono::milliseconds getTimeout() const RINGPG_OVERRIDE_SINCE_2_14;
   int sourceRank() const override;
+  // Milliseconds from the op's start to its completion (c10d::Work::getDuration, which
+  // torch's flight recorder asks of an op that finished before it could be told so);
+  // a TORCH_CHECK error while the op has not completed.
+  float getDuration() const override;
+  // A virtual of c10d::Work since torch 2.15 (common/torch_compat.h): the key the
+  // backend's completion hooks name this Work by; unique in the process, never reused.
+  uint64_t getCompletionKey() const RINGPG_OVERRIDE_SINCE_2_15;
   // Every wait has a deadline: with no timeout given, the op's own (the group's or the
-  // op's timeout).  Collectives end by their deadline anyway; a receive whose sender
-  // never sends would otherwise wait forever.
+  // op's timeout), counted for a collective from when it starts running, plus time for
+  // its failure to be reported (collectives end by their deadline anyway, and their own
+  // error says more); a receive whose sender never sends would otherwise wait forever.
   bool wait(std::chrono::milliseconds timeout) override;
   void synchronize() override;
 
@@ -50,6 +65,12 @@ class RingWork : public c10d::Work {
   uint64_t seq_;
   std::chrono::milliseconds timeout_;
   std::atomic<int> sourceRank_{-1};
+  const uint64_t completionKey_;
+  // Start and end of the op, as steady_clock nanoseconds: start is written by the thread
+  // that runs the op before it runs, end by complete() before finish(); getDuration()
+  // reads them after seeing completed_ under Work's mutex, which orders the writes.
+  std::atomic<int64_t> startNs_;
+  std::atomic<int64_t> endNs_{0};
   std::function<void()> onSynchronize_;
 };
 

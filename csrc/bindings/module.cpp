@@ -119,6 +119,9 @@ PYBIND11_MODULE(_C, m) {
     d["backend_shrink"] = static_cast<bool>(RINGPG_HAS_BACKEND_SHRINK);
     d["premul_sum_supplement"] = static_cast<bool>(RINGPG_HAS_PREMUL_SUM_SUPPLEMENT);
     d["work_timeout"] = static_cast<bool>(RINGPG_HAS_WORK_TIMEOUT);
+    d["backend_get_error"] = static_cast<bool>(RINGPG_HAS_BACKEND_GET_ERROR);
+    d["backend_abort_hooks"] = static_cast<bool>(RINGPG_HAS_BACKEND_ABORT_HOOKS);
+    d["backend_completion_hooks"] = static_cast<bool>(RINGPG_HAS_BACKEND_COMPLETION_HOOKS);
     return d;
   });
 

@@ -31,6 +31,13 @@
 #define RINGPG_OVERRIDE_SINCE_2_7
 #endif
 
+// torch 2.7: c10d::Backend gains the virtual getError() and the enum c10d::ErrorType
+// (SUCCESS, TIMEOUT, COMM_ERROR, REMOTE_ERROR; Python: Backend.get_error()), which
+// ringpg implements: whether the group has failed, and why (RingBackend::getError).
+// torch's own default throws until 2.13 and answers SUCCESS from 2.14 on.  Before
+// 2.7 a failed group says why only in the error its ops raise.
+#define RINGPG_HAS_BACKEND_GET_ERROR RINGPG_TORCH_AT_LEAST(2, 7)
+
 // torch 2.8: every op's options struct carries asyncOp (2.6 and 2.7 have it on
 // broadcast, allgather, scatter and reduce_scatter only).  ringpg runs a synchronous
 // op on CPU tensors in the caller's thread when the group is idle; without the flag
@@ -71,6 +78,27 @@
 #define RINGPG_OVERRIDE_SINCE_2_14 override
 #else
 #define RINGPG_OVERRIDE_SINCE_2_14
+#endif
+
+// torch 2.14: c10d::Backend gains registerAbortHook(hook_id, AbortHook) and
+// unregisterAbortHook(hook_id) (Hooks.hpp; Python: register_abort_hook), which ringpg
+// implements: its abort hooks run when the group fails (a timeout, a lost or aborting
+// peer, a mismatch) or is aborted.  Before 2.14 there is nothing to register them with.
+#define RINGPG_HAS_BACKEND_ABORT_HOOKS RINGPG_TORCH_AT_LEAST(2, 14)
+
+// torch 2.15: c10d::Backend gains supportsAbortHooks(), the completion hooks
+// (supportsCompletionHooks, registerCompletionHook(hook_id, CompletionHook),
+// unregisterCompletionHook; Hooks.hpp's CompletionHookArgs) and c10d::Work gains
+// getCompletionKey().  distributed_c10d attaches torch's backend-agnostic flight
+// recorder (hooks/FlightRecorderHook.hpp) to every group of a backend that does not
+// record itself; with these it marks ringpg's finished ops "completed" with their
+// duration, and its abort hook dumps the trace when the group fails.  On 2.14 torch
+// records no ringpg op.
+#define RINGPG_HAS_BACKEND_COMPLETION_HOOKS RINGPG_TORCH_AT_LEAST(2, 15)
+#if RINGPG_HAS_BACKEND_COMPLETION_HOOKS
+#define RINGPG_OVERRIDE_SINCE_2_15 override
+#else
+#define RINGPG_OVERRIDE_SINCE_2_15
 #endif
 
 namespace ringpg::compat {

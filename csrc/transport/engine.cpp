@@ -59,11 +59,12 @@ bool wouldBlock(int err) {
 // Reads on from `at` in the stream of socket `fd`, whose connection to peer `peer`
 // just failed, for the frames it still had in flight: returns the reason they give
 // (the Abort's reason, or a mismatch with `op`, the op running here, when not null),
-// "" when they give none.  `network` becomes false for a mismatch.  The bytes read are
-// never delivered: the group fails next.  Bounded in time (a peer that is really gone
-// gives end-of-stream at once) and in bytes; runs without the engine's lock.
+// "" when they give none.  `network` becomes false for a mismatch; `remote` true for an
+// Abort (the group failed on `peer` first).  The bytes read are never delivered: the
+// group fails next.  Bounded in time (a peer that is really gone gives end-of-stream at
+// once) and in bytes; runs without the engine's lock.
 std::string readCauseOfLoss(int fd, FrameReceiver::Position at, int rank, int peer, const FrameHeader* op,
-                            bool& network) {
+                            bool& network, bool& remote) {
   constexpr auto kPatience = std::chrono::milliseconds(200);
   constexpr size_t kMaxDrainBytes = size_t(256) << 20;
   const auto until = std::chrono::steady_clock::now() + kPatience;
@@ -91,6 +92,7 @@ std::string readCauseOfLoss(int fd, FrameReceiver::Position at, int rank, int pe
       }
     }
     if (inAbort && skip == 0) {
+      remote = true;
       return abortedBy(peer, abortWhy);
     }
     char* dst = skip > 0 ? sink.data() : reinterpret_cast<char*>(&h) + hdrGot;
@@ -297,11 +299,11 @@ void Engine::setCurrentCollective(const FrameHeader& op) {
   currentOp_ = op;
 }
 
-void Engine::fail(const std::string& reason, bool network) {
+void Engine::fail(const std::string& reason, bool network, BreakCause cause) {
   Completions done;
   {
     std::lock_guard<std::mutex> lk(mu_); // broken_ and every queue
-    failLocked(reason, done, network);
+    failLocked(reason, done, network, cause);
   }
   wake();
   runCallbacks(done);
@@ -312,10 +314,13 @@ void Engine::setFailureListener(std::function<void()> listener) {
   failureListener_ = std::move(listener);
 }
 
-std::string Engine::brokenReason(bool* network) {
-  std::lock_guard<std::mutex> lk(mu_); // broken_ / brokenNetwork_
+std::string Engine::brokenReason(bool* network, BreakCause* cause) {
+  std::lock_guard<std::mutex> lk(mu_); // broken_ / brokenNetwork_ / brokenCause_
   if (network) {
     *network = brokenNetwork_;
+  }
+  if (cause) {
+    *cause = brokenCause_;
   }
   return broken_;
 }
@@ -460,10 +465,11 @@ void Engine::failRequest(const RequestPtr& req, const std::string& why, Completi
   done.push_back(req);
 }
 
-void Engine::failLocked(const std::string& reason, Completions& done, bool network) {
+void Engine::failLocked(const std::string& reason, Completions& done, bool network, BreakCause cause) {
   if (broken_.empty()) {
     broken_ = reason;
     brokenNetwork_ = network;
+    brokenCause_ = cause;
     brokenFlag_.store(true, std::memory_order_release);
     if (!stop_) {
       broadcastAbortLocked(); // not while being destroyed: peers got a goodbye already
@@ -558,14 +564,17 @@ void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<
   const bool haveOp = haveCurrent_;
   const FrameHeader op = currentOp_;
   bool network = true;
+  bool remote = false;
   P.rxBusy = true; // the socket is ours while the lock is down
   lk.unlock();
-  const std::string reason = readCauseOfLoss(P.rxFd.get(), std::move(at), rank_, p, haveOp ? &op : nullptr, network);
+  const std::string reason =
+      readCauseOfLoss(P.rxFd.get(), std::move(at), rank_, p, haveOp ? &op : nullptr, network, remote);
   lk.lock();
   P.rxBusy = false;
   // Whatever was consumed left the receive state behind: nothing reads this socket
   // again, because the group fails now (first reason wins if another thread was first).
-  failLocked(reason.empty() ? peerLostReason(p, how.c_str()) : reason, done, network);
+  failLocked(reason.empty() ? peerLostReason(p, how.c_str()) : reason, done, network,
+             remote ? BreakCause::Remote : BreakCause::Local);
 }
 
 // ---------------------------------------------------------------------------------
@@ -816,7 +825,8 @@ void Engine::finishPayload(int p, Completions& done) {
       drainStash(p, done);
       break;
     case FrameKind::Abort:
-      failLocked(abortedBy(p, std::string(s.data.begin(), s.data.end())), done, /*network=*/true);
+      failLocked(abortedBy(p, std::string(s.data.begin(), s.data.end())), done, /*network=*/true,
+                 BreakCause::Remote);
       break;
     default:
       TORCH_INTERNAL_ASSERT(false, "stashed a ", describeFrame(s.hdr)); // routeHeader stashes no other kind

@@ -43,6 +43,15 @@
 
 namespace ringpg {
 
+// Why an engine broke, as far as c10d's ErrorType tells causes apart (RingBackend::getError).
+// The first cause wins, like the first reason.
+enum class BreakCause : uint8_t {
+  Local,   // this rank found it: a lost or corrupt connection, a mismatch, an op that threw
+  Timeout, // an op of this rank passed its deadline
+  Remote,  // another rank's group failed first and said why (its Abort frame)
+  Aborted, // abort() on this rank
+};
+
 class Engine {
  public:
   // tx[q] / rx[q]: connected sockets to / from peer q (invalid for q == rank).
@@ -71,14 +80,16 @@ class Engine {
   void setCurrentCollective(const FrameHeader& op);
 
   // Marks the engine broken with `reason` (first reason wins) and fails everything.
-  // `network`: a peer or connection failure, as opposed to a mismatch or a timeout.
-  void fail(const std::string& reason, bool network = false);
+  // `network`: a peer or connection failure, as opposed to a mismatch or a timeout;
+  // `cause`: what getError() reports (BreakCause).
+  void fail(const std::string& reason, bool network = false, BreakCause cause = BreakCause::Local);
   // `listener` runs once, on the thread that breaks the engine and outside its lock,
   // when the engine breaks (another link's waits learn of the failure through it).
   // Set before the group carries traffic.
   void setFailureListener(std::function<void()> listener);
-  // Empty while healthy; `network` tells whether the cause was a peer/connection failure.
-  std::string brokenReason(bool* network = nullptr);
+  // Empty while healthy; `network` tells whether the cause was a peer/connection failure,
+  // `cause` which BreakCause it was (meaningless while healthy).
+  std::string brokenReason(bool* network = nullptr, BreakCause* cause = nullptr);
   // The same question without the lock, for polling loops.
   bool isBroken() const {
     return brokenFlag_.load(std::memory_order_acquire);
@@ -153,7 +164,8 @@ class Engine {
   void complete(const RequestPtr& req, Completions& done);
   // The failure path: marks the engine broken (first reason wins), tells every peer,
   // and fails every queued request.
-  void failLocked(const std::string& reason, Completions& done, bool network = true);
+  void failLocked(const std::string& reason, Completions& done, bool network = true,
+                  BreakCause cause = BreakCause::Local);
   void failRequest(const RequestPtr& req, const std::string& why, Completions& done, bool network = true);
   void runCallbacks(Completions& done);
   std::string peerLostReason(int p, const char* how);
@@ -179,6 +191,7 @@ class Engine {
   std::string broken_;
   std::atomic<bool> brokenFlag_{false}; // broken_ is non-empty (set once, under mu_)
   bool brokenNetwork_ = true;
+  BreakCause brokenCause_ = BreakCause::Local; // set with broken_
   bool haveCurrent_ = false;
   FrameHeader currentOp_; // valid when haveCurrent_; key = its sequence number
   bool stop_ = false;

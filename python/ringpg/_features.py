@@ -39,6 +39,12 @@ FEATURES: Dict[str, Feature] = {
         "destroy_process_group() lets the group stop when it is freed, and _abort_process_group() "
         "only warns (it aborts NCCL groups alone)",
     ),
+    "get_error": Feature(
+        (2, 7), "backend_get_error",
+        "the group's Backend.get_error() says whether it has failed and why (TIMEOUT, COMM_ERROR, "
+        "REMOTE_ERROR; SUCCESS while healthy)",
+        "torch's Backend has no get_error(); a failed group says why in the errors its ops raise",
+    ),
     "inline_sync_ops": Feature(
         (2, 8), "async_op_in_all_options",
         "a synchronous op on CPU tensors runs in the caller's thread while the group is idle",
@@ -68,6 +74,19 @@ FEATURES: Dict[str, Feature] = {
         "Work.timeout() reports the op's timeout",
         "torch's Work has no timeout(); ringpg's waits still end at the op's deadline",
     ),
+    "abort_hooks": Feature(
+        (2, 14), "backend_abort_hooks",
+        "group.register_abort_hook(id, fn): fn runs when the group fails (a timeout, a lost or aborting "
+        "peer, a mismatch) or is aborted, before the failed op's error reaches its caller",
+        "torch has no abort hooks to register",
+    ),
+    "flight_recorder": Feature(
+        (2, 15), "backend_completion_hooks",
+        "torch's flight recorder, which torch attaches to every ringpg group, marks finished ops "
+        "\"completed\" with their duration (completion hooks) and dumps its trace when the group fails "
+        "(TORCH_FR_DUMP_TEMP_FILE<rank>; read it with python -m torch.distributed.flight_recorder.fr_trace)",
+        "torch records no ringpg op (2.14 has the recorder but attaches it to torchcomms only)",
+    ),
 }
 
 # Methods of torch's c10d Backend (the Python class RingBackend extends) that a newer
@@ -84,10 +103,11 @@ BACKEND_METHODS: Dict[str, Tuple[Tuple[int, int], str]] = {
     "get_reconfigure_handle": ((2, 14), _NOT_IMPLEMENTED),
     "supports_window": ((2, 14), "ringpg answers False"),
     "new_window": ((2, 14), _NOT_IMPLEMENTED),
-    "register_abort_hook": ((2, 14), _NOT_IMPLEMENTED),
-    "unregister_abort_hook": ((2, 14), _NOT_IMPLEMENTED),
-    "supports_abort_hooks": ((2, 15), "ringpg answers False"),
-    "supports_completion_hooks": ((2, 15), "ringpg answers False"),
+    "get_error": ((2, 7), "ringpg says whether the group has failed and why"),
+    "register_abort_hook": ((2, 14), "ringpg runs the hooks when the group fails or is aborted"),
+    "unregister_abort_hook": ((2, 14), "ringpg removes the hook"),
+    "supports_abort_hooks": ((2, 15), "ringpg answers True"),
+    "supports_completion_hooks": ((2, 15), "ringpg answers True (torch binds no Python registration)"),
 }
 
 
