@@ -331,7 +331,8 @@ def test_world_size_8(transport: str, tmp_path: Any) -> None:
     """Eight ranks on a machine with fewer cores: every wait must yield, nothing may hang.
 
     The traces must show the big all_reduce on the ring (hierarchical on the emulated
-    hosts of "mixed": two hosts of four ranks) and the small one not.
+    hosts of "mixed": two hosts of four ranks) and the small one not, and reduce-scatter
+    and all-gather on the ring (likewise hierarchical on "mixed").
     """
     env = (*TRANSPORT_ENVS[transport], ("RINGPG_ONESHOT_BYTES", str(WS8_ONESHOT_BYTES)))
     if backend_under_test() == "ringpg":
@@ -341,4 +342,8 @@ def test_world_size_8(transport: str, tmp_path: Any) -> None:
         algorithms = traced_algorithms(str(tmp_path), "all_reduce")
         big = "hier" if transport == "mixed" else "ring"
         assert algorithms.get(WS8_RING_NUMEL * 4) == {big}, algorithms
+        # Reduce-scatter and all-gather, too, run hierarchically across the emulated hosts.
+        for op in ("reduce_scatter_tensor", "all_gather_into_tensor"):
+            seen = set().union(*traced_algorithms(str(tmp_path), op).values())
+            assert seen == {big}, (op, seen)
         assert "ring" not in algorithms.get(1000 * 4, {"ring"}), algorithms

@@ -34,6 +34,8 @@ from harness import (
     CheckReport,
     Groups,
     InitSpec,
+    EMULATED_HOSTS_ENV,
+    EMULATED_LAYOUTS,
     TRANSPORT_ENVS,
     WorkerPool,
     assert_reports_ok,
@@ -48,6 +50,7 @@ from harness import (
     ref_reduce_scatter,
     sentinel_like,
     skip_case,
+    emulated_host,
     transport_expected,
     wait_spin_of,
 )
@@ -65,6 +68,9 @@ CONFIGS = [
     # The same emulated hosts with the flat ring forced (at ws 4 auto runs the
     # hierarchical allreduce: host rings, then rings across hosts).
     ("mixed-flat", (*TRANSPORT_ENVS["mixed"], ("RINGPG_ALGO", "ring")), "mixed"),
+    # Two ranks per emulated host, numbered as torchrun does (0, 1 on one host): the
+    # hierarchical reduce-scatter and all-gather lay chunks out in another order.
+    ("mixed-block", ((EMULATED_HOSTS_ENV, EMULATED_LAYOUTS["mixed-block"]),), "mixed-block"),
     # ...and reduce-scatter's partial sums in a buffer of their own per op past 4 KiB
     # (the kept workspace is what every other configuration runs).
     ("shm-64k-slots", (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)), ("RINGPG_WORK_CACHE_BYTES", "4096")), "shm"),
@@ -87,8 +93,9 @@ def expected_spin_us(env: tuple[tuple[str, str], ...], transport: str, ws: int, 
     if transport in ("tcp", "gloo"):
         return 0
     local = ws
-    if transport == "shm+tcp":  # "mixed": rank r on emulated host r % 2
-        local = len([q for q in range(ws) if q % 2 == rank % 2])
+    layout = dict(env).get(EMULATED_HOSTS_ENV)
+    if layout:  # emulated hosts: the ranks of this rank's
+        local = len([q for q in range(ws) if emulated_host(layout, q) == emulated_host(layout, rank)])
         if local == 1:
             return 0  # no shared-memory link on this rank
     import ringpg._C  # affinity mask lowered by a CFS quota (tests/test_host.py)
@@ -183,7 +190,8 @@ def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world
     host's), and the group leaves no names in /dev/shm."""
     results = tpool.run(transport_worker)
     if backend_under_test() == "ringpg":
-        transport = transport_expected(config[2], world_size) if config[2] == "mixed" else config[2]
+        layout = dict(config[1]).get(EMULATED_HOSTS_ENV)
+        transport = transport_expected(config[2], world_size) if layout else config[2]
         assert [r["transport"] for r in results] == [transport] * len(results)
         spin = [expected_spin_us(config[1], transport, world_size, r) for r in range(world_size)]
         assert [r["spin"] for r in results] == spin
@@ -192,13 +200,16 @@ def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world
         chosen = dict(config[1]).get("RINGPG_TCP_CONGESTION", os.environ.get("RINGPG_TCP_CONGESTION", ""))
         cc = results[0]["host_cc"] if chosen in ("", "default") else chosen  # as config.cpp reads it
         assert [r["cc"] for r in results] == [cc] * len(results)
-        # Emulated hosts (rank r on host r % 2): the ring runs host by host, and a large
-        # allreduce is hierarchical where both hosts hold two ranks, unless forced flat.
-        if config[2] == "mixed":
-            ring = [r for r in range(world_size) if r % 2 == 0] + [r for r in range(world_size) if r % 2 == 1]
-            per_host = world_size // 2 if world_size % 2 == 0 else 0
-            assert [r["hosts"] for r in results] == [(2, per_host, ring)] * world_size
-            hier = world_size == 4 and dict(config[1]).get("RINGPG_ALGO") != "ring"
+        # Emulated hosts: the ring runs host by host, and the large collectives are
+        # hierarchical where several hosts hold two ranks each, unless forced flat.
+        if layout:
+            host = [emulated_host(layout, r) for r in range(world_size)]
+            seen = list(dict.fromkeys(host))
+            ring = sorted(range(world_size), key=lambda r: (seen.index(host[r]), r))
+            counts = {h: host.count(h) for h in seen}
+            per_host = counts[seen[0]] if len(set(counts.values())) == 1 else 0
+            assert [r["hosts"] for r in results] == [(len(seen), per_host, ring)] * world_size
+            hier = len(seen) > 1 and per_host > 1 and dict(config[1]).get("RINGPG_ALGO") != "ring"
             assert [r["allreduce"] for r in results] == ["hier" if hier else "ring"] * world_size
         else:
             assert [r["allreduce"] for r in results] == ["ring"] * world_size

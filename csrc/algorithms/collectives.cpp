@@ -101,6 +101,14 @@ void hostReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& 
   // page faults on every op, so the worker keeps one (RINGPG_WORK_CACHE_BYTES; the
   // measurement is in benchmarks/RESULTS.md, 2026-11-24).  Every element is written
   // before it is read, so what an earlier op left there is moot.
+  if (c.size() > 1 && input.numel() > 0 && hierarchicalApplies(c)) {
+    // Across hosts: the chunks in hierSlot order in the kept area (hierarchical.h).
+    char* kept = c.workspace(nbytes(input));
+    at::Tensor layout = kept ? at::from_blob(kept, input.sizes(), input.options()) : at::empty_like(input);
+    hierReduceScatter(c, bytes(input), bytes(output), input.numel(), input.element_size(), red.op, job.finalize,
+                      bytes(layout));
+    return;
+  }
   at::Tensor work = input;
   if (c.size() > 1) {
     char* kept = c.workspace(nbytes(input));
@@ -122,6 +130,23 @@ void hostAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& outp
   const bool overlaps = chunkBytes > 0 && in < out + nbytes(output) && out < in + chunkBytes;
   if (overlaps && bytes(input) != ownSlot) {
     std::memmove(ownSlot, bytes(input), chunkBytes);
+  }
+  if (c.size() > 1 && output.numel() > 0 && hierarchicalApplies(c)) {
+    // Across hosts (hierarchical.h): in place when the hierSlot layout is rank order (a
+    // cyclic placement), else through the kept area and one copy into rank order.
+    const Topology& t = c.topology();
+    bool rankOrder = true;
+    for (int r = 0; r < c.size(); ++r) {
+      rankOrder = rankOrder && t.hierSlot(r) == r;
+    }
+    at::Tensor layout = output;
+    if (!rankOrder) {
+      char* kept = c.workspace(nbytes(output));
+      layout = kept ? at::from_blob(kept, output.sizes(), output.options()) : at::empty_like(output);
+    }
+    hierAllGather(c, overlaps ? ownSlot : bytes(input), bytes(output), output.numel(), output.element_size(),
+                  bytes(layout));
+    return;
   }
   RingJob job;
   job.count = output.numel();

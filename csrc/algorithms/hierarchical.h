@@ -25,6 +25,22 @@ inline bool hierarchicalApplies(const OpContext& c) {
   return hierarchicalApplies(c.topology(), c.config().algo);
 }
 
+// Reduce-scatter of `count` = N * n elements at `input` (rank r's chunk at r * n) into
+// `output` (this rank's n elements): the input's chunks are laid out by hierSlot in
+// `layout` (N * n elements' worth of bytes, the collective's scratch), so that each
+// cross-host ring's chunks are contiguous; then a reduce-scatter over each host's ranks
+// (local rank j ends with chunks of slots [j*H, (j+1)*H) summed over its host), then
+// ring j's reduce-scatter across hosts leaves each rank its own chunk.  `finalize` as
+// for the allreduce.  Each host's link carries (H-1)/H of the data, not (N-1)/N.
+void hierReduceScatter(OpContext& c, const char* input, char* output, int64_t count, size_t elemSize, RedOp op,
+                       const std::function<void(char*, int64_t)>& finalize, char* layout);
+
+// All-gather of this rank's n elements at `input` into `output` (N * n, rank order):
+// ring j's all-gather across hosts, then each host's, in the hierSlot layout at `layout`,
+// then into rank order.  `layout` may be `output` when hierSlot is the identity (then
+// `input` may be output's own chunk, or not overlap it).
+void hierAllGather(OpContext& c, const char* input, char* output, int64_t count, size_t elemSize, char* layout);
+
 // Allreduce of `count` elements of `elemSize` bytes at `data`, in place; `finalize`
 // (AVG's division, may be empty) runs once on each finished element.
 void hierAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op,

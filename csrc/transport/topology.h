@@ -48,6 +48,14 @@ struct Topology {
   std::vector<int> localRanks(int j) const;
   // Which of its host's ranks `rank` is (0-based, ascending).
   int localIndex(int rank) const;
+  // Where rank r's chunk sits in the hierarchical reduce-scatter's and all-gather's
+  // layout (algorithms/hierarchical.h): local-rank-major, localIndex(r) * hosts +
+  // hostOf[r], so the chunks of one cross-host ring (one local index) are contiguous,
+  // in host order.  Requires ranksPerHost() > 0.  The identity for a cyclic placement
+  // (rank r on host r % H).
+  int hierSlot(int rank) const {
+    return localIndex(rank) * hosts + hostOf[rank];
+  }
   // K when every host holds K ranks, else 0.
   int ranksPerHost() const;
   // Whether some host holds two ranks or more (a same-host link exists).

@@ -32,15 +32,26 @@ TRANSPORT_ENVS: dict[str, tuple[tuple[str, str], ...]] = {
     "gloo": (("RINGPG_TRANSPORT", "gloo"),),
     "mixed": ((EMULATED_HOSTS_ENV, "2"),),
 }
+# Further emulated-host layouts, for the batteries that run them on top of TRANSPORT_ENVS.
+EMULATED_LAYOUTS: dict[str, str] = {"mixed-block": "block2"}
+
+
+def emulated_host(layout: str, rank: int) -> int:
+    """The emulated host of ``rank`` under ``EMULATED_HOSTS_ENV=layout``: ``"H"`` places
+    rank r on host r % H (cyclic), ``"blockK"`` on host r // K (K consecutive ranks per
+    host, as torchrun numbers them)."""
+    if layout.startswith("block"):
+        return rank // int(layout[len("block"):])
+    return rank % int(layout)
 
 
 def apply_env(env: Mapping[str, str], rank: int) -> None:
     """Sets a worker's environment (before torch.distributed starts): ``env``, and under
-    ``EMULATED_HOSTS_ENV=H`` the host identity ``RINGPG_HOSTID`` of host ``rank % H``."""
+    ``EMULATED_HOSTS_ENV`` the host identity ``RINGPG_HOSTID`` of the rank's emulated host."""
     os.environ.update(env)
-    hosts = env.get(EMULATED_HOSTS_ENV)
-    if hosts:
-        os.environ["RINGPG_HOSTID"] = f"emulated-host-{rank % int(hosts)}"
+    layout = env.get(EMULATED_HOSTS_ENV)
+    if layout:
+        os.environ["RINGPG_HOSTID"] = f"emulated-host-{emulated_host(layout, rank)}"
 
 
 def tiny_private_dev_shm() -> None:
@@ -67,8 +78,9 @@ def transport_expected(name: str, ranks: Union[int, Sequence[int]]) -> str:
     """What ``ringpg.backend(g).transport`` reads for TRANSPORT_ENVS[name] on a group of
     ``ranks`` (the world ranks, or a world size)."""
     members = range(ranks) if isinstance(ranks, int) else ranks
-    if name == "mixed":  # rank r on emulated host r % 2
-        hosts = [r % 2 for r in members]
+    layout = dict(TRANSPORT_ENVS.get(name, ())).get(EMULATED_HOSTS_ENV) or EMULATED_LAYOUTS.get(name)
+    if layout:
+        hosts = [emulated_host(layout, r) for r in members]
         if len(set(hosts)) == 1:
             return "shm" if len(hosts) > 1 else "tcp"
         return "shm+tcp" if len(hosts) > len(set(hosts)) else "tcp"
