@@ -34,6 +34,13 @@ std::vector<at::Tensor> flatHost(const std::vector<at::Tensor>& ts) {
   return flat;
 }
 
+// A tensor like `t` in the worker's kept area (OpContext::workspace), or a fresh one
+// where `t` is larger than the area may grow (RINGPG_WORK_CACHE_BYTES).
+at::Tensor keptLike(OpContext& c, const at::Tensor& t) {
+  char* kept = c.workspace(nbytes(t));
+  return kept ? at::from_blob(kept, t.sizes(), t.options()) : at::empty_like(t);
+}
+
 // ---- Reductions --------------------------------------------------------------------
 
 // AVG's division, applied to each finished segment of the own chunk.
@@ -96,24 +103,18 @@ void hostReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& 
   job.reduceScatter = true;
   job.op = red.op;
   job.finalize = finalizer(red, input.scalar_type(), c.size());
+  if (c.size() > 1 && input.numel() > 0 && hierarchicalApplies(c)) {
+    // Across hosts: the chunks in hierSlot order in the kept area (hierarchical.h).
+    hierReduceScatter(c, bytes(input), bytes(output), input.numel(), input.element_size(), red.op, job.finalize,
+                      bytes(keptLike(c, input)));
+    return;
+  }
   // Partial sums of the other chunks need a buffer of the input's layout; the input
   // itself stays untouched, as users (and gloo) expect.  A fresh buffer per op pays its
   // page faults on every op, so the worker keeps one (RINGPG_WORK_CACHE_BYTES; the
   // measurement is in benchmarks/RESULTS.md, 2026-11-24).  Every element is written
   // before it is read, so what an earlier op left there is moot.
-  if (c.size() > 1 && input.numel() > 0 && hierarchicalApplies(c)) {
-    // Across hosts: the chunks in hierSlot order in the kept area (hierarchical.h).
-    char* kept = c.workspace(nbytes(input));
-    at::Tensor layout = kept ? at::from_blob(kept, input.sizes(), input.options()) : at::empty_like(input);
-    hierReduceScatter(c, bytes(input), bytes(output), input.numel(), input.element_size(), red.op, job.finalize,
-                      bytes(layout));
-    return;
-  }
-  at::Tensor work = input;
-  if (c.size() > 1) {
-    char* kept = c.workspace(nbytes(input));
-    work = kept ? at::from_blob(kept, input.sizes(), input.options()) : at::empty_like(input);
-  }
+  const at::Tensor work = c.size() > 1 ? keptLike(c, input) : input;
   ringCollective(c, job, RingBuffers{bytes(input), bytes(work), bytes(output)});
 }
 
@@ -134,16 +135,7 @@ void hostAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& outp
   if (c.size() > 1 && output.numel() > 0 && hierarchicalApplies(c)) {
     // Across hosts (hierarchical.h): in place when the hierSlot layout is rank order (a
     // cyclic placement), else through the kept area and one copy into rank order.
-    const Topology& t = c.topology();
-    bool rankOrder = true;
-    for (int r = 0; r < c.size(); ++r) {
-      rankOrder = rankOrder && t.hierSlot(r) == r;
-    }
-    at::Tensor layout = output;
-    if (!rankOrder) {
-      char* kept = c.workspace(nbytes(output));
-      layout = kept ? at::from_blob(kept, output.sizes(), output.options()) : at::empty_like(output);
-    }
+    const at::Tensor layout = c.topology().hierSlotIsRank ? output : keptLike(c, output);
     hierAllGather(c, overlaps ? ownSlot : bytes(input), bytes(output), output.numel(), output.element_size(),
                   bytes(layout));
     return;

@@ -233,9 +233,9 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
     }
     return Region::open(peerName, peerNonce, slotBytes, why);
   };
-  // A rank with no same-host neighbour has nothing to set up (wanted or not, it
-  // agrees: its links are TCP either way); one that has them must map them all.
-  bool ok = wanted || !(leftShared || rightShared);
+  // RINGPG_TRANSPORT=tcp on this rank keeps the whole group on TCP; a rank with no
+  // same-host neighbour has nothing to set up; one that has them must map them all.
+  bool ok = wanted;
   if (ok && (leftShared || rightShared)) {
     ok = self->own_ != nullptr;
   }
@@ -246,9 +246,6 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
   if (ok && rightShared && right != left) {
     self->fromRight_ = mapPeer(right);
     ok = self->fromRight_ != nullptr;
-  }
-  if (!wanted) {
-    ok = false; // RINGPG_TRANSPORT=tcp on this rank keeps the whole group on TCP
   }
 
   // Agreement: count the ranks that succeeded; the last to arrive publishes "done".

@@ -31,8 +31,22 @@ Topology Topology::fromHosts(const std::vector<std::string>& hostIds) {
   // Stable: within a host the ranks keep their order.
   std::stable_sort(t.ring.begin(), t.ring.end(), [&](int a, int b) { return t.hostOf[a] < t.hostOf[b]; });
   t.position.resize(n);
+  t.hostRanks.resize(t.hosts);
+  t.local.resize(n);
   for (const auto pos : c10::irange(n)) {
-    t.position[t.ring[pos]] = pos;
+    const int r = t.ring[pos];
+    t.position[r] = pos;
+    auto& mine = t.hostRanks[t.hostOf[r]];
+    t.local[r] = static_cast<int>(mine.size());
+    mine.push_back(r);
+  }
+  const int k = static_cast<int>(t.hostRanks[0].size());
+  const bool equal = std::all_of(t.hostRanks.begin(), t.hostRanks.end(),
+                                 [k](const std::vector<int>& h) { return static_cast<int>(h.size()) == k; });
+  t.perHost = equal ? k : 0;
+  t.hierSlotIsRank = true;
+  for (const auto r : c10::irange(n)) {
+    t.hierSlotIsRank = t.hierSlotIsRank && t.hierSlot(r) == r;
   }
   return t;
 }
@@ -41,44 +55,14 @@ Topology Topology::singleHost(int size) {
   return fromHosts(std::vector<std::string>(size, ""));
 }
 
-int Topology::ranksOn(int h) const {
-  return static_cast<int>(std::count(hostOf.begin(), hostOf.end(), h));
-}
-
-std::vector<int> Topology::ranksOfHost(int h) const {
-  std::vector<int> out;
-  for (const int r : ring) {
-    if (hostOf[r] == h) {
-      out.push_back(r);
-    }
-  }
-  return out;
-}
-
 std::vector<int> Topology::localRanks(int j) const {
   std::vector<int> out;
-  for (const auto h : c10::irange(hosts)) {
-    const auto mine = ranksOfHost(h);
+  for (const auto& mine : hostRanks) {
     if (j < static_cast<int>(mine.size())) {
       out.push_back(mine[j]);
     }
   }
   return out;
-}
-
-int Topology::localIndex(int rank) const {
-  const auto mine = ranksOfHost(hostOf[rank]);
-  return static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
-}
-
-int Topology::ranksPerHost() const {
-  const int k = ranksOn(0);
-  for (const auto h : c10::irange(1, hosts)) {
-    if (ranksOn(h) != k) {
-      return 0;
-    }
-  }
-  return k;
 }
 
 bool Topology::anyHostShared() const {

@@ -20,6 +20,11 @@ struct Topology {
   std::vector<int> ring;     // ring[pos]: the rank at ring position pos
   std::vector<int> position; // position[rank]: where the rank sits on the ring (ring's inverse)
   int hosts = 1;
+  // Derived once in fromHosts (the collectives read them on every op):
+  std::vector<std::vector<int>> hostRanks; // hostRanks[h]: host h's ranks, ascending (ring order)
+  std::vector<int> local;                  // local[rank]: which of its host's ranks it is
+  int perHost = 0;                         // K when every host holds K ranks, else 0
+  bool hierSlotIsRank = false;             // hierSlot(r) == r for every rank (see hierSlot)
 
   // The topology of ranks whose host identities are `hostIds` (index = rank).
   static Topology fromHosts(const std::vector<std::string>& hostIds);
@@ -40,14 +45,20 @@ struct Topology {
     return ring[(position[rank] + 1) % size()];
   }
   // Ranks on host h.
-  int ranksOn(int h) const;
+  int ranksOn(int h) const {
+    return static_cast<int>(hostRanks[h].size());
+  }
   // The ranks of host h, in ring order (ascending).
-  std::vector<int> ranksOfHost(int h) const;
+  const std::vector<int>& ranksOfHost(int h) const {
+    return hostRanks[h];
+  }
   // The j-th rank of every host that has one, hosts in order: the ring of local rank j
   // across hosts (the hierarchical collectives' inter-host rings).
   std::vector<int> localRanks(int j) const;
   // Which of its host's ranks `rank` is (0-based, ascending).
-  int localIndex(int rank) const;
+  int localIndex(int rank) const {
+    return local[rank];
+  }
   // Where rank r's chunk sits in the hierarchical reduce-scatter's and all-gather's
   // layout (algorithms/hierarchical.h): local-rank-major, localIndex(r) * hosts +
   // hostOf[r], so the chunks of one cross-host ring (one local index) are contiguous,
@@ -57,7 +68,9 @@ struct Topology {
     return localIndex(rank) * hosts + hostOf[rank];
   }
   // K when every host holds K ranks, else 0.
-  int ranksPerHost() const;
+  int ranksPerHost() const {
+    return perHost;
+  }
   // Whether some host holds two ranks or more (a same-host link exists).
   bool anyHostShared() const;
 };
