@@ -133,9 +133,10 @@ void hostAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& outp
     std::memmove(ownSlot, bytes(input), chunkBytes);
   }
   if (c.size() > 1 && output.numel() > 0 && hierarchicalApplies(c)) {
-    // Across hosts (hierarchical.h): in place when the hierSlot layout is rank order (a
-    // cyclic placement), else through the kept area and one copy into rank order.
-    const at::Tensor layout = c.topology().hierSlotIsRank ? output : keptLike(c, output);
+    // Across hosts (hierarchical.h): in place when its layout is rank order (a cyclic
+    // placement, one piece), else through the kept area and copies into rank order.
+    const bool inPlace = hierAllGatherInPlace(c, nbytes(output), input.numel());
+    const at::Tensor layout = inPlace ? output : keptLike(c, output);
     hierAllGather(c, overlaps ? ownSlot : bytes(input), bytes(output), output.numel(), output.element_size(),
                   bytes(layout));
     return;

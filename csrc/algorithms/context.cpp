@@ -84,6 +84,18 @@ void OpContext::waitAll(std::vector<RequestPtr>& reqs) {
   reqs.clear();
 }
 
+OpContext OpContext::onThread(const LinkTable& links, std::vector<char>& scratch, std::vector<char>& workspace,
+                              OpTrace* trace) const {
+  OpContext other(links, cfg_, tag_, size_, sig_, deadline_, scratch, workspace);
+  other.timeout_ = timeout_; // the op's, not what is left of it
+  other.trace_ = trace;
+  return other;
+}
+
+void OpContext::failGroup(const std::string& why) const {
+  engine_.fail(c10::str(describe(tag_), ": ", why), /*network=*/false);
+}
+
 char* OpContext::scratch(size_t bytes) {
   if (scratch_.size() < bytes) {
     scratch_.resize(bytes);

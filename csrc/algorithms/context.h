@@ -102,6 +102,18 @@ class OpContext {
   // The header every frame of this op carries (the payload length aside).
   FrameHeader header() const;
 
+  // The same op on a second thread (the hierarchical pipeline, hierarchical.cpp): its
+  // tag, deadline and failure state, over `links` (which must route no peer to a link
+  // that only waiters move: shared memory stays this thread's), with scratch areas and
+  // a trace buffer (null: untraced) of its own.  The references must outlive it.
+  OpContext onThread(const LinkTable& links, std::vector<char>& scratch, std::vector<char>& workspace,
+                     OpTrace* trace) const;
+  const LinkTable& links() const { return links_; }
+  Deadline deadline() const { return deadline_; }
+  // Breaks the group with `why` (naming this op), as the backend does when an op
+  // throws: every wait of every rank ends with it.
+  void failGroup(const std::string& why) const;
+
   // This op's trace buffer (RINGPG_TRACE), or null when tracing is off: recording
   // sites test it (common/trace.h).
   OpTrace* trace() const { return trace_; }

@@ -8,6 +8,12 @@
 // 2(N-1)/N (N = H*K), so bus bandwidth can exceed the link rate (NCCL and MPI do the
 // same for the same reason).  Every element is reduced in one fixed order (host ring,
 // then the ring across hosts) and then copied, so all ranks end bit-identical.
+//
+// A large buffer moves in pieces (Config::hierPieceBytes, RINGPG_HIER_PIECE_BYTES):
+// while one piece crosses the network on the rings across hosts -- run by a second
+// thread of the op on the TCP engine -- the op's thread runs the host rings of the
+// pieces before and after it over shared memory, so the host work hides under the
+// network's, the slowest part, except for the first and the last piece's.
 #pragma once
 
 #include <functional>
@@ -37,8 +43,10 @@ void hierReduceScatter(OpContext& c, const char* input, char* output, int64_t co
 
 // All-gather of this rank's n elements at `input` into `output` (N * n, rank order):
 // ring j's all-gather across hosts, then each host's, in the hierSlot layout at `layout`,
-// then into rank order.  `layout` may be `output` when hierSlot is the identity (then
-// `input` may be output's own chunk, or not overlap it).
+// then into rank order.  `layout` may be `output` where hierAllGatherInPlace says so
+// (then `input` may be output's own chunk, or not overlap it); else it is N * n
+// elements' worth of scratch and `input` must not overlap it.
+bool hierAllGatherInPlace(const OpContext& c, size_t bytes, int64_t perRank);
 void hierAllGather(OpContext& c, const char* input, char* output, int64_t count, size_t elemSize, char* layout);
 
 // Allreduce of `count` elements of `elemSize` bytes at `data`, in place; `finalize`

@@ -29,6 +29,10 @@ struct Config {
   // Reduce-scatter's full-size buffer of partial sums is kept between ops while it
   // needs at most this many bytes (RINGPG_WORK_CACHE_BYTES; 0: allocated per op).
   size_t workCacheBytes = 256 * 1024 * 1024;
+  // A hierarchical collective of a larger buffer moves in pieces of about this many
+  // bytes, the host rings of one piece running while another crosses the network
+  // (RINGPG_HIER_PIECE_BYTES; 0: one piece, no overlap; algorithms/hierarchical.h).
+  size_t hierPieceBytes = 8 * 1024 * 1024;
   // Microseconds a waiting thread spins (yielding) before it sleeps (RINGPG_SPIN_US);
   // kSpinAuto: shared-memory groups spin kAutoShmSpinMicros when every rank can have
   // a core, TCP waits do not spin (see shmSpinMicros()).

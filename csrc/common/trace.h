@@ -93,6 +93,11 @@ class OpTrace {
                                  bytes, posted});
   }
 
+  // Appends the events `other` recorded: a second thread's of the same op (the
+  // hierarchical pipeline's), once that thread has ended.
+  void absorb(const OpTrace& other) {
+    events_.insert(events_.end(), other.events_.begin(), other.events_.end());
+  }
   const char* algorithm = nullptr; // "ring", "one_shot", ...; null: not said
   TraceRingPlan ring;
 
