@@ -9,7 +9,8 @@ share:
 * ``cases``: the ops, dtypes and cases measured, and the nccl-tests bandwidth factors;
 * ``data``: deterministic integer inputs and the exact expected result on every rank;
 * ``timing``: backends alternating on the same buffers, and the figures they make;
-* ``backends``: whether a backend is usable, and what a live group says about itself;
+* ``backends``: what a ``--backends`` entry names (``ringpg@tcp/hier``), whether it is
+  usable, and what a live group says about itself;
 * ``machine``: the facts every run prints first, and threads per rank;
 * ``launch``: free ports, ranks that die with their launcher, torchrun's environment;
 * ``tcp_probe``: the raw-TCP ceiling printed beside the table;

@@ -2,12 +2,15 @@
 
 Plugins (ringpg) register through their ``torch.backends`` entry point when torch is
 imported; :func:`ensure_registered` imports the package of that name where that did
-not happen.  The helpers on live groups (:func:`transport_of`, :func:`global_rank`)
-serve the tests as well as the benchmarks.
+not happen.  A ``--backends`` entry names a backend and, for ringpg, optionally its
+transport and algorithm (:class:`Spec`).  The helpers on live groups
+(:func:`transport_of`, :func:`algorithm_of`, :func:`global_rank`) serve the tests as well
+as the benchmarks.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import contextlib
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -42,29 +45,63 @@ def ensure_registered(name: str) -> bool:
     return True
 
 
-def split_spec(spec: str) -> Tuple[str, Optional[str]]:
-    """A ``--backends`` entry as (backend name, ringpg transport or None): ``ringpg@gloo``
-    is ringpg with its ring on Gloo's pairs (``ringpg.use_transport``)."""
-    name, _, transport = spec.partition("@")
-    return name, transport or None
+class Spec(NamedTuple):
+    """A ``--backends`` entry ``name[@transport][/algo]``: ``ringpg@gloo`` is ringpg with
+    its ring on Gloo's pairs (``ringpg.use_transport``), ``ringpg/ring`` ringpg on the flat
+    ring where it would run the hierarchical algorithms (``ringpg.use_algorithm``),
+    ``ringpg@tcp/hier`` both kinds of choice."""
+
+    name: str
+    transport: Optional[str]
+    algo: Optional[str]
+
+    def text(self) -> str:
+        """The entry as written: ``name[@transport][/algo]``."""
+        return self.name + (f"@{self.transport}" if self.transport else "") + (f"/{self.algo}" if self.algo else "")
+
+
+def split_spec(spec: str) -> Spec:
+    """A ``--backends`` entry's parts (see :class:`Spec`); None for a part not given."""
+    head, _, algo = spec.partition("/")
+    name, _, transport = head.partition("@")
+    return Spec(name, transport or None, algo or None)
+
+
+def expand_specs(specs: Sequence[str], transports: Sequence[str] = (), algos: Sequence[str] = ()) -> List[str]:
+    """The ``--transports`` and ``--algos`` axes: each ringpg entry that names no transport
+    becomes one entry per transport, then each that names no algorithm one per algorithm
+    (``ringpg,gloo`` with algos ``hier,ring``: ``ringpg/hier,ringpg/ring,gloo``)."""
+    out: List[str] = []
+    for spec in specs:
+        sp = split_spec(spec)
+        ts: Sequence[Optional[str]] = transports if sp.name == "ringpg" and sp.transport is None and transports \
+            else [sp.transport]
+        als: Sequence[Optional[str]] = algos if sp.name == "ringpg" and sp.algo is None and algos else [sp.algo]
+        out += [sp._replace(transport=t, algo=a).text() for t in ts for a in als]
+    return out
 
 
 def new_group_of(spec: str, timeout: Any) -> Any:
-    """A group of every rank for a ``--backends`` entry (see :func:`split_spec`)."""
-    name, transport = split_spec(spec)
-    if transport is None:
+    """A group of every rank for a ``--backends`` entry (see :class:`Spec`)."""
+    name, transport, algo = split_spec(spec)
+    if transport is None and algo is None:
         return dist.new_group(backend=name, timeout=timeout)
     import ringpg  # type: ignore[import-not-found]
 
-    with ringpg.use_transport(transport):
+    with contextlib.ExitStack() as choices:
+        if transport is not None:
+            choices.enter_context(ringpg.use_transport(transport))
+        if algo is not None:
+            choices.enter_context(ringpg.use_algorithm(algo))
         return dist.new_group(backend=name, timeout=timeout)
 
 
 def backend_status(spec: str, device: str) -> Tuple[bool, str]:
     """(usable, description) for a ``--backends`` entry on this machine, without creating a group."""
-    name, transport = split_spec(spec)
-    if transport is not None and name != "ringpg":
-        return False, f"{spec!r}: only ringpg takes a transport (ringpg@auto, ringpg@tcp, ringpg@gloo)"
+    name, transport, algo = split_spec(spec)
+    if (transport is not None or algo is not None) and name != "ringpg":
+        return False, (f"{spec!r}: only ringpg takes a transport or an algorithm "
+                       "(ringpg@tcp, ringpg/ring, ringpg@tcp/hier)")
     try:
         if name == "gloo":
             return dist.is_gloo_available(), "built into torch"
@@ -79,26 +116,40 @@ def backend_status(spec: str, device: str) -> Tuple[bool, str]:
 
             load_extension()  # imports ringpg._C after its torch-version check
             import ringpg  # type: ignore[import-not-found]
-            from ringpg._registration import TRANSPORTS  # type: ignore[import-not-found]
+            from ringpg._registration import ALGORITHMS, TRANSPORTS  # type: ignore[import-not-found]
 
             if transport is not None and transport not in TRANSPORTS:
                 return False, f"{spec!r}: ringpg's transports are {', '.join(TRANSPORTS)}"
+            if algo is not None and algo not in ALGORITHMS:
+                return False, f"{spec!r}: ringpg's algorithms are {', '.join(ALGORITHMS)}"
             return True, f"ringpg {getattr(ringpg, '__version__', '?')} ({how}, _C loaded)"
         return True, how
     except Exception as e:  # noqa: BLE001 - described to the user
         return False, one_line(e)
 
 
-def transport_of(group: Any, device: str = "cpu") -> Optional[str]:
-    """How a live group moves its ring traffic, for backends that say (ringpg: "shm",
-    "shm+tcp", "tcp" or "gloo"); None for other backends, or where ringpg is absent or cannot load."""
+def _ringpg_says(group: Any, device: str, attr: str) -> Optional[str]:
+    """Attribute ``attr`` of a live ringpg group's backend; None for other backends, or
+    where ringpg is absent or cannot load."""
     try:
         import ringpg  # type: ignore[import-not-found]
 
         b = ringpg.backend(group, device)
     except Exception:  # noqa: BLE001 - ringpg absent or unloadable: not a ringpg group
         return None
-    return b.transport if b is not None else None
+    return getattr(b, attr) if b is not None else None
+
+
+def transport_of(group: Any, device: str = "cpu") -> Optional[str]:
+    """How a live group moves its ring traffic, for backends that say (ringpg: "shm",
+    "shm+tcp", "tcp" or "gloo"); None for other backends, or where ringpg is absent or cannot load."""
+    return _ringpg_says(group, device, "transport")
+
+
+def algorithm_of(group: Any, device: str = "cpu") -> Optional[str]:
+    """What a live group's allreduce, reduce-scatter and all-gather run, for backends that
+    say (ringpg: "hier" or "ring"); None for other backends."""
+    return _ringpg_says(group, device, "allreduce_algorithm")
 
 
 def unique_labels(names: Sequence[str]) -> List[str]:

@@ -53,8 +53,10 @@ import torch.distributed as dist  # noqa: E402
 
 from benchmarks import netns  # noqa: E402
 from benchmarks.backends import (  # noqa: E402
+    algorithm_of,
     backend_status,
     ensure_registered,
+    expand_specs,
     new_group_of,
     split_spec,
     pick_baseline,
@@ -181,14 +183,18 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
             ceiling = ring_ceiling(probe) or ceiling
         table = TableFormatter(list(columns), baseline, cfg.link_GBps, ceiling)
         transports = {label: t for label, g in groups.items() if (t := transport_of(g, cfg.device))}
+        # What each ringpg group's allreduce, reduce-scatter and all-gather run ("hier", "ring").
+        algorithms = {label: a for label, g in groups.items() if (a := algorithm_of(g, cfg.device))}
         shared_clock = ranks_share_clock(ref)
         timing = "last-start-to-last-end" if shared_clock else "slowest-rank"
         if rank == 0:
             via = "".join(f" {label}:transport={t}" for label, t in transports.items())
+            via += "".join(f" {label}:algo={a}" for label, a in algorithms.items())
             emit(f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)} "
                    f"baseline={baseline} threads/rank={cfg.threads} batch={policy.batch} timing={timing}{via}",
                    progress)
-            record({"kind": "transports", "world_size": ws, "transports": transports, "timing": timing})
+            record({"kind": "transports", "world_size": ws, "transports": transports, "algorithms": algorithms,
+                    "timing": timing})
             emit(table.header(), progress)
         previous_op = None
         for i, (op, dtype, numel) in enumerate(cfg.cases):
@@ -215,7 +221,10 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
                 emit(table.row(res), progress)
                 for line in table.errors(res):
                     emit(line, progress)
-                record({"kind": "case", "rows": res.to_records(cfg.link_GBps, table.ceiling)})
+                rows = res.to_records(cfg.link_GBps, table.ceiling)
+                for row in rows:  # the column's group: its label, without a paired dtype
+                    row["algorithm"] = algorithms.get(columns[row["backend"]][0])
+                record({"kind": "case", "rows": rows})
         record({"kind": "done", "world_size": ws})
     finally:
         progress.clear()
@@ -477,6 +486,7 @@ def finalize(args: argparse.Namespace, facts: Dict[str, str], events: List[Dict[
     done = {e["world_size"] for e in events if e.get("kind") == "done"}
     timing = {e["world_size"]: e.get("timing") for e in events if e.get("kind") == "transports"}
     transports = {e["world_size"]: e.get("transports") for e in events if e.get("kind") == "transports"}
+    algorithms = {e["world_size"]: e.get("algorithms") for e in events if e.get("kind") == "transports"}
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     save = not args.no_save and not args.check
     out_dir = Path(args.out_dir)
@@ -493,6 +503,7 @@ def finalize(args: argparse.Namespace, facts: Dict[str, str], events: List[Dict[
         with open(paths["json"], "w") as f:
             json.dump({"machine": facts, "argv": sys.argv, "probe": probe, "link_GBps": link_GBps,
                        "world_sizes_completed": sorted(done), "timing": timing, "transports": transports,
+                       "algorithms": algorithms,
                        "problems": launch_problems,
                        "results": rows}, f, indent=1)
         print(f"# json: {paths['json']}")
@@ -539,10 +550,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g.add_argument("--backends", default="ringpg,gloo",
                    help="comma list of backends measured side by side (default ringpg,gloo; nccl is added "
                         "with --device cuda). Use gloo,gloo to validate the tool without ringpg; "
-                        "ringpg@tcp, ringpg@gloo pin ringpg's transport per column (ringpg.use_transport)")
+                        "ringpg[@transport][/algo] pins ringpg's transport (ringpg.use_transport) and "
+                        "algorithm (ringpg.use_algorithm) per column: ringpg@gloo, ringpg/ring, ringpg@tcp/hier")
     g.add_argument("--transports", default=None, metavar="LIST",
                    help="the transport axis: each 'ringpg' of --backends becomes one column per transport "
                         "(e.g. --transports tcp,gloo: ringpg@tcp,ringpg@gloo; auto, shm, tcp, gloo)")
+    g.add_argument("--algos", default=None, metavar="LIST",
+                   help="the algorithm axis: each ringpg column naming no algorithm becomes one column per "
+                        "algorithm (e.g. --algos hier,ring: ringpg/hier,ringpg/ring; auto, ring, hier)")
     g.add_argument("--baseline", default="gloo", help="label the ratio column divides by (default gloo)")
     g.add_argument("--ops", default=",".join(OPS), help="comma list (aliases ar,rs,ag,bc,a2a)")
     g.add_argument("--dtypes", default="float32,bfloat16")
@@ -622,10 +637,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         ap.error("--pair-dtypes needs two or more --dtypes, and no --check")
     if args.batch < 1 or (args.check and args.batch != 1):
         ap.error("--batch must be >= 1, and 1 with --check (every op is verified)")
-    args.backends = _csv_list(args.backends)
-    if args.transports:
-        args.backends = [f"ringpg@{t}" if b == "ringpg" else b
-                         for b in args.backends for t in (_csv_list(args.transports) if b == "ringpg" else [None])]
+    args.backends = expand_specs(_csv_list(args.backends), _csv_list(args.transports or ""),
+                                 _csv_list(args.algos or ""))
     if args.device == "cuda":
         if not torch.cuda.is_available():
             ap.error("--device cuda but torch.cuda.is_available() is False")

@@ -2,7 +2,8 @@
 
 :class:`TableFormatter` prints size, count, type, op and redop, then per backend time,
 algbw, busbw and ``#wrong`` (with an emulated link also busbw against the link rate and
-the TCP ring ceiling), then baseline time / backend time per other backend.
+the TCP ring ceiling), then baseline time / backend time per other backend (named
+``ringpg/gloo``, or ``(ringpg/ring)/gloo`` for a label that holds a '/').
 """
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ class TableFormatter:
         # %probe: busbw against the TCP ring ceiling measured on the emulated links.
         self.ceiling = ceiling_GBps if link_GBps else None
         self.bw = 37 + (7 if self.link else 0) + (7 if self.ceiling else 0)
+        # Ratio columns: named "label/baseline", labels holding a '/' (ringpg/ring) in
+        # parentheses, "(ringpg/ring)/gloo"; each at least 13 wide, wider for a long name.
+        self.ratio_names = [f"{_operand(lb)}/{_operand(baseline)}" for lb in self.others]
+        self.ratio_widths = [max(13, len(n)) for n in self.ratio_names]
 
     def _extra(self, link: str, probe: str) -> str:
         return (f" {link:>6}" if self.link else "") + (f" {probe:>6}" if self.ceiling else "")
@@ -33,13 +38,13 @@ class TableFormatter:
     def header(self) -> str:
         left = f"{'':>12} {'':>12} {'':>9} {'':>22} {'':>5}"
         groups = "".join(f"  {lb:^{self.bw}}" for lb in self.labels)
-        ratio_names = "".join(f" {lb + '/' + self.baseline:>13}" for lb in self.others)
+        ratio_names = "".join(f" {n:>{w}}" for n, w in zip(self.ratio_names, self.ratio_widths))
         l1 = f"#{left[1:]}{groups}{'  busbw ratio' if self.others else ''}"
         col = f"  {'time':>9} {'algbw':>8} {'busbw':>8} {'#wrong':>7}" + self._extra("%link", "%probe")
         unit = f"  {'(us)':>9} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}" + self._extra("", "")
         l2 = f"#{'size':>11} {'count':>12} {'type':>9} {'op':>22} {'redop':>5}" + col * len(self.labels) + ratio_names
         l3 = f"#{'(B)':>11} {'(elements)':>12} {'':>9} {'':>22} {'':>5}" + unit * len(self.labels) + \
-            "".join(f" {'(=time ratio)':>13}" for _ in self.others)
+            "".join(f" {'(=time ratio)':>{w}}" for w in self.ratio_widths)
         return "\n".join([l1, l2, l3])
 
     def row(self, res: CaseResult) -> str:
@@ -57,16 +62,21 @@ class TableFormatter:
             s += self._extra(f"{busbw / self.link:.1%}" if self.link else "",
                              f"{busbw / self.ceiling:.1%}" if self.ceiling else "")
         base = res.backends.get(self.baseline)
-        for lb in self.others:
+        for lb, w in zip(self.others, self.ratio_widths):
             r = res.backends.get(lb)
             if base and r and base.time_us and r.time_us and base.error is None and r.error is None:
-                s += f" {base.time_us / r.time_us:>12.2f}x"
+                s += f" {base.time_us / r.time_us:>{w - 1}.2f}x"
             else:
-                s += f" {'-':>13}"
+                s += f" {'-':>{w}}"
         return s
 
     def errors(self, res: CaseResult) -> List[str]:
         return [f"#   ! {lb}: {r.error}" for lb, r in res.backends.items() if r.error]
+
+
+def _operand(label: str) -> str:
+    """A label as one side of a ratio's name: in parentheses if it holds a '/' itself."""
+    return f"({label})" if "/" in label else label
 
 
 class Progress:

@@ -6,7 +6,9 @@ each backend:dtype column is verified and reported on its own row of the JSON; a
 ``--emulate`` (one network namespace per rank, shaped links; needs root and iproute2,
 skipped without them), whose rows report busbw against the link rate and against the
 TCP ring ceiling that the probe of the first world size measured on those links, and
-whose links deliver each flow in order (RPS on every veth), as a wire does.
+whose links deliver each flow in order (RPS on every veth), as a wire does; on
+emulated hosts, the --transports and --algos axes (hierarchical, flat ring and gloo
+in one table), whose ``ringpg[@transport][/algo]`` specs a unit test parses.
 Both placements put every rank under one kernel, so both must time ops from the last
 rank's start (the JSON's ``timing``).
 """
@@ -98,6 +100,58 @@ def test_emulated_hosts_run_shared_memory_within_and_tcp_between(tmp_path: Path)
     rows = doc["results"]
     assert rows and all(r["wrong"] == 0 and r["error"] is None for r in rows)
     assert {r["backend"] for r in rows} == {"ringpg@auto", "ringpg@tcp", "gloo"}
+
+
+def test_emulated_hosts_compare_hierarchical_flat_ring_and_gloo_in_one_run(tmp_path: Path) -> None:
+    """The --algos axis on 2 emulated hosts x 2 ranks: ringpg/hier and ringpg/ring are
+    columns of one table next to gloo, each group runs the algorithm its column names,
+    the records say which, and both match gloo on every checked case (--check)."""
+    out = tmp_path / "algos.json"
+    p = _bench("--check", "--emulate", "1gbit", "--hosts", "2", "--mtu", "9000", "--world-sizes", "4",
+               "--ops", "ar,rs,ag", "--dtypes", "float32", "--algos", "hier,ring", "--no-probe", "--quiet",
+               "--json", str(out))
+    if "emulation skipped" in p.stdout:
+        pytest.skip(p.stdout.strip().splitlines()[-1])
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out.read_text())
+    assert doc["algorithms"] == {"4": {"ringpg/hier": "hier", "ringpg/ring": "ring"}}, doc["algorithms"]
+    rows = doc["results"]
+    assert rows and all(r["wrong"] == 0 and r["error"] is None for r in rows)
+    assert {(r["backend"], r["algorithm"]) for r in rows} == {
+        ("ringpg/hier", "hier"), ("ringpg/ring", "ring"), ("gloo", None)}
+    header = next(line for line in p.stdout.splitlines() if "busbw ratio" in line)
+    assert "ringpg/hier" in header and "ringpg/ring" in header and "gloo" in header, header
+    assert "(ringpg/hier)/gloo" in p.stdout and "(ringpg/ring)/gloo" in p.stdout, p.stdout
+
+
+def test_backend_specs_name_transport_and_algorithm() -> None:
+    """``ringpg[@transport][/algo]`` and the --transports/--algos axes, parsed without ranks."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.backends import Spec, backend_status, expand_specs, split_spec
+    from benchmarks.bench import parse_args
+    from benchmarks.table import TableFormatter
+
+    assert split_spec("ringpg") == Spec("ringpg", None, None)
+    assert split_spec("ringpg@tcp/hier") == Spec("ringpg", "tcp", "hier")
+    assert split_spec("ringpg/ring") == Spec("ringpg", None, "ring")
+    assert split_spec("ringpg@gloo") == Spec("ringpg", "gloo", None)
+    for spec in ("ringpg", "ringpg@tcp/hier", "ringpg/ring", "ringpg@gloo", "gloo"):
+        assert split_spec(spec).text() == spec
+    # Each axis multiplies the ringpg entries that do not name that part already.
+    assert expand_specs(["ringpg", "gloo"], algos=["hier", "ring"]) == ["ringpg/hier", "ringpg/ring", "gloo"]
+    assert expand_specs(["ringpg", "ringpg@gloo/ring", "gloo"], ["auto", "tcp"], ["hier", "ring"]) == [
+        "ringpg@auto/hier", "ringpg@auto/ring", "ringpg@tcp/hier", "ringpg@tcp/ring", "ringpg@gloo/ring", "gloo"]
+    assert parse_args(["--algos", "hier,ring"]).backends == ["ringpg/hier", "ringpg/ring", "gloo"]
+    assert parse_args(["--backends", "ringpg@tcp,gloo", "--algos", "ring"]).backends == ["ringpg@tcp/ring", "gloo"]
+    # Only ringpg takes a transport or an algorithm, and only one it knows.
+    for spec in ("gloo/ring", "gloo@tcp", "nccl/hier"):
+        ok, why = backend_status(spec, "cpu")
+        assert not ok and "only ringpg takes a transport or an algorithm" in why, (spec, why)
+    ok, why = backend_status("ringpg/tree", "cpu")
+    assert not ok and "ringpg's algorithms are auto, ring, hier" in why, why
+    # The ratio columns name each side unambiguously.
+    header = TableFormatter(["ringpg/hier", "ringpg@tcp/ring", "gloo"], "gloo").header()
+    assert "(ringpg/hier)/gloo" in header and "(ringpg@tcp/ring)/gloo" in header, header
 
 
 def test_emulated_links_deliver_each_flow_in_order() -> None:

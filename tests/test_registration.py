@@ -1,6 +1,7 @@
 """Registration of the "ringpg" backend name, the build/torch version check, and what
 ringpg says about features the running torch lacks (ringpg.features(), the clear error
-for a newer torch's Backend methods).
+for a newer torch's Backend methods), and ``ringpg.use_algorithm``: groups made inside it
+run the algorithm it names (on emulated hosts, against gloo), and their split children too.
 
 Mostly in-process (no process group needed).  ``dist.get_backend`` needs a group:
 it runs in a spawned world-size-1 job of the backend under test.  The
@@ -19,7 +20,19 @@ import torch.distributed as dist
 
 import ringpg
 from ringpg import _features, _loader
-from harness import Groups, backend_under_test, entry_point_installed, run_workers
+from harness import (
+    TRANSPORT_ENVS,
+    Checker,
+    CheckReport,
+    Groups,
+    InitSpec,
+    assert_reports_ok,
+    backend_under_test,
+    entry_point_installed,
+    make_data,
+    ref_all_reduce,
+    run_workers,
+)
 
 
 def test_version_mismatch_raises_with_rebuild_command() -> None:
@@ -147,3 +160,51 @@ def test_backend_methods_of_a_newer_torch_are_present_or_raise_a_clear_error() -
     # ringpg binds abort/shutdown itself where torch's Backend lacks them (before 2.7).
     assert v["abort"] == v["shutdown"] == "present", v
     assert v["no_such_method"].startswith("bare: "), v
+
+
+ALGO_NUMEL = 1 << 20  # 4 MiB of float32: past the one-shot limit, so the algorithm runs
+
+
+def use_algorithm_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    chk = Checker(rank)
+    made = {}
+    for algo in ("ring", "hier"):
+        with ringpg.use_algorithm(algo):
+            made[algo] = dist.new_group(backend="ringpg")
+    after = dist.new_group(backend="ringpg")  # RINGPG_ALGO again: auto, hierarchical on 2 hosts x 2
+    for algo, g in made.items():
+        said = ringpg.backend(g).allreduce_algorithm
+        chk.true(f"allreduce_algorithm of a group made in use_algorithm({algo!r})", said == algo, said)
+        case = f"all_reduce of a use_algorithm({algo!r}) group ws={ws} numel={ALGO_NUMEL}"
+        x = make_data(dist.get_rank(), case, (ALGO_NUMEL,), torch.float32)
+        got = x.clone()
+        dist.all_reduce(got, group=g)
+        chk.equal(case, got, ref_all_reduce(x, "SUM", groups.ref))
+    chk.true("allreduce_algorithm after the blocks", ringpg.backend(after).allreduce_algorithm == "hier",
+             ringpg.backend(after).allreduce_algorithm)
+    if _features.torch_release() >= (2, 15):  # split_group without a bound device
+        # Split children keep the parent's algorithm, through both of makeChild's paths.
+        for transport in ("auto", "gloo"):
+            with ringpg.use_transport(transport), ringpg.use_algorithm("ring"):
+                parent = dist.new_group(backend="ringpg")
+            child = dist.split_group(parent, split_ranks=[list(range(ws))])
+            said = ringpg.backend(child).allreduce_algorithm
+            chk.true(f"split child of a use_algorithm('ring') {transport} group", said == "ring", said)
+    try:
+        with ringpg.use_algorithm("tree"):
+            pass
+        chk.true("unknown algorithm refused", False, "no error")
+    except ValueError as e:
+        chk.true("unknown algorithm refused", "not one of auto, ring, hier" in str(e), str(e))
+    return chk.report()
+
+
+def test_use_algorithm_picks_the_algorithm_of_groups_made_inside_it() -> None:
+    """Groups of one job on different algorithms (the bench's ringpg/ring and ringpg/hier
+    columns), on 2 emulated hosts x 2 ranks where RINGPG_ALGO=auto runs the hierarchical
+    ones: each says what it runs and its all_reduce matches gloo's; their split children
+    keep the algorithm; outside the blocks the process's setting rules again."""
+    if backend_under_test() != "ringpg":
+        pytest.skip("ringpg's algorithm choice")
+    spec = InitSpec(env=TRANSPORT_ENVS["mixed"])
+    assert_reports_ok(run_workers(use_algorithm_worker, 4, spec=spec))

@@ -65,6 +65,15 @@ void agreeOnTransport(c10d::Store& store, const std::string& prefix, int rank, i
   }
 }
 
+// The process's Config with `algoChoice` (a Config::Algo name; "" keeps RINGPG_ALGO's).
+Config configWithAlgo(const std::string& algoChoice) {
+  Config c = Config::get();
+  if (!algoChoice.empty()) {
+    c.algo = Config::algoNamed(algoChoice, "algo ");
+  }
+  return c;
+}
+
 // Runs fn without the GIL if this thread holds it: a thread that joins the worker must
 // not hold it, since a future callback or a Python hook on the worker may need it.
 template <class Fn>
@@ -117,8 +126,8 @@ void callHook(const char* kind, int64_t id, const Hook& hook, const Args&... arg
 
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout, std::string groupName,
-                         const std::string& transportChoice)
-    : c10d::Backend(rank, size), cfg_(Config::get()),
+                         const std::string& transportChoice, const std::string& algoChoice)
+    : c10d::Backend(rank, size), cfg_(configWithAlgo(algoChoice)),
       transportSetting_(transportChoice.empty() ? cfg_.transport
                                                 : Config::transportNamed(transportChoice, "transport ")),
       timeout_(timeout), groupName_(std::move(groupName)), store_(store) {
@@ -397,13 +406,15 @@ c10::intrusive_ptr<c10d::Backend> RingBackend::makeChild(const c10::intrusive_pt
                                                          int size, std::chrono::milliseconds timeout,
                                                          const std::string& name) const {
   const std::string transport = Config::transportName(transportSetting_);
+  const std::string algo = Config::algoName(cfg_.algo);
   if (transportSetting_ == Config::Transport::Gloo) {
     // The gloo link is a ProcessGroupGloo made by torch's Python binding (which reads
     // GLOO_SOCKET_IFNAME): ringpg's registration builds the child as it builds any group.
     pybind11::gil_scoped_acquire gil;
     pybind11::object child = pybind11::module_::import("ringpg._registration")
                                  .attr("new_ring_backend")(store, rank, size, timeout, name,
-                                                           pybind11::arg("transport") = transport);
+                                                           pybind11::arg("transport") = transport,
+                                                           pybind11::arg("algo") = algo);
     return child.cast<c10::intrusive_ptr<RingBackend>>();
   }
   // The rendezvous blocks: not with the GIL (if the caller held it).
@@ -411,7 +422,7 @@ c10::intrusive_ptr<c10d::Backend> RingBackend::makeChild(const c10::intrusive_pt
   if (Py_IsInitialized() && PyGILState_Check()) {
     noGil.emplace();
   }
-  return c10::make_intrusive<RingBackend>(store, rank, size, timeout, name, transport);
+  return c10::make_intrusive<RingBackend>(store, rank, size, timeout, name, transport, algo);
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> RingBackend::getBackendOptions() {

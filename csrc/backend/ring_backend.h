@@ -39,9 +39,12 @@ namespace ringpg {
 class RingBackend final : public c10d::Backend {
  public:
   // `transportChoice`: this group's Config::Transport ("" = RINGPG_TRANSPORT's).  Ranks
-  // that disagree about "gloo" fail here, every one of them, saying so.
+  // that disagree about "gloo" fail here, every one of them, saying so.  `algoChoice`:
+  // this group's Config::Algo ("" = RINGPG_ALGO's); every rank must pass the same one
+  // (not checked: ranks that disagree fail their ops with a mismatch or at the timeout).
   RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-              std::chrono::milliseconds timeout, std::string groupName, const std::string& transportChoice = "");
+              std::chrono::milliseconds timeout, std::string groupName, const std::string& transportChoice = "",
+              const std::string& algoChoice = "");
   ~RingBackend() override;
 
   const std::string getBackendName() const override {
@@ -141,7 +144,7 @@ class RingBackend final : public c10d::Backend {
 #endif
 
   // ---- Split and shrink (torch 2.9 / 2.10: common/torch_compat.h) ----------------
-  // A child group is a new RingBackend of the parent's transport on a Store namespace
+  // A child group is a new RingBackend of the parent's transport and algorithm on a Store namespace
   // of its own; it never uses the parent's connections, so a broken parent (a dead
   // peer, an abort) still splits and shrinks.
 #if RINGPG_HAS_BACKEND_SPLIT
@@ -186,7 +189,7 @@ class RingBackend final : public c10d::Backend {
     return transportName_;
   }
   // What a large allreduce on host memory runs here: "hier" (algorithms/hierarchical.h)
-  // or "ring" (RINGPG_ALGO and the group's shape decide).
+  // or "ring" (the group's algo, RINGPG_ALGO or `algoChoice`, and its shape decide).
   const char* allreduceAlgorithm() const;
   // Where the group's ranks run (transport/topology.h): hosts, their ranks, ring order.
   const Topology& topology() const {
@@ -257,12 +260,14 @@ class RingBackend final : public c10d::Backend {
   void finishWork(RingWork& work, std::exception_ptr error);
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
 #if RINGPG_HAS_BACKEND_SPLIT
-  // A group of this one's transport on `store` (split, shrink).
+  // A group of this one's transport and algorithm on `store` (split, shrink).
   c10::intrusive_ptr<c10d::Backend> makeChild(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                               std::chrono::milliseconds timeout, const std::string& name) const;
 #endif
 
-  const Config& cfg_;
+  // The process's Config (RINGPG_*), with this group's algorithm (`algoChoice`): a copy,
+  // which the ops' OpContext refers to.
+  const Config cfg_;
   const Config::Transport transportSetting_; // what this group was asked for (Config::Transport)
   // The default op timeout: atomic, because setTimeout() may run on any thread while
   // callers read it to stamp their ops.

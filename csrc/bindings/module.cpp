@@ -54,12 +54,15 @@ PYBIND11_MODULE(_C, m) {
       py::class_<ringpg::RingBackend, c10d::Backend, c10::intrusive_ptr<ringpg::RingBackend>>(m, "RingBackend");
   backend
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, std::string groupName, const std::string& transport) {
+                       std::chrono::milliseconds timeout, std::string groupName, const std::string& transport,
+                       const std::string& algo) {
              return c10::make_intrusive<ringpg::RingBackend>(store, rank, size, timeout, std::move(groupName),
-                                                             transport);
+                                                             transport, algo);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name") = "",
-           py::arg("transport") = "", py::call_guard<py::gil_scoped_release>())
+           py::arg("transport") = "", py::arg("algo") = "", py::call_guard<py::gil_scoped_release>(),
+           "`transport` (auto, shm, tcp, gloo; \"\": RINGPG_TRANSPORT's) and `algo` (auto, ring, hier; \"\": "
+           "RINGPG_ALGO's) pick this group's links and algorithm; every rank must pass the same")
       .def("_attach_gloo_link", [](ringpg::RingBackend& b, const py::object& gloo) {
         // A torch ProcessGroupGloo: its Python type derives from c10d's Backend binding.
         b.attachGlooLink(gloo.cast<c10::intrusive_ptr<c10d::Backend>>());
@@ -79,7 +82,7 @@ PYBIND11_MODULE(_C, m) {
                              "K when every host holds K of the group's ranks, else 0")
       .def_property_readonly("allreduce_algorithm", &ringpg::RingBackend::allreduceAlgorithm,
                              "what a large allreduce on host memory runs: 'hier' (host rings, then rings across "
-                             "hosts) or 'ring' (RINGPG_ALGO and the group's shape decide)")
+                             "hosts) or 'ring' (the group's algo, RINGPG_ALGO or ringpg.use_algorithm, and its shape decide)")
       .def_property_readonly("ring_order", [](const ringpg::RingBackend& b) { return b.topology().ring; },
                              "the ranks in ring order: each host's ranks one after another")
       .def_property_readonly("tcp_congestion", &ringpg::RingBackend::tcpCongestion,

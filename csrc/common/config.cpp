@@ -63,14 +63,7 @@ Config load() {
     c.ifname = *g;
   }
   if (auto v = c10::utils::get_env("RINGPG_ALGO"); v && !v->empty()) {
-    bool known = false;
-    for (auto a : {Config::Algo::Auto, Config::Algo::Ring, Config::Algo::Hier}) {
-      if (*v == Config::algoName(a)) {
-        c.algo = a;
-        known = true;
-      }
-    }
-    TORCH_CHECK(known, "ringpg: RINGPG_ALGO=", *v, " is not one of auto, ring, hier");
+    c.algo = Config::algoNamed(*v, "RINGPG_ALGO=");
   }
   if (auto v = c10::utils::get_env("RINGPG_HOSTID"); v && !v->empty()) {
     c.hostId = *v;
@@ -116,6 +109,15 @@ const char* Config::algoName(Algo a) {
       return "hier";
   }
   return "?";
+}
+
+Config::Algo Config::algoNamed(const std::string& name, const char* what) {
+  for (auto choice : {Algo::Auto, Algo::Ring, Algo::Hier}) {
+    if (name == algoName(choice)) {
+      return choice;
+    }
+  }
+  TORCH_CHECK(false, "ringpg: ", what, name, " is not one of auto, ring, hier");
 }
 
 const Config& Config::get() {

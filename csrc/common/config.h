@@ -62,6 +62,8 @@ struct Config {
   enum class Algo : uint8_t { Auto, Ring, Hier };
   Algo algo = Algo::Auto;
   static const char* algoName(Algo a);
+  // The Algo named `name` (auto, ring, hier); `what` names the setting in the error.
+  static Algo algoNamed(const std::string& name, const char* what);
   // TCP congestion control of data sockets (RINGPG_TCP_CONGESTION); empty keeps the
   // host's default (its network namespace's net.ipv4.tcp_congestion_control).
   std::string tcpCongestion;

@@ -8,38 +8,66 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Iterator, Optional
+from typing import Any, ContextManager, Iterator, Optional, Tuple
 
 import torch.distributed as dist
 
 BACKEND_NAME = "ringpg"
 
 
+class _GroupChoice:
+    """A per-process choice (transport, algorithm) for the groups created while a
+    ``with`` block of :meth:`use` is open; None outside every block.  Not per thread."""
+
+    def __init__(self, what: str, names: Tuple[str, ...]) -> None:
+        self.what = what
+        self.names = names
+        self.current: Optional[str] = None
+
+    @contextmanager
+    def use(self, name: str) -> Iterator[None]:
+        if name not in self.names:
+            raise ValueError(f"ringpg: {self.what} {name!r} is not one of {', '.join(self.names)}")
+        before, self.current = self.current, name
+        try:
+            yield
+        finally:
+            self.current = before
+
+
 TRANSPORTS = ("auto", "shm", "tcp", "gloo")
-_transport_override: Optional[str] = None
+ALGORITHMS = ("auto", "ring", "hier")
+_transport = _GroupChoice("transport", TRANSPORTS)
+_algorithm = _GroupChoice("algorithm", ALGORITHMS)
 
 
-@contextmanager
-def use_transport(name: str) -> Iterator[None]:
+def use_transport(name: str) -> ContextManager[None]:
     """Groups of ringpg created inside the block use transport ``name`` (``auto``,
-    ``tcp`` or ``gloo``), whatever ``RINGPG_TRANSPORT`` says; every rank must create
-    them alike.  For comparing transports in one job (the benchmark's ``ringpg@gloo``)::
+    ``shm``, ``tcp`` or ``gloo``), whatever ``RINGPG_TRANSPORT`` says; every rank must
+    create them alike.  For comparing transports in one job (the benchmark's ``ringpg@gloo``)::
 
         with ringpg.use_transport("gloo"):
             g = dist.new_group(backend="ringpg")
     """
-    global _transport_override
-    if name not in TRANSPORTS:
-        raise ValueError(f"ringpg: transport {name!r} is not one of {', '.join(TRANSPORTS)}")
-    before, _transport_override = _transport_override, name
-    try:
-        yield
-    finally:
-        _transport_override = before
+    return _transport.use(name)
+
+
+def use_algorithm(name: str) -> ContextManager[None]:
+    """Groups of ringpg created inside the block run algorithm ``name`` for allreduce,
+    reduce-scatter and all-gather (``auto``, ``ring``: the flat ring, ``hier``: the
+    hierarchical ones where hosts hold equal numbers of ranks), whatever ``RINGPG_ALGO``
+    says; their split and shrink children keep it.  Every rank must create them alike (a
+    group whose ranks disagree fails its ops).  For comparing algorithms in one job (the
+    benchmark's ``ringpg/ring``)::
+
+        with ringpg.use_algorithm("ring"):
+            flat = dist.new_group(backend="ringpg")
+    """
+    return _algorithm.use(name)
 
 
 def new_ring_backend(store: Any, rank: int, size: int, timeout: timedelta, group_name: str,
-                     transport: Optional[str] = None) -> Any:
+                     transport: Optional[str] = None, algo: Optional[str] = None) -> Any:
     """One C++ ``RingBackend`` of ``size`` ranks on ``store`` (every rank calls it alike).
 
     With ``RINGPG_TRANSPORT=gloo`` (or :func:`use_transport`) the collectives' data move
@@ -47,13 +75,16 @@ def new_ring_backend(store: Any, rank: int, size: int, timeout: timedelta, group
     the group's store (it honours ``GLOO_SOCKET_IFNAME``), is handed to the C++
     backend as its link.  ``transport`` overrides both: the C++ backend passes its own
     when it splits or shrinks a gloo-transport group (ring_backend.cpp, makeChild).
+    ``algo`` likewise overrides :func:`use_algorithm` and ``RINGPG_ALGO`` (the C++
+    backend's own default when neither is given).
     """
     from ._loader import load_extension
 
     _C = load_extension()
-    choice = transport or _transport_override or _C.transport_setting()
+    choice = transport or _transport.current or _C.transport_setting()
     # The C++ backend first: its rendezvous is where ranks that disagree about gloo fail.
-    backend = _C.RingBackend(store, rank, size, timeout, group_name, transport=choice)
+    backend = _C.RingBackend(store, rank, size, timeout, group_name, transport=choice,
+                             algo=algo or _algorithm.current or "")
     if choice == "gloo" and size > 1:
         backend._attach_gloo_link(
             dist.ProcessGroupGloo(dist.PrefixStore(backend._key_prefix + "gloo_link/", store), rank, size, timeout))
