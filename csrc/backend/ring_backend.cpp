@@ -158,8 +158,8 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                    : !shmUsed                                  ? "tcp"
                    : topology_.hosts == 1                      ? "shm"
                                                                : "shm+tcp";
-  // The links: every peer on the engine, but a ring neighbour on this host on shared
-  // memory (the gloo transport replaces all of them once attached).
+  // The links: every peer on the engine, but the neighbours on this host's ring on
+  // shared memory (the gloo transport replaces all of them once attached).
   engineLink_ = std::make_unique<EngineLink>(*engine_);
   links_ = LinkTable::engineOnly(*engineLink_, *engine_, topology_);
   if (shm_) {

@@ -204,10 +204,13 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
   // Every rank takes part even when it will not use shared memory itself, so the
   // others learn that and nobody waits for it: the decision must be the same on all.
   slotBytes = (slotBytes + kLine - 1) / kLine * kLine;
-  const int left = topo.left(rank);
-  const int right = topo.right(rank);
-  const bool leftShared = topo.sameHost(rank, left);
-  const bool rightShared = topo.sameHost(rank, right);
+  // The links run around each host's ranks (Topology::hostLeft/hostRight): every hop
+  // of the group's ring within a host, and the host ring's closing hop (its last rank
+  // to its first), which the hierarchical collectives' host rings take.
+  const int left = topo.hostLeft(rank);
+  const int right = topo.hostRight(rank);
+  const bool leftShared = left != rank;
+  const bool rightShared = right != rank;
 
   std::unique_ptr<ShmRing> self(new ShmRing(engine, rank, left, right, slotBytes, spinMicros));
   std::string why = wanted ? "" : c10::str("RINGPG_TRANSPORT=", Config::transportName(setting));
@@ -280,7 +283,7 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
   *used = true;
   self->sendsRight_ = rightShared;
   self->receivesLeft_ = leftShared;
-  // Ranks whose neighbours are both on other hosts have no shared-memory link.
+  // A rank alone on its host has no shared-memory link.
   return leftShared || rightShared ? std::move(self) : nullptr;
 }
 

@@ -1,5 +1,6 @@
-// Same-host transport for the ring: when every rank of a group runs on one host,
-// each ring link (rank r -> rank r+1) is a single-producer single-consumer ring of
+// Same-host transport for the ring: around the ranks a group has on each host (its
+// host ring, Topology::hostLeft/hostRight: on one host, the group's ring), each link
+// (rank r -> the host's next rank) is a single-producer single-consumer ring of
 // slots in shared memory instead of a TCP socket.  One copy into a slot, one copy
 // (or reduction) out of it, no kernel in between: the same idea as NCCL's SHM
 // transport.  TCP stays in place for everything else (point-to-point frames, the
@@ -48,14 +49,14 @@ class ShmRing final : public Link {
  public:
   struct Region; // one mapped region (defined in shm.cpp)
 
-  // Collective over the group: shared memory on every ring link whose two ends share a
-  // host (`topo`: the ring order and who shares a host).  Each rank with a same-host
+  // Collective over the group: shared memory on every link of each host's ring
+  // (`topo`: who shares a host).  Each rank with a same-host
   // neighbour creates its region (its bell, and the slots of its link to the right)
   // and maps the same-host neighbours' regions; the links are used only if every rank
   // succeeded (all ranks then agree, so both ends of every link use the same
   // transport), and `*used` says so on every rank.  Returns this rank's links, or null:
   // no rank shares a host, setting Tcp on some rank, shared memory unavailable, or
-  // this rank's neighbours are both on other hosts.  Setting Shm raises instead of
+  // this rank alone on its host.  Setting Shm raises instead of
   // falling back.  `spinMicros`: how long a waiter polls before it sleeps on its futex.
   // `engine`: the group's failure state, which outlives the ring.
   static std::unique_ptr<ShmRing> connect(c10d::Store& store, Engine& engine, const std::string& prefix,
@@ -67,7 +68,8 @@ class ShmRing final : public Link {
 
   int left() const { return left_; }
   int right() const { return right_; }
-  // Whether the link to the right neighbour / from the left one is shared memory.
+  // Whether the link to the right neighbour / from the left one (on the host's ring)
+  // is shared memory.
   bool sendsRight() const { return sendsRight_; }
   bool receivesLeft() const { return receivesLeft_; }
 

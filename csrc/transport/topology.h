@@ -44,6 +44,17 @@ struct Topology {
   int right(int rank) const {
     return ring[(position[rank] + 1) % size()];
   }
+  // Neighbours of `rank` on the ring of its host's ranks (ascending, closing from the
+  // last to the first): the same as on the group's ring except where the group's ring
+  // leaves the host.  `rank` itself when it is alone on its host.
+  int hostLeft(int rank) const {
+    const auto& rs = hostRanks[hostOf[rank]];
+    return rs[(local[rank] + rs.size() - 1) % rs.size()];
+  }
+  int hostRight(int rank) const {
+    const auto& rs = hostRanks[hostOf[rank]];
+    return rs[(local[rank] + 1) % rs.size()];
+  }
   // Ranks on host h.
   int ranksOn(int h) const {
     return static_cast<int>(hostRanks[h].size());
