@@ -33,6 +33,8 @@ from .backend import (
     backend_under_test,
     can_make_mount_namespaces,
     emulated_host,
+    emulated_topology,
+    hierarchical_expected,
     cpu_backend,
     entry_point_installed,
     oneshot_limit_bytes,

@@ -32,17 +32,55 @@ TRANSPORT_ENVS: dict[str, tuple[tuple[str, str], ...]] = {
     "gloo": (("RINGPG_TRANSPORT", "gloo"),),
     "mixed": ((EMULATED_HOSTS_ENV, "2"),),
 }
-# Further emulated-host layouts, for the batteries that run them on top of TRANSPORT_ENVS.
-EMULATED_LAYOUTS: dict[str, str] = {"mixed-block": "block2"}
+# Further emulated-host layouts, for the batteries that run them on top of TRANSPORT_ENVS
+# (mixed-block), and for the hierarchical collectives' shapes at world size 6
+# (test_hierarchical.py): hosts x ranks per host, and hosts of 4 and 2 ranks.
+EMULATED_LAYOUTS: dict[str, str] = {
+    "mixed-block": "block2",
+    "hosts3x2": "3",              # rank r on host r % 3: hierSlot is the rank
+    "hosts2x3": "block3",         # torchrun's numbering: ranks 0-2 on host 0
+    "hosts4+2": "0,1,0,0,1,0",    # unequal: host 0 holds ranks 0, 2, 3, 5
+}
 
 
 def emulated_host(layout: str, rank: int) -> int:
     """The emulated host of ``rank`` under ``EMULATED_HOSTS_ENV=layout``: ``"H"`` places
     rank r on host r % H (cyclic), ``"blockK"`` on host r // K (K consecutive ranks per
-    host, as torchrun numbers them)."""
+    host, as torchrun numbers them), and a comma-separated list names each rank's host
+    in rank order (``"0,1,0,0,1,0"``: host 0 holds ranks 0, 2, 3, 5 and host 1 ranks 1, 4,
+    hosts of unequal sizes, which neither other form expresses)."""
+    if "," in layout:
+        hosts = layout.split(",")
+        if rank >= len(hosts):
+            raise ValueError(f"{EMULATED_HOSTS_ENV}={layout!r} names no host for rank {rank}")
+        return int(hosts[rank])
     if layout.startswith("block"):
         return rank // int(layout[len("block"):])
     return rank % int(layout)
+
+
+def emulated_topology(layout: str, members: Sequence[int]) -> tuple[int, int, list[int]]:
+    """What ringpg's topology (csrc/transport/topology.h) makes of a group of the world
+    ranks ``members`` under ``layout``: (hosts, ranks per host or 0 when hosts hold
+    different numbers, the ring order in group ranks: host by host, hosts numbered by
+    first appearance, ascending within a host) -- ``ringpg.backend(g)``'s ``.hosts``,
+    ``.ranks_per_host`` and ``.ring_order``."""
+    host = [emulated_host(layout, r) for r in members]
+    seen = list(dict.fromkeys(host))
+    ring = sorted(range(len(members)), key=lambda q: (seen.index(host[q]), q))
+    counts = {h: host.count(h) for h in seen}
+    per_host = counts[seen[0]] if len(set(counts.values())) == 1 else 0
+    return len(seen), per_host, ring
+
+
+def hierarchical_expected(layout: str, members: Sequence[int], algo: str = "auto") -> bool:
+    """Whether ringpg runs a group of ``members`` under ``layout`` hierarchically (README,
+    RINGPG_ALGO): ``auto`` where several hosts hold the same number (> 1) of its ranks,
+    ``hier`` wherever they hold equal numbers, ``ring`` never."""
+    hosts, per_host, _ = emulated_topology(layout, members)
+    if algo == "ring" or per_host == 0 or len(members) < 2:
+        return False
+    return algo == "hier" or (hosts > 1 and per_host > 1)
 
 
 def apply_env(env: Mapping[str, str], rank: int) -> None:
