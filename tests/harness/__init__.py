@@ -5,7 +5,7 @@ One module a room; every test imports what it needs from ``harness`` itself:
 * :mod:`harness.backend`: which backend is under test (``$RINGPG_TEST_BACKEND``,
   default ``ringpg``), what a live group of it says, the worker environments of
   ringpg's two transports (:data:`TRANSPORT_ENVS`), its one-shot allreduce limit and
-  the algorithms its traces show (:func:`traced_algorithms`);
+  the algorithms its traces show (:func:`traced_algorithms`, :func:`traced_ops`);
 * :mod:`harness.gloo_gaps`: the one registry of features gloo lacks, for runs that
   substitute gloo for ringpg (:func:`known_gap`, :func:`skip_case`);
 * :mod:`harness.data`: deterministic integer data, dtypes, ops and sizes swept;
@@ -39,6 +39,7 @@ from .backend import (
     entry_point_installed,
     oneshot_limit_bytes,
     traced_algorithms,
+    traced_ops,
     tiny_private_dev_shm,
     transport_expected,
     wait_spin_of,

@@ -142,19 +142,26 @@ def cpu_backend(group: Any) -> Any:
     return group._get_backend(torch.device("cpu"))
 
 
-def traced_algorithms(trace_dir: str, op: str) -> dict[int, set[str]]:
-    """Bytes -> algorithms of every ``op`` span in ringpg's traces in ``trace_dir`` (``RINGPG_TRACE``).
+def traced_ops(trace_dir: str, group: Optional[str] = None) -> dict[str, dict[int, set[str]]]:
+    """Op name -> bytes -> algorithms of every op span in ringpg's traces in ``trace_dir``
+    (``RINGPG_TRACE``), of every group's files, or of ``group``'s only (its ``group_name``:
+    ``"0"`` for the world).  An op that moved nothing (0 bytes) names no algorithm: ``"-"``.
 
     Read once the groups are destroyed (their files are then closed).
     """
     from ringpg import trace
 
-    seen: dict[int, set[str]] = {}
-    for t in trace.load(trace_dir):
+    seen: dict[str, dict[int, set[str]]] = {}
+    for t in trace.load(trace_dir, group):
         for span in t.ops():
-            if span["name"] == op:
-                seen.setdefault(int(span["args"]["bytes"]), set()).add(str(span["args"]["algorithm"]))
+            by_bytes = seen.setdefault(span["name"], {})
+            by_bytes.setdefault(int(span["args"]["bytes"]), set()).add(str(span["args"].get("algorithm", "-")))
     return seen
+
+
+def traced_algorithms(trace_dir: str, op: str, group: Optional[str] = None) -> dict[int, set[str]]:
+    """Bytes -> algorithms of every ``op`` span in ringpg's traces in ``trace_dir`` (see traced_ops)."""
+    return traced_ops(trace_dir, group).get(op, {})
 
 
 def wait_spin_of(group: Any) -> Optional[int]:
