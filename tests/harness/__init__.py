@@ -14,7 +14,8 @@ One module a room; every test imports what it needs from ``harness`` itself:
 * :mod:`harness.processes`: :class:`WorkerPool` and :func:`run_workers`, which spawn the
   ranks, run tasks on them and never hang;
 * :mod:`harness.scenarios`: :func:`run_scenario`, one-shot ranks that may die on
-  purpose, and :func:`expect_error`, which times a call that should raise.
+  purpose, and :func:`expect_error`, which times a call that should raise; the shared
+  dead-peer scenario (:func:`die_mid_collective`, :func:`assert_survivors_raised_fast`).
 
 Helpers the benchmarks share (``free_port``, ``transport_of``, ``global_rank``) live in
 the ``benchmarks`` package; ``tests/conftest.py`` puts the repository root on
@@ -71,7 +72,15 @@ from .processes import (
     collect_results,
     run_workers,
 )
-from .scenarios import ScenarioFn, expect_error, run_scenario
+from .scenarios import (
+    KILL_DETECT_S,
+    ScenarioFn,
+    assert_survivors_raised_fast,
+    die_mid_collective,
+    expect_error,
+    init_ringpg,
+    run_scenario,
+)
 from .references import (
     divide_by_world,
     rank_block,
