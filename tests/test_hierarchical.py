@@ -12,7 +12,8 @@ at world size 6, hosts emulated through ``RINGPG_HOSTID`` (harness.EMULATED_LAYO
 * ``2x3``: 2 hosts x 3 ranks, numbered as torchrun does (ranks 0-2 on host 0: hierSlot
   is not the rank, so reduce-scatter and all-gather go through the kept layout);
 * ``4+2``: hosts of 4 and 2 ranks (0, 2, 3, 5 and 1, 4): the flat ring, on a ring order
-  that is not rank order.
+  that is not rank order, even with ``RINGPG_ALGO=hier`` (set there, so that its
+  subgroups of one host, and of one rank per host, run the hierarchical algorithms).
 
 Each layout's pool (``RINGPG_ONESHOT_BYTES=0``, so that every non-empty allreduce takes
 the ring path rather than the one-shot exchange; ``RINGPG_SEGMENT_BYTES=65536``, so the
@@ -32,7 +33,8 @@ ranks and inputs:
   with async_ops), imported;
 * subgroups: one spanning 2 hosts x 2 ranks (hierarchical, whatever the world's shape,
   the 4+2 world included) and one of 2 + 1 ranks (the flat ring), each against a gloo
-  subgroup of the same ranks.
+  subgroup of the same ranks; under 4+2 also one of 2 ranks on one host and one of one
+  rank on each of 2 hosts (hierarchical only because RINGPG_ALGO=hier forces it).
 
 ``ringpg.backend(g)`` must report the layout's hosts, ranks per host, ring order and
 algorithm, and ringpg's traces (``RINGPG_TRACE``) must show every non-empty allreduce,
@@ -85,12 +87,16 @@ from surface_utils import finish, guarded
 WS = 6
 RINGPG = backend_under_test() == "ringpg"
 
-# (id, harness.EMULATED_LAYOUTS key, (hosts, ranks per host: 0 = unequal),
-#  subgroups: world ranks of one spanning 2 hosts x 2 ranks, and of one of 2 + 1 ranks)
-LAYOUTS: tuple[tuple[str, str, tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]], ...] = (
-    ("3x2", "hosts3x2", (3, 2), ((0, 1, 3, 4), (0, 1, 3))),
-    ("2x3", "hosts2x3", (2, 3), ((0, 1, 3, 4), (0, 1, 3))),
-    ("4+2", "hosts4+2", (2, 0), ((0, 1, 2, 4), (0, 1, 3))),
+Subgroups = tuple[tuple[tuple[int, ...], str], ...]
+# (id, harness.EMULATED_LAYOUTS key, RINGPG_ALGO, (hosts, ranks per host: 0 = unequal),
+#  the world's algorithm, subgroups: (world ranks, algorithm)).  4+2 runs with the
+#  hierarchical algorithms forced: the world still runs the ring (its hosts hold unequal
+#  numbers), while subgroups of one host (H = 1) or of one rank per host (K = 1) run them.
+LAYOUTS: tuple[tuple[str, str, str, tuple[int, int], str, Subgroups], ...] = (
+    ("3x2", "hosts3x2", "auto", (3, 2), "hier", (((0, 1, 3, 4), "hier"), ((0, 1, 3), "ring"))),
+    ("2x3", "hosts2x3", "auto", (2, 3), "hier", (((0, 1, 3, 4), "hier"), ((0, 1, 3), "ring"))),
+    ("4+2", "hosts4+2", "hier", (2, 0), "ring",
+     (((0, 1, 2, 4), "hier"), ((0, 1, 3), "ring"), ((0, 2), "hier"), ((0, 1), "hier"))),
 )
 ENV = (("RINGPG_ONESHOT_BYTES", "0"), ("RINGPG_SEGMENT_BYTES", "65536"))
 
@@ -296,12 +302,12 @@ def info_worker(rank: int, ws: int, groups: Groups, args: Any) -> Optional[dict[
     return group_info(groups.test)
 
 
-def subgroup_worker(rank: int, ws: int, groups: Groups, subgroups: tuple[tuple[int, ...], ...]) -> dict[str, Any]:
+def subgroup_worker(rank: int, ws: int, groups: Groups, subgroups: Subgroups) -> dict[str, Any]:
     """Each subgroup (created on every rank, members run it) against a gloo subgroup of
     the same ranks: a smaller battery (no large sizes), and what its backend says."""
     chk = Checker(rank)
     infos: list[Optional[dict[str, Any]]] = []
-    for ranks in subgroups:
+    for ranks, _ in subgroups:
         sub = dist.new_group(list(ranks))
         ref = dist.new_group(list(ranks), backend="gloo")
         if rank not in ranks:
@@ -341,9 +347,9 @@ pytestmark = [
 def run(request: Any, tmp_path_factory: Any) -> dict[str, Any]:
     """One pool per layout runs every task, then shuts down (closing the trace files);
     a task that fails is recorded for its test, the next ones run on fresh workers."""
-    name, key, shape, subgroups = request.param
+    name, key, algo, shape, world, subgroups = request.param
     trace_dir = str(tmp_path_factory.mktemp(f"hier-trace-{key}"))
-    env = ((EMULATED_HOSTS_ENV, EMULATED_LAYOUTS[key]), *ENV)
+    env = ((EMULATED_HOSTS_ENV, EMULATED_LAYOUTS[key]), ("RINGPG_ALGO", algo), *ENV)
     if RINGPG:
         env = (*env, ("RINGPG_TRACE", trace_dir))
     results: dict[str, Any] = {}
@@ -354,8 +360,8 @@ def run(request: Any, tmp_path_factory: Any) -> dict[str, Any]:
                 results[task] = pool.run(fn, subgroups if task == "subgroups" else name, timeout=120)
             except AssertionError as e:
                 errors[task] = str(e)
-    return {"name": name, "layout": EMULATED_LAYOUTS[key], "key": key, "shape": shape, "subgroups": subgroups,
-            "trace_dir": trace_dir, "results": results, "errors": errors}
+    return {"name": name, "layout": EMULATED_LAYOUTS[key], "key": key, "algo": algo, "shape": shape, "world": world,
+            "subgroups": subgroups, "trace_dir": trace_dir, "results": results, "errors": errors}
 
 
 def result(run: dict[str, Any], task: str) -> Any:
@@ -364,26 +370,26 @@ def result(run: dict[str, Any], task: str) -> Any:
     return run["results"][task]
 
 
-def expected_algorithm(layout: str, members: Any) -> str:
-    return "hier" if hierarchical_expected(layout, list(members)) else "ring"
+def expected_algorithm(run: dict[str, Any], members: Any) -> str:
+    return "hier" if hierarchical_expected(run["layout"], list(members), run["algo"]) else "ring"
 
 
 def test_layout_is_what_the_test_means(run: dict[str, Any]) -> None:
     """The emulated layout itself: hosts and ranks per host as the layout's id says, and
-    each subgroup of the shape its test needs (2 x 2, and 2 + 1)."""
+    the world and each subgroup on the algorithm the table says (harness's rule)."""
     hosts, per_host, _ = emulated_topology(run["layout"], range(WS))
     assert (hosts, per_host) == run["shape"]
-    hier_sub, unequal_sub = run["subgroups"]
-    assert emulated_topology(run["layout"], hier_sub)[:2] == (2, 2)
-    assert len(unequal_sub) == 3 and emulated_topology(run["layout"], unequal_sub)[:2] == (2, 0)  # 2 + 1
+    assert expected_algorithm(run, range(WS)) == run["world"]
+    assert [expected_algorithm(run, ranks) for ranks, _ in run["subgroups"]] == [a for _, a in run["subgroups"]]
+    # Among them, one of 2 hosts x 2 ranks (hierarchical) and one of 2 + 1 (the ring).
+    assert [emulated_topology(run["layout"], ranks)[:2] for ranks, _ in run["subgroups"][:2]] == [(2, 2), (2, 0)]
 
 
 @pytest.mark.skipif(not RINGPG, reason="ringpg's topology")
 def test_backend_reports_hosts_and_algorithm(run: dict[str, Any]) -> None:
     hosts, per_host, ring = emulated_topology(run["layout"], range(WS))
-    want = {"algorithm": "hier" if per_host else "ring", "hosts": hosts, "ranks_per_host": per_host,
+    want = {"algorithm": run["world"], "hosts": hosts, "ranks_per_host": per_host,
             "ring_order": ring, "transport": transport_expected(run["key"], WS), "group": "0"}
-    assert want["algorithm"] == expected_algorithm(run["layout"], range(WS))
     assert result(run, "info") == [want] * WS
 
 
@@ -398,15 +404,16 @@ def test_coalesced_match_gloo(run: dict[str, Any], task: str) -> None:
 
 def test_subgroups_match_gloo(run: dict[str, Any]) -> None:
     """The 2 x 2 subgroup runs hierarchically (whatever the world's shape), the 2 + 1 one
-    on the flat ring; both match gloo's subgroups of the same ranks."""
+    on the flat ring (and, with RINGPG_ALGO=hier, those of one host or one rank per host
+    hierarchically); all match gloo's subgroups of the same ranks."""
     got = result(run, "subgroups")
-    members = set().union(*run["subgroups"])
+    members = set().union(*(ranks for ranks, _ in run["subgroups"]))
     assert_reports_ok([got[r]["report"] for r in sorted(members)])
     if not RINGPG:
         return
-    for i, ranks in enumerate(run["subgroups"]):
+    for i, (ranks, algorithm) in enumerate(run["subgroups"]):
         hosts, per_host, ring = emulated_topology(run["layout"], ranks)
-        want = {"algorithm": expected_algorithm(run["layout"], ranks), "hosts": hosts, "ranks_per_host": per_host,
+        want = {"algorithm": algorithm, "hosts": hosts, "ranks_per_host": per_host,
                 "ring_order": ring, "transport": transport_expected(run["key"], ranks)}
         for r in range(WS):
             info = got[r]["infos"][i]
@@ -415,7 +422,6 @@ def test_subgroups_match_gloo(run: dict[str, Any]) -> None:
                 continue
             assert {k: v for k, v in info.items() if k != "group"} == want, (ranks, r, info)
             assert info["group"] == got[ranks[0]]["infos"][i]["group"]
-    assert [got[0]["infos"][i]["algorithm"] for i in range(2)] == ["hier", "ring"]
 
 
 def assert_traced(trace_dir: str, group: str, algorithm: str, all_reduce_bytes: set[int], ran: tuple[str, ...]) -> None:
@@ -437,12 +443,10 @@ def test_traces_show_the_algorithm(run: dict[str, Any]) -> None:
     and all-gather (coalesced too) of the world group ran hierarchically on equal hosts,
     on the ring on unequal ones; the subgroups' all-reduces likewise."""
     assert not run["errors"], f"traces incomplete after failed tasks: {sorted(run['errors'])}"
-    world = expected_algorithm(run["layout"], range(WS))
     sizes = {n * d.itemsize for d in DTYPES for n in allreduce_numels(WS, True) if n}
-    assert_traced(run["trace_dir"], "0", world, sizes, HIER_OPS)
+    assert_traced(run["trace_dir"], "0", run["world"], sizes, HIER_OPS)
     infos = result(run, "subgroups")[0]["infos"]  # rank 0 is in every subgroup
-    for ranks, info in zip(run["subgroups"], infos):
-        algorithm = expected_algorithm(run["layout"], ranks)
+    for (ranks, algorithm), info in zip(run["subgroups"], infos):
         gs = len(ranks)
         assert_traced(run["trace_dir"], info["group"], algorithm,
                       {n * d.itemsize for d in DTYPES for n in allreduce_numels(gs, False) if n}, HIER_OPS[:3])
