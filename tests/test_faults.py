@@ -26,16 +26,10 @@ from benchmarks.launch import free_port
 
 pytestmark = pytest.mark.skipif(harness.backend_under_test() != "ringpg", reason="ringpg-specific fault handling")
 
-KILL_DETECT_S = 10.0  # "within a few seconds" of a peer's death
+KILL_DETECT_S = harness.KILL_DETECT_S  # "within a few seconds" of a peer's death
 
-
-def _init(rank: int, ws: int, port: int, timeout_s: float = 60.0) -> None:
-    import ringpg  # noqa: F401
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "ringpg", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws, timeout=timedelta(seconds=timeout_s)
-    )
+# A scenario rank's ringpg world group (the harness's, shared with test_hierarchical.py).
+_init = harness.init_ringpg
 
 
 # The ring's transports, as environments: shared memory (the default here), ringpg's
@@ -51,45 +45,16 @@ _expect_error = harness.expect_error
 # ------------------------------------------------------------------ dead peers
 
 
-def _die_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
-    victim, how, stamp_file = args
-    _init(rank, ws, port)
-    x = torch.ones(1 << 20)
-    for i in range(1000):
-        if rank == victim and i == 3:
-            with open(stamp_file, "w") as f:
-                f.write(repr(time.time()))
-            if how == "sigkill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            os._exit(1)
-        try:
-            dist.all_reduce(x)
-        except Exception as e:  # noqa: BLE001
-            t_err = time.time()
-            kind, again, _ = _expect_error(lambda: dist.all_reduce(torch.ones(8)))
-            return {"type": type(e).__name__, "msg": str(e), "t": t_err, "again_type": kind, "again": again,
-                    "transport": transport_of(dist.group.WORLD)}
-    return {"type": "", "msg": "no error after 1000 all_reduce calls"}
-
-
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 @pytest.mark.parametrize("victim,how", [(1, "exit"), (2, "sigkill")])
 def test_killed_rank_every_survivor_raises_fast(tmp_path: Any, victim: int, how: str, transport: str) -> None:
     ws = 4  # with victim 2, rank 0 is not a ring neighbour of the dead rank
     stamp = str(tmp_path / "died")
-    res = run_scenario(_die_mid_collective, ws, (victim, how, stamp), expect={r for r in range(ws) if r != victim},
-                       env=TRANSPORTS[transport])
-    died = float(open(stamp).read())
-    for r, v in res.items():
-        assert v.get("transport") == harness.transport_expected(transport, ws), v
-        assert v["type"] in ("DistNetworkError", "DistBackendError"), (r, v)
-        assert "ringpg::all_reduce" in v["msg"] and f"rank {r}" in v["msg"], v["msg"]
-        # gloo's words, which torchft and scripts match on (issue 19 item 5).
-        assert "Connection closed by peer" in v["msg"], v["msg"]
-        assert v["t"] - died < KILL_DETECT_S, (r, v["t"] - died, v["msg"])
-        # Later ops fail at once, with the original cause.
-        assert v["again_type"] in ("DistNetworkError", "DistBackendError"), v
-        assert "failed earlier" in v["again"], v["again"]
+    res = run_scenario(harness.die_mid_collective, ws, (victim, how, stamp, "all_reduce"),
+                       expect={r for r in range(ws) if r != victim}, env=TRANSPORTS[transport])
+    # Typed, naming op and rank, in gloo's words (issue 19 item 5), within seconds; later
+    # ops fail at once, with the original cause.
+    harness.assert_survivors_raised_fast(res, stamp, "all_reduce", harness.transport_expected(transport, ws))
 
 
 def _freeze_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:

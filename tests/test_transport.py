@@ -51,6 +51,8 @@ from harness import (
     sentinel_like,
     skip_case,
     emulated_host,
+    emulated_topology,
+    hierarchical_expected,
     transport_expected,
     wait_spin_of,
 )
@@ -203,13 +205,9 @@ def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world
         # Emulated hosts: the ring runs host by host, and the large collectives are
         # hierarchical where several hosts hold two ranks each, unless forced flat.
         if layout:
-            host = [emulated_host(layout, r) for r in range(world_size)]
-            seen = list(dict.fromkeys(host))
-            ring = sorted(range(world_size), key=lambda r: (seen.index(host[r]), r))
-            counts = {h: host.count(h) for h in seen}
-            per_host = counts[seen[0]] if len(set(counts.values())) == 1 else 0
-            assert [r["hosts"] for r in results] == [(len(seen), per_host, ring)] * world_size
-            hier = len(seen) > 1 and per_host > 1 and dict(config[1]).get("RINGPG_ALGO") != "ring"
+            members = range(world_size)
+            assert [r["hosts"] for r in results] == [emulated_topology(layout, members)] * world_size
+            hier = hierarchical_expected(layout, members, dict(config[1]).get("RINGPG_ALGO", "auto"))
             assert [r["allreduce"] for r in results] == ["hier" if hier else "ring"] * world_size
         else:
             assert [r["allreduce"] for r in results] == ["ring"] * world_size

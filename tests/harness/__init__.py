@@ -5,7 +5,7 @@ One module a room; every test imports what it needs from ``harness`` itself:
 * :mod:`harness.backend`: which backend is under test (``$RINGPG_TEST_BACKEND``,
   default ``ringpg``), what a live group of it says, the worker environments of
   ringpg's two transports (:data:`TRANSPORT_ENVS`), its one-shot allreduce limit and
-  the algorithms its traces show (:func:`traced_algorithms`);
+  the algorithms its traces show (:func:`traced_algorithms`, :func:`traced_ops`);
 * :mod:`harness.gloo_gaps`: the one registry of features gloo lacks, for runs that
   substitute gloo for ringpg (:func:`known_gap`, :func:`skip_case`);
 * :mod:`harness.data`: deterministic integer data, dtypes, ops and sizes swept;
@@ -14,7 +14,8 @@ One module a room; every test imports what it needs from ``harness`` itself:
 * :mod:`harness.processes`: :class:`WorkerPool` and :func:`run_workers`, which spawn the
   ranks, run tasks on them and never hang;
 * :mod:`harness.scenarios`: :func:`run_scenario`, one-shot ranks that may die on
-  purpose, and :func:`expect_error`, which times a call that should raise.
+  purpose, and :func:`expect_error`, which times a call that should raise; the shared
+  dead-peer scenario (:func:`die_mid_collective`, :func:`assert_survivors_raised_fast`).
 
 Helpers the benchmarks share (``free_port``, ``transport_of``, ``global_rank``) live in
 the ``benchmarks`` package; ``tests/conftest.py`` puts the repository root on
@@ -33,10 +34,13 @@ from .backend import (
     backend_under_test,
     can_make_mount_namespaces,
     emulated_host,
+    emulated_topology,
+    hierarchical_expected,
     cpu_backend,
     entry_point_installed,
     oneshot_limit_bytes,
     traced_algorithms,
+    traced_ops,
     tiny_private_dev_shm,
     transport_expected,
     wait_spin_of,
@@ -68,7 +72,15 @@ from .processes import (
     collect_results,
     run_workers,
 )
-from .scenarios import ScenarioFn, expect_error, run_scenario
+from .scenarios import (
+    KILL_DETECT_S,
+    ScenarioFn,
+    assert_survivors_raised_fast,
+    die_mid_collective,
+    expect_error,
+    init_ringpg,
+    run_scenario,
+)
 from .references import (
     divide_by_world,
     rank_block,

@@ -32,17 +32,55 @@ TRANSPORT_ENVS: dict[str, tuple[tuple[str, str], ...]] = {
     "gloo": (("RINGPG_TRANSPORT", "gloo"),),
     "mixed": ((EMULATED_HOSTS_ENV, "2"),),
 }
-# Further emulated-host layouts, for the batteries that run them on top of TRANSPORT_ENVS.
-EMULATED_LAYOUTS: dict[str, str] = {"mixed-block": "block2"}
+# Further emulated-host layouts, for the batteries that run them on top of TRANSPORT_ENVS
+# (mixed-block), and for the hierarchical collectives' shapes at world size 6
+# (test_hierarchical.py): hosts x ranks per host, and hosts of 4 and 2 ranks.
+EMULATED_LAYOUTS: dict[str, str] = {
+    "mixed-block": "block2",
+    "hosts3x2": "3",              # rank r on host r % 3: hierSlot is the rank
+    "hosts2x3": "block3",         # torchrun's numbering: ranks 0-2 on host 0
+    "hosts4+2": "0,1,0,0,1,0",    # unequal: host 0 holds ranks 0, 2, 3, 5
+}
 
 
 def emulated_host(layout: str, rank: int) -> int:
     """The emulated host of ``rank`` under ``EMULATED_HOSTS_ENV=layout``: ``"H"`` places
     rank r on host r % H (cyclic), ``"blockK"`` on host r // K (K consecutive ranks per
-    host, as torchrun numbers them)."""
+    host, as torchrun numbers them), and a comma-separated list names each rank's host
+    in rank order (``"0,1,0,0,1,0"``: host 0 holds ranks 0, 2, 3, 5 and host 1 ranks 1, 4,
+    hosts of unequal sizes, which neither other form expresses)."""
+    if "," in layout:
+        hosts = layout.split(",")
+        if rank >= len(hosts):
+            raise ValueError(f"{EMULATED_HOSTS_ENV}={layout!r} names no host for rank {rank}")
+        return int(hosts[rank])
     if layout.startswith("block"):
         return rank // int(layout[len("block"):])
     return rank % int(layout)
+
+
+def emulated_topology(layout: str, members: Sequence[int]) -> tuple[int, int, list[int]]:
+    """What ringpg's topology (csrc/transport/topology.h) makes of a group of the world
+    ranks ``members`` under ``layout``: (hosts, ranks per host or 0 when hosts hold
+    different numbers, the ring order in group ranks: host by host, hosts numbered by
+    first appearance, ascending within a host) -- ``ringpg.backend(g)``'s ``.hosts``,
+    ``.ranks_per_host`` and ``.ring_order``."""
+    host = [emulated_host(layout, r) for r in members]
+    seen = list(dict.fromkeys(host))
+    ring = sorted(range(len(members)), key=lambda q: (seen.index(host[q]), q))
+    counts = {h: host.count(h) for h in seen}
+    per_host = counts[seen[0]] if len(set(counts.values())) == 1 else 0
+    return len(seen), per_host, ring
+
+
+def hierarchical_expected(layout: str, members: Sequence[int], algo: str = "auto") -> bool:
+    """Whether ringpg runs a group of ``members`` under ``layout`` hierarchically (README,
+    RINGPG_ALGO): ``auto`` where several hosts hold the same number (> 1) of its ranks,
+    ``hier`` wherever they hold equal numbers, ``ring`` never."""
+    hosts, per_host, _ = emulated_topology(layout, members)
+    if algo == "ring" or per_host == 0 or len(members) < 2:
+        return False
+    return algo == "hier" or (hosts > 1 and per_host > 1)
 
 
 def apply_env(env: Mapping[str, str], rank: int) -> None:
@@ -104,19 +142,26 @@ def cpu_backend(group: Any) -> Any:
     return group._get_backend(torch.device("cpu"))
 
 
-def traced_algorithms(trace_dir: str, op: str) -> dict[int, set[str]]:
-    """Bytes -> algorithms of every ``op`` span in ringpg's traces in ``trace_dir`` (``RINGPG_TRACE``).
+def traced_ops(trace_dir: str, group: Optional[str] = None) -> dict[str, dict[int, set[str]]]:
+    """Op name -> bytes -> algorithms of every op span in ringpg's traces in ``trace_dir``
+    (``RINGPG_TRACE``), of every group's files, or of ``group``'s only (its ``group_name``:
+    ``"0"`` for the world).  An op that moved nothing (0 bytes) names no algorithm: ``"-"``.
 
     Read once the groups are destroyed (their files are then closed).
     """
     from ringpg import trace
 
-    seen: dict[int, set[str]] = {}
-    for t in trace.load(trace_dir):
+    seen: dict[str, dict[int, set[str]]] = {}
+    for t in trace.load(trace_dir, group):
         for span in t.ops():
-            if span["name"] == op:
-                seen.setdefault(int(span["args"]["bytes"]), set()).add(str(span["args"]["algorithm"]))
+            by_bytes = seen.setdefault(span["name"], {})
+            by_bytes.setdefault(int(span["args"]["bytes"]), set()).add(str(span["args"].get("algorithm", "-")))
     return seen
+
+
+def traced_algorithms(trace_dir: str, op: str, group: Optional[str] = None) -> dict[int, set[str]]:
+    """Bytes -> algorithms of every ``op`` span in ringpg's traces in ``trace_dir`` (see traced_ops)."""
+    return traced_ops(trace_dir, group).get(op, {})
 
 
 def wait_spin_of(group: Any) -> Optional[int]:

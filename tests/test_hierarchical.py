@@ -1,0 +1,472 @@
+"""Hierarchical collectives on emulated hosts of other shapes than 2 x 2 (issue "Hosts x ranks").
+
+ringpg runs allreduce, reduce_scatter_tensor and all_gather_into_tensor hierarchically
+(csrc/algorithms/hierarchical.cpp: a ring over each host's ranks, one ring per local
+rank across the hosts, the hierSlot chunk layout) where several hosts hold the same
+number K > 1 of a group's ranks, and the flat ring where they hold different numbers.
+test_transport.py covers 2 hosts x 2 ranks and 2 + 1; test_blind_spots.py 2 x 4.  Here,
+at world size 6, hosts emulated through ``RINGPG_HOSTID`` (harness.EMULATED_LAYOUTS):
+
+* ``3x2``: 3 hosts x 2 ranks, rank r on host r % 3 (cyclic: hierSlot is the rank, the
+  all-gather runs in place);
+* ``2x3``: 2 hosts x 3 ranks, numbered as torchrun does (ranks 0-2 on host 0: hierSlot
+  is not the rank, so reduce-scatter and all-gather go through the kept layout);
+* ``4+2``: hosts of 4 and 2 ranks (0, 2, 3, 5 and 1, 4): the flat ring, on a ring order
+  that is not rank order, even with ``RINGPG_ALGO=hier`` (set there, so that its
+  subgroups of one host, and of one rank per host, run the hierarchical algorithms).
+
+Each layout's pool (``RINGPG_ONESHOT_BYTES=0``, so that every non-empty allreduce takes
+the ring path rather than the one-shot exchange; ``RINGPG_SEGMENT_BYTES=65536``, so the
+larger cases span many segments and shared-memory slots) runs, against gloo on the same
+ranks and inputs:
+
+* the battery: all_reduce (numel 0, 1, 5, 6k+5 small and large), reduce_scatter_tensor
+  and all_gather_into_tensor (per-rank numel 0, 1, 7, 3001, 50001; the all-gather also
+  with its input inside its output, as FSDP calls it), broadcast from every rank (a root
+  on each host), for int32, float32 and bfloat16 under SUM, AVG, MAX, MIN, PRODUCT and
+  PREMUL_SUM (floats; a scalar and a tensor factor).  Data are small integers, so every
+  result is exact (``torch.equal``); random normal floats under SUM and AVG are checked
+  within a stated bound of gloo's float64 result, and must be bit-identical on every rank;
+* the coalesced forms: ``_coalescing_manager`` around all_reduce / reduce_scatter_tensor /
+  all_gather_into_tensor on the same dtypes and ops, plus test_surface_collectives.py's
+  own coalesced batteries (all_reduce_coalesced, all_gather_coalesced, the manager
+  with async_ops), imported;
+* subgroups: one spanning 2 hosts x 2 ranks (hierarchical, whatever the world's shape,
+  the 4+2 world included) and one of 2 + 1 ranks (the flat ring), each against a gloo
+  subgroup of the same ranks; under 4+2 also one of 2 ranks on one host and one of one
+  rank on each of 2 hosts (hierarchical only because RINGPG_ALGO=hier forces it).
+
+``ringpg.backend(g)`` must report the layout's hosts, ranks per host, ring order and
+algorithm, and ringpg's traces (``RINGPG_TRACE``) must show every non-empty allreduce,
+reduce-scatter and all-gather of each group on that algorithm.  Last, a rank killed
+mid-collective at 3x2 (allreduce) and 2x3 (reduce-scatter): every survivor gets a typed
+error within seconds (harness.die_mid_collective, as test_faults.py's dead peers).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Optional
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import test_surface_collectives
+from harness import (
+    EMULATED_HOSTS_ENV,
+    EMULATED_LAYOUTS,
+    CheckReport,
+    Checker,
+    Groups,
+    InitSpec,
+    TaskFn,
+    WorkerPool,
+    assert_reports_ok,
+    assert_survivors_raised_fast,
+    backend_under_test,
+    data_kind,
+    die_mid_collective,
+    dtype_name,
+    emulated_topology,
+    hierarchical_expected,
+    known_gap,
+    make_data,
+    make_random_float,
+    reduce_op,
+    ref_all_gather,
+    ref_all_reduce,
+    ref_broadcast,
+    ref_reduce_scatter,
+    run_scenario,
+    sentinel_like,
+    skip_case,
+    traced_ops,
+    transport_expected,
+)
+from surface_utils import finish, guarded
+
+WS = 6
+RINGPG = backend_under_test() == "ringpg"
+
+Subgroups = tuple[tuple[tuple[int, ...], str], ...]
+# (id, harness.EMULATED_LAYOUTS key, RINGPG_ALGO, (hosts, ranks per host: 0 = unequal),
+#  the world's algorithm, subgroups: (world ranks, algorithm)).  4+2 runs with the
+#  hierarchical algorithms forced: the world still runs the ring (its hosts hold unequal
+#  numbers), while subgroups of one host (H = 1) or of one rank per host (K = 1) run them.
+LAYOUTS: tuple[tuple[str, str, str, tuple[int, int], str, Subgroups], ...] = (
+    ("3x2", "hosts3x2", "auto", (3, 2), "hier", (((0, 1, 3, 4), "hier"), ((0, 1, 3), "ring"))),
+    ("2x3", "hosts2x3", "auto", (2, 3), "hier", (((0, 1, 3, 4), "hier"), ((0, 1, 3), "ring"))),
+    ("4+2", "hosts4+2", "hier", (2, 0), "ring",
+     (((0, 1, 2, 4), "hier"), ((0, 1, 3), "ring"), ((0, 2), "hier"), ((0, 1), "hier"))),
+)
+ENV = (("RINGPG_ONESHOT_BYTES", "0"), ("RINGPG_SEGMENT_BYTES", "65536"))
+
+DTYPES = (torch.int32, torch.float32, torch.bfloat16)
+OPS = ("SUM", "AVG", "MAX", "MIN", "PRODUCT", "PREMUL_SUM")
+# PREMUL_SUM's factors: a float and a 1-element tensor of the input's dtype (small
+# integers times either stay exact in bfloat16).
+PREMUL_FACTORS = ("0.5", "tensor 3")
+# The ops whose large sizes run too (the rest, on the small ones only: time).
+LARGE_OPS = ("SUM", "AVG", "MAX", "PREMUL_SUM")
+LARGE_K = 50000  # all_reduce of 6k+5 = 300005 elements; reduce-scatter / all-gather blocks of 50001
+
+
+def allreduce_numels(gs: int, large: bool) -> list[int]:
+    """Empty, one, fewer than the group, and gs*k + gs-1 (no chunk split is even)."""
+    ns = [0, 1, gs - 1, gs * 1000 + gs - 1]
+    return ns + [gs * LARGE_K + gs - 1] if large else ns
+
+
+def block_numels(large: bool) -> list[int]:
+    """Per-rank numel of reduce_scatter_tensor / all_gather_into_tensor."""
+    ns = [0, 1, 7, 3001]
+    return ns + [LARGE_K + 1] if large else ns
+
+
+# ------------------------------------------------------------------ the battery
+
+
+def reductions(backend: str, dtype: torch.dtype) -> Iterator[tuple[str, Callable[[], Any], Callable[[torch.Tensor], torch.Tensor], str]]:
+    """(case name, a fresh ReduceOp, what the reference reduces, the reference's op)
+    for every op of OPS the backend under test has for ``dtype``; PREMUL_SUM's
+    reference is gloo's SUM of the premultiplied input."""
+    for op in OPS:
+        if op != "PREMUL_SUM":
+            if not skip_case(backend, op, dtype):
+                yield op, (lambda op=op: reduce_op(op)), (lambda x: x), op
+            continue
+        if not dtype.is_floating_point or known_gap(backend, "PREMUL_SUM"):
+            continue
+        for kind in PREMUL_FACTORS:
+            factor: Any = 0.5 if kind == "0.5" else torch.tensor([3.0], dtype=dtype)
+            yield (f"PREMUL_SUM factor={kind}", (lambda f=factor: dist._make_nccl_premul_sum(f)),
+                   (lambda x, f=factor: x * f), "SUM")
+
+
+def check_battery(chk: Checker, groups_backend: str, g: Any, ref: Any, tag: str, full: bool = True) -> None:
+    """all_reduce, reduce_scatter_tensor, all_gather_into_tensor and broadcast on ``g``
+    against the gloo group ``ref`` (same ranks), exact on small-integer data."""
+    gs, me = dist.get_world_size(g), dist.get_rank()
+    members = dist.get_process_group_ranks(g)
+    for dtype in DTYPES:
+        for name, red, pre, ref_op in reductions(groups_backend, dtype):
+            kind = data_kind(ref_op)
+            large = name.split()[0] in LARGE_OPS
+            for n in allreduce_numels(gs, large and full):
+                case = f"all_reduce op={name} dtype={dtype_name(dtype)} numel={n} {tag}"
+                x = make_data(me, case, (n,), dtype, kind)
+                got = x.clone()
+                guarded(chk, case, lambda: dist.all_reduce(got, op=red(), group=g))
+                chk.equal(case, got, ref_all_reduce(pre(x), ref_op, ref))
+            for n in block_numels(large and full):
+                case = f"reduce_scatter_tensor op={name} dtype={dtype_name(dtype)} numel={n * gs} {tag}"
+                x = make_data(me, case, (n * gs,), dtype, kind)
+                out = sentinel_like((n,), dtype)
+                guarded(chk, case, lambda: dist.reduce_scatter_tensor(out, x.clone(), op=red(), group=g))
+                chk.equal(case, out, ref_reduce_scatter(pre(x), ref_op, ref))
+        for n in block_numels(full):
+            case = f"all_gather_into_tensor dtype={dtype_name(dtype)} numel={n} {tag}"
+            x = make_data(me, case, (n,), dtype)
+            out = sentinel_like((n * gs,), dtype)
+            guarded(chk, case, lambda: dist.all_gather_into_tensor(out, x, group=g))
+            expected = ref_all_gather(x, ref)
+            chk.equal(case, out, expected)
+            # The input as the output's own chunk (FSDP's call): in place, or through the
+            # kept layout when hierSlot is not the rank.
+            case = f"all_gather_into_tensor [input in output] dtype={dtype_name(dtype)} numel={n} {tag}"
+            out = sentinel_like((n * gs,), dtype)
+            own = out.narrow(0, dist.get_rank(g) * n, n)
+            own.copy_(x)
+            guarded(chk, case, lambda: dist.all_gather_into_tensor(out, own, group=g))
+            chk.equal(case, out, expected)
+        for n in (0, 5, gs * LARGE_K + gs - 1) if full else (5, gs * 1000 + gs - 1):
+            for src in members:  # every rank as the root: a root on every host
+                case = f"broadcast src={src} dtype={dtype_name(dtype)} numel={n} {tag}"
+                x = make_data(me, case, (n,), dtype)
+                got = x.clone()
+                guarded(chk, case, lambda: dist.broadcast(got, src=src, group=g))
+                chk.equal(case, got, ref_broadcast(x, src, ref))
+
+
+def check_random_floats(chk: Checker, g: Any, ref: Any, tag: str) -> None:
+    """Random normal float32/bfloat16 under SUM and AVG, where the order of the
+    additions shows (ringpg's host-then-cross order is not gloo's).  Tolerance: every
+    element within gs * eps * R(|x|) + eps * |R(x)| of R(x), R being gloo's float64
+    reduction: ringpg rounds at most once per ring step (fp16/bf16 in fp32, rounded once
+    per step), each rounding at most eps/2 of a partial reduction bounded by R(|x|).
+    And every rank must hold the same bits (every element reduced in one order, then
+    copied)."""
+    gs, me = dist.get_world_size(g), dist.get_rank()
+    for dtype in (torch.float32, torch.bfloat16):
+        eps = torch.finfo(dtype).eps
+        for op in ("SUM", "AVG"):
+            n = gs * LARGE_K + gs - 1
+            case = f"all_reduce random normal op={op} dtype={dtype_name(dtype)} numel={n} {tag}"
+            x = make_random_float(me, case, (n,), dtype)
+            got = x.clone()
+            guarded(chk, case, lambda: dist.all_reduce(got, op=reduce_op(op), group=g))
+            exact = ref_all_reduce(x.double(), op, ref)
+            bound = gs * eps * ref_all_reduce(x.double().abs(), op, ref) + eps * exact.abs()
+            chk.within(case, got.double(), exact, bound)
+            every = ref_all_gather(got, ref).view(gs, n)
+            chk.equal(f"{case} [same bits on every rank]", every, got.expand(gs, n))
+
+            case = f"reduce_scatter_tensor random normal op={op} dtype={dtype_name(dtype)} numel={gs * (LARGE_K + 1)} {tag}"
+            x = make_random_float(me, case, (gs * (LARGE_K + 1),), dtype)
+            out = sentinel_like((LARGE_K + 1,), dtype)
+            guarded(chk, case, lambda: dist.reduce_scatter_tensor(out, x.clone(), op=reduce_op(op), group=g))
+            exact = ref_reduce_scatter(x.double(), op, ref)
+            bound = gs * eps * ref_reduce_scatter(x.double().abs(), op, ref) + eps * exact.abs()
+            chk.within(case, out.double(), exact, bound)
+
+
+def battery_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    chk = Checker(rank)
+    check_battery(chk, groups.backend, groups.test, groups.ref, f"ws={ws} {args}")
+    check_random_floats(chk, groups.test, groups.ref, f"ws={ws} {args}")
+    return finish(chk, groups.test)
+
+
+# ------------------------------------------------------------------ coalesced
+
+AR_SHAPES = ((6005,), (0,), (5,), (3, 7))
+BLOCK_SHAPES = ((7,), (3001,), (1,), (2, 3))  # per rank; dim 0 scaled by the group size
+
+
+def coalesced_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    """``_coalescing_manager`` around all_reduce, reduce_scatter_tensor and
+    all_gather_into_tensor (one op each on the group: allreduce_coalesced,
+    reduce_scatter_tensor_coalesced, allgather_into_tensor_coalesced)."""
+    chk = Checker(rank)
+    g, ref = groups.test, groups.ref
+    tag = f"ws={ws} {args}"
+    for dtype in DTYPES:
+        d = dtype_name(dtype)
+        for name, red, pre, ref_op in reductions(groups.backend, dtype):
+            kind = data_kind(ref_op)
+            case = f"coalesced all_reduce op={name} dtype={d} {tag}"
+            xs = [make_data(rank, f"{case} [{i}]", s, dtype, kind) for i, s in enumerate(AR_SHAPES)]
+            got = [x.clone() for x in xs]
+
+            def coalesced_all_reduce() -> None:
+                with dist._coalescing_manager(group=g):
+                    for t in got:
+                        dist.all_reduce(t, op=red(), group=g)
+
+            guarded(chk, case, coalesced_all_reduce)
+            for i, (t, x) in enumerate(zip(got, xs)):
+                chk.equal(f"{case} [tensor {i}]", t, ref_all_reduce(pre(x), ref_op, ref))
+
+            case = f"coalesced reduce_scatter_tensor op={name} dtype={d} {tag}"
+            xs = [make_data(rank, f"{case} [{i}]", (s[0] * ws, *s[1:]), dtype, kind) for i, s in enumerate(BLOCK_SHAPES)]
+            outs = [sentinel_like(s, dtype) for s in BLOCK_SHAPES]
+
+            def coalesced_reduce_scatter() -> None:
+                with dist._coalescing_manager(group=g):
+                    for o, x in zip(outs, xs):
+                        dist.reduce_scatter_tensor(o, x.clone(), op=red(), group=g)
+
+            guarded(chk, case, coalesced_reduce_scatter)
+            for i, (o, x) in enumerate(zip(outs, xs)):
+                chk.equal(f"{case} [tensor {i}]", o, ref_reduce_scatter(pre(x), ref_op, ref))
+
+        case = f"coalesced all_gather_into_tensor dtype={d} {tag}"
+        xs = [make_data(rank, f"{case} [{i}]", s, dtype) for i, s in enumerate(BLOCK_SHAPES)]
+        outs = [sentinel_like((s[0] * ws, *s[1:]), dtype) for s in BLOCK_SHAPES]
+
+        def coalesced_all_gather() -> None:
+            with dist._coalescing_manager(group=g):
+                for o, x in zip(outs, xs):
+                    dist.all_gather_into_tensor(o, x, group=g)
+
+        guarded(chk, case, coalesced_all_gather)
+        for i, (o, x) in enumerate(zip(outs, xs)):
+            chk.equal(f"{case} [tensor {i}]", o, ref_all_gather(x, ref))
+    return finish(chk, g)
+
+
+# ------------------------------------------------------------------ subgroups
+
+
+def group_info(g: Any) -> Optional[dict[str, Any]]:
+    """What ringpg's backend of ``g`` says about its hosts and algorithm (None: not ringpg)."""
+    import ringpg
+
+    b = ringpg.backend(g)
+    if b is None:
+        return None
+    return {"algorithm": b.allreduce_algorithm, "hosts": b.hosts, "ranks_per_host": b.ranks_per_host,
+            "ring_order": list(b.ring_order), "transport": b.transport, "group": g.group_name}
+
+
+def info_worker(rank: int, ws: int, groups: Groups, args: Any) -> Optional[dict[str, Any]]:
+    return group_info(groups.test)
+
+
+def subgroup_worker(rank: int, ws: int, groups: Groups, subgroups: Subgroups) -> dict[str, Any]:
+    """Each subgroup (created on every rank, members run it) against a gloo subgroup of
+    the same ranks: a smaller battery (no large sizes), and what its backend says."""
+    chk = Checker(rank)
+    infos: list[Optional[dict[str, Any]]] = []
+    for ranks, _ in subgroups:
+        sub = dist.new_group(list(ranks))
+        ref = dist.new_group(list(ranks), backend="gloo")
+        if rank not in ranks:
+            infos.append(None)
+            continue
+        infos.append(group_info(sub))
+        check_battery(chk, groups.backend, sub, ref, f"subgroup={list(ranks)}", full=False)
+        finish(chk, sub)  # a subgroup the failures broke: raise, so the pool restarts
+    return {"report": chk.report(), "infos": infos}
+
+
+# ------------------------------------------------------------------ the runs
+
+# (name, worker, args): the tasks each layout's pool runs; the tests read their results.
+TASKS: tuple[tuple[str, TaskFn, Any], ...] = (
+    ("info", info_worker, None),
+    ("battery", battery_worker, None),
+    ("coalesced", coalesced_worker, None),
+    # test_surface_collectives.py's own: all_reduce_coalesced / all_gather_coalesced,
+    # _coalescing_manager with async_ops (funcol's *_coalesced reach the same backend
+    # ops as the manager's, and their first call costs seconds: not here).
+    ("surface-deprecated", test_surface_collectives.deprecated_coalesced_worker, None),
+    ("surface-manager", test_surface_collectives.coalescing_manager_worker, None),
+    ("subgroups", subgroup_worker, None),  # args: the layout's subgroups
+)
+# The op spans of ringpg's traces whose algorithm is the hierarchical one or the ring.
+HIER_OPS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "allreduce_coalesced",
+            "reduce_scatter_tensor_coalesced", "allgather_into_tensor_coalesced", "allgather_coalesced")
+
+pytestmark = [
+    # The first test of a layout also pays its pool's run (about 20-30 s on 2 cores).
+    pytest.mark.timeout(300),
+]
+
+
+@pytest.fixture(scope="module", params=LAYOUTS, ids=lambda p: p[0])
+def run(request: Any, tmp_path_factory: Any) -> dict[str, Any]:
+    """One pool per layout runs every task, then shuts down (closing the trace files);
+    a task that fails is recorded for its test, the next ones run on fresh workers."""
+    name, key, algo, shape, world, subgroups = request.param
+    trace_dir = str(tmp_path_factory.mktemp(f"hier-trace-{key}"))
+    env = ((EMULATED_HOSTS_ENV, EMULATED_LAYOUTS[key]), ("RINGPG_ALGO", algo), *ENV)
+    if RINGPG:
+        env = (*env, ("RINGPG_TRACE", trace_dir))
+    results: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    with WorkerPool(WS, InitSpec(env=env)) as pool:
+        for task, fn, args in TASKS:
+            try:
+                results[task] = pool.run(fn, subgroups if task == "subgroups" else name, timeout=120)
+            except AssertionError as e:
+                errors[task] = str(e)
+    return {"name": name, "layout": EMULATED_LAYOUTS[key], "key": key, "algo": algo, "shape": shape, "world": world,
+            "subgroups": subgroups, "trace_dir": trace_dir, "results": results, "errors": errors}
+
+
+def result(run: dict[str, Any], task: str) -> Any:
+    if task in run["errors"]:
+        raise AssertionError(f"task {task!r} failed on layout {run['name']}:\n{run['errors'][task]}")
+    return run["results"][task]
+
+
+def expected_algorithm(run: dict[str, Any], members: Any) -> str:
+    return "hier" if hierarchical_expected(run["layout"], list(members), run["algo"]) else "ring"
+
+
+def test_layout_is_what_the_test_means(run: dict[str, Any]) -> None:
+    """The emulated layout itself: hosts and ranks per host as the layout's id says, and
+    the world and each subgroup on the algorithm the table says (harness's rule)."""
+    hosts, per_host, _ = emulated_topology(run["layout"], range(WS))
+    assert (hosts, per_host) == run["shape"]
+    assert expected_algorithm(run, range(WS)) == run["world"]
+    assert [expected_algorithm(run, ranks) for ranks, _ in run["subgroups"]] == [a for _, a in run["subgroups"]]
+    # Among them, one of 2 hosts x 2 ranks (hierarchical) and one of 2 + 1 (the ring).
+    assert [emulated_topology(run["layout"], ranks)[:2] for ranks, _ in run["subgroups"][:2]] == [(2, 2), (2, 0)]
+
+
+@pytest.mark.skipif(not RINGPG, reason="ringpg's topology")
+def test_backend_reports_hosts_and_algorithm(run: dict[str, Any]) -> None:
+    hosts, per_host, ring = emulated_topology(run["layout"], range(WS))
+    want = {"algorithm": run["world"], "hosts": hosts, "ranks_per_host": per_host,
+            "ring_order": ring, "transport": transport_expected(run["key"], WS), "group": "0"}
+    assert result(run, "info") == [want] * WS
+
+
+def test_collectives_match_gloo(run: dict[str, Any]) -> None:
+    assert_reports_ok(result(run, "battery"))
+
+
+@pytest.mark.parametrize("task", ["coalesced", "surface-deprecated", "surface-manager"])
+def test_coalesced_match_gloo(run: dict[str, Any], task: str) -> None:
+    assert_reports_ok(result(run, task))
+
+
+def test_subgroups_match_gloo(run: dict[str, Any]) -> None:
+    """The 2 x 2 subgroup runs hierarchically (whatever the world's shape), the 2 + 1 one
+    on the flat ring (and, with RINGPG_ALGO=hier, those of one host or one rank per host
+    hierarchically); all match gloo's subgroups of the same ranks."""
+    got = result(run, "subgroups")
+    members = set().union(*(ranks for ranks, _ in run["subgroups"]))
+    assert_reports_ok([got[r]["report"] for r in sorted(members)])
+    if not RINGPG:
+        return
+    for i, (ranks, algorithm) in enumerate(run["subgroups"]):
+        hosts, per_host, ring = emulated_topology(run["layout"], ranks)
+        want = {"algorithm": algorithm, "hosts": hosts, "ranks_per_host": per_host,
+                "ring_order": ring, "transport": transport_expected(run["key"], ranks)}
+        for r in range(WS):
+            info = got[r]["infos"][i]
+            if r not in ranks:
+                assert info is None
+                continue
+            assert {k: v for k, v in info.items() if k != "group"} == want, (ranks, r, info)
+            assert info["group"] == got[ranks[0]]["infos"][i]["group"]
+
+
+def assert_traced(trace_dir: str, group: str, algorithm: str, all_reduce_bytes: set[int], ran: tuple[str, ...]) -> None:
+    """Every non-empty op of HIER_OPS of ``group`` ran ``algorithm``; every all_reduce of
+    ``all_reduce_bytes`` bytes, and some op of each name in ``ran``, was traced."""
+    traced = traced_ops(trace_dir, group)
+    seen = {op: traced.get(op, {}) for op in HIER_OPS}
+    missing = all_reduce_bytes - set(seen["all_reduce"])
+    assert not missing, f"group {group}: no traced all_reduce of {sorted(missing)} bytes; traced {seen['all_reduce']}"
+    for op in ran:
+        assert seen[op], f"group {group}: no {op} traced"
+    wrong = {op: {b: a for b, a in by_bytes.items() if b > 0 and a != {algorithm}} for op, by_bytes in seen.items()}
+    assert not any(wrong.values()), f"group {group}: expected {algorithm!r}, traced {wrong}"
+
+
+@pytest.mark.skipif(not RINGPG, reason="RINGPG_TRACE is ringpg's")
+def test_traces_show_the_algorithm(run: dict[str, Any]) -> None:
+    """The traces, not only the backend's word: every non-empty allreduce, reduce-scatter
+    and all-gather (coalesced too) of the world group ran hierarchically on equal hosts,
+    on the ring on unequal ones; the subgroups' all-reduces likewise."""
+    assert not run["errors"], f"traces incomplete after failed tasks: {sorted(run['errors'])}"
+    sizes = {n * d.itemsize for d in DTYPES for n in allreduce_numels(WS, True) if n}
+    assert_traced(run["trace_dir"], "0", run["world"], sizes, HIER_OPS)
+    infos = result(run, "subgroups")[0]["infos"]  # rank 0 is in every subgroup
+    for (ranks, algorithm), info in zip(run["subgroups"], infos):
+        gs = len(ranks)
+        assert_traced(run["trace_dir"], info["group"], algorithm,
+                      {n * d.itemsize for d in DTYPES for n in allreduce_numels(gs, False) if n}, HIER_OPS[:3])
+
+
+# ------------------------------------------------------------------ a dead rank
+
+
+@pytest.mark.skipif(not RINGPG, reason="ringpg-specific fault handling")
+@pytest.mark.parametrize("key,victim,how,op", [
+    ("hosts3x2", 1, "sigkill", "all_reduce"),
+    ("hosts2x3", 4, "exit", "reduce_scatter_tensor"),
+], ids=["3x2-all_reduce", "2x3-reduce_scatter"])
+@pytest.mark.timeout(120)
+def test_killed_rank_mid_hierarchical_collective(tmp_path: Any, key: str, victim: int, how: str, op: str) -> None:
+    """A rank dies while the others are inside a hierarchical collective: every survivor
+    (on its host's ring, on its cross-host ring, or on neither with the victim) raises a
+    typed error naming the op within seconds, and later ops fail at once."""
+    stamp = str(tmp_path / "died")
+    res = run_scenario(die_mid_collective, WS, (victim, how, stamp, op), expect=set(range(WS)) - {victim},
+                       env={EMULATED_HOSTS_ENV: EMULATED_LAYOUTS[key]})
+    assert {r: v.get("algorithm") for r, v in res.items()} == {r: "hier" for r in res}, res
+    assert_survivors_raised_fast(res, stamp, op, transport_expected(key, WS))
