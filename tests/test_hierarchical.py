@@ -17,8 +17,9 @@ at world size 6, hosts emulated through ``RINGPG_HOSTID`` (harness.EMULATED_LAYO
 
 Each layout's pool (``RINGPG_ONESHOT_BYTES=0``, so that every non-empty allreduce takes
 the ring path rather than the one-shot exchange; ``RINGPG_SEGMENT_BYTES=65536``, so the
-larger cases span many segments and shared-memory slots) runs, against gloo on the same
-ranks and inputs:
+larger cases span many segments and shared-memory slots; ``RINGPG_HIER_PIECE_BYTES=65536``,
+so they also move in pieces, the rings across hosts on the op's second thread) runs,
+against gloo on the same ranks and inputs:
 
 * the battery: all_reduce (numel 0, 1, 5, 6k+5 small and large), reduce_scatter_tensor
   and all_gather_into_tensor (per-rank numel 0, 1, 7, 3001, 50001; the all-gather also
@@ -40,7 +41,8 @@ ranks and inputs:
 algorithm, and ringpg's traces (``RINGPG_TRACE``) must show every non-empty allreduce,
 reduce-scatter and all-gather of each group on that algorithm.  Last, a rank killed
 mid-collective at 3x2 (allreduce) and 2x3 (reduce-scatter): every survivor gets a typed
-error within seconds (harness.die_mid_collective, as test_faults.py's dead peers).
+error within seconds (harness.die_mid_collective, as test_faults.py's dead peers), its
+4 MiB buffer in pieces: the rank may die while both threads of an op wait.
 """
 from __future__ import annotations
 
@@ -98,7 +100,10 @@ LAYOUTS: tuple[tuple[str, str, str, tuple[int, int], str, Subgroups], ...] = (
     ("4+2", "hosts4+2", "hier", (2, 0), "ring",
      (((0, 1, 2, 4), "hier"), ((0, 1, 3), "ring"), ((0, 2), "hier"), ((0, 1), "hier"))),
 )
-ENV = (("RINGPG_ONESHOT_BYTES", "0"), ("RINGPG_SEGMENT_BYTES", "65536"))
+# Pieces of 64 KiB: the large cases run in pieces, the rings across hosts on a second
+# thread beside the host rings (hierarchical.h), and the small ones in one.
+PIECE_BYTES = "65536"
+ENV = (("RINGPG_ONESHOT_BYTES", "0"), ("RINGPG_SEGMENT_BYTES", "65536"), ("RINGPG_HIER_PIECE_BYTES", PIECE_BYTES))
 
 DTYPES = (torch.int32, torch.float32, torch.bfloat16)
 OPS = ("SUM", "AVG", "MAX", "MIN", "PRODUCT", "PREMUL_SUM")
@@ -467,6 +472,6 @@ def test_killed_rank_mid_hierarchical_collective(tmp_path: Any, key: str, victim
     typed error naming the op within seconds, and later ops fail at once."""
     stamp = str(tmp_path / "died")
     res = run_scenario(die_mid_collective, WS, (victim, how, stamp, op), expect=set(range(WS)) - {victim},
-                       env={EMULATED_HOSTS_ENV: EMULATED_LAYOUTS[key]})
+                       env={EMULATED_HOSTS_ENV: EMULATED_LAYOUTS[key], "RINGPG_HIER_PIECE_BYTES": PIECE_BYTES})
     assert {r: v.get("algorithm") for r, v in res.items()} == {r: "hier" for r in res}, res
     assert_survivors_raised_fast(res, stamp, op, transport_expected(key, WS))
