@@ -32,7 +32,7 @@ struct Config {
   // A hierarchical collective of a larger buffer moves in pieces of about this many
   // bytes, the host rings of one piece running while another crosses the network
   // (RINGPG_HIER_PIECE_BYTES; 0: one piece, no overlap; algorithms/hierarchical.h).
-  size_t hierPieceBytes = 8 * 1024 * 1024;
+  size_t hierPieceBytes = 2 * 1024 * 1024;
   // Microseconds a waiting thread spins (yielding) before it sleeps (RINGPG_SPIN_US);
   // kSpinAuto: shared-memory groups spin kAutoShmSpinMicros when every rank can have
   // a core, TCP waits do not spin (see shmSpinMicros()).
