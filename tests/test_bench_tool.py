@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,41 +84,40 @@ def test_emulated_rows_report_link_and_probe_fractions(tmp_path: Path) -> None:
     assert len(headers) == 2 and all(h.count("%probe") == 2 for h in headers), headers
 
 
-def test_emulated_hosts_run_shared_memory_within_and_tcp_between(tmp_path: Path) -> None:
-    """Two emulated hosts (network namespaces) holding two ranks each, placed cyclically
-    (ranks 0, 2 on one, 1, 3 on the other), ringpg on the --transports axis: auto runs
-    'shm+tcp' (its ring runs host by host, shared memory within a host), tcp runs 'tcp',
-    and both match gloo on every checked case (--check compares every element)."""
+def _check_on_two_hosts(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
+    """``bench --check`` on 2 emulated hosts x 2 ranks (one network namespace per host,
+    1 Gbit, MTU 9000) with ``args``: its output and JSON document, every record checked
+    clean (no wrong element, no error); skips where the emulation cannot run."""
     out = tmp_path / "hosts.json"
-    p = _bench("--check", "--emulate", "1gbit", "--hosts", "2", "--mtu", "9000", "--world-sizes", "4",
-               "--ops", "ar,rs,ag,bc", "--dtypes", "float32,bfloat16", "--backends", "ringpg,gloo", "--transports", "auto,tcp",
+    p = _bench("--check", "--emulate", "1gbit", "--hosts", "2", "--mtu", "9000", "--world-sizes", "4", *args,
                "--no-probe", "--quiet", "--json", str(out))
     if "emulation skipped" in p.stdout:
         pytest.skip(p.stdout.strip().splitlines()[-1])
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
-    assert doc["transports"] == {"4": {"ringpg@auto": "shm+tcp", "ringpg@tcp": "tcp"}}, doc["transports"]
     rows = doc["results"]
     assert rows and all(r["wrong"] == 0 and r["error"] is None for r in rows)
-    assert {r["backend"] for r in rows} == {"ringpg@auto", "ringpg@tcp", "gloo"}
+    return p, doc
+
+
+def test_emulated_hosts_run_shared_memory_within_and_tcp_between(tmp_path: Path) -> None:
+    """Two emulated hosts (network namespaces) holding two ranks each, placed cyclically
+    (ranks 0, 2 on one, 1, 3 on the other), ringpg on the --transports axis: auto runs
+    'shm+tcp' (its ring runs host by host, shared memory within a host), tcp runs 'tcp',
+    and both match gloo on every checked case (--check compares every element)."""
+    _, doc = _check_on_two_hosts(tmp_path, "--ops", "ar,rs,ag,bc", "--dtypes", "float32,bfloat16",
+                                 "--backends", "ringpg,gloo", "--transports", "auto,tcp")
+    assert doc["transports"] == {"4": {"ringpg@auto": "shm+tcp", "ringpg@tcp": "tcp"}}, doc["transports"]
+    assert {r["backend"] for r in doc["results"]} == {"ringpg@auto", "ringpg@tcp", "gloo"}
 
 
 def test_emulated_hosts_compare_hierarchical_flat_ring_and_gloo_in_one_run(tmp_path: Path) -> None:
     """The --algos axis on 2 emulated hosts x 2 ranks: ringpg/hier and ringpg/ring are
     columns of one table next to gloo, each group runs the algorithm its column names,
     the records say which, and both match gloo on every checked case (--check)."""
-    out = tmp_path / "algos.json"
-    p = _bench("--check", "--emulate", "1gbit", "--hosts", "2", "--mtu", "9000", "--world-sizes", "4",
-               "--ops", "ar,rs,ag", "--dtypes", "float32", "--algos", "hier,ring", "--no-probe", "--quiet",
-               "--json", str(out))
-    if "emulation skipped" in p.stdout:
-        pytest.skip(p.stdout.strip().splitlines()[-1])
-    assert p.returncode == 0, p.stdout + p.stderr
-    doc = json.loads(out.read_text())
+    p, doc = _check_on_two_hosts(tmp_path, "--ops", "ar,rs,ag", "--dtypes", "float32", "--algos", "hier,ring")
     assert doc["algorithms"] == {"4": {"ringpg/hier": "hier", "ringpg/ring": "ring"}}, doc["algorithms"]
-    rows = doc["results"]
-    assert rows and all(r["wrong"] == 0 and r["error"] is None for r in rows)
-    assert {(r["backend"], r["algorithm"]) for r in rows} == {
+    assert {(r["backend"], r["algorithm"]) for r in doc["results"]} == {
         ("ringpg/hier", "hier"), ("ringpg/ring", "ring"), ("gloo", None)}
     header = next(line for line in p.stdout.splitlines() if "busbw ratio" in line)
     assert "ringpg/hier" in header and "ringpg/ring" in header and "gloo" in header, header

@@ -28,6 +28,8 @@ against gloo on the same ranks and inputs:
   PREMUL_SUM (floats; a scalar and a tensor factor).  Data are small integers, so every
   result is exact (``torch.equal``); random normal floats under SUM and AVG are checked
   within a stated bound of gloo's float64 result, and must be bit-identical on every rank;
+* uint8, float16, float64, int64 and complex64 (the other element sizes) under SUM
+  at an odd size;
 * the coalesced forms: ``_coalescing_manager`` around all_reduce / reduce_scatter_tensor /
   all_gather_into_tensor on the same dtypes and ops, plus test_surface_collectives.py's
   own coalesced batteries (all_reduce_coalesced, all_gather_coalesced, the manager
@@ -192,6 +194,33 @@ def check_battery(chk: Checker, groups_backend: str, g: Any, ref: Any, tag: str,
                 chk.equal(case, got, ref_broadcast(x, src, ref))
 
 
+# The other element sizes the algorithms see (1, 2 and 8 bytes; complex as pairs of
+# reals), under SUM at an odd size that runs in pieces where the battery's large ones do.
+OTHER_DTYPES = (torch.uint8, torch.float16, torch.float64, torch.int64, torch.complex64)
+
+
+def check_other_dtypes(chk: Checker, g: Any, ref: Any, tag: str) -> None:
+    """all_reduce, reduce_scatter_tensor and all_gather_into_tensor of OTHER_DTYPES on
+    ``g`` against gloo's ``ref``, exact on small-integer data."""
+    gs, me = dist.get_world_size(g), dist.get_rank()
+    n = LARGE_K + 1
+    for dtype in OTHER_DTYPES:
+        case = f"all_reduce op=SUM dtype={dtype_name(dtype)} numel={gs * n} {tag}"
+        x = make_data(me, case, (gs * n,), dtype, data_kind("SUM"))
+        got = x.clone()
+        guarded(chk, case, lambda: dist.all_reduce(got, group=g))
+        chk.equal(case, got, ref_all_reduce(x, "SUM", ref))
+        case = f"reduce_scatter_tensor op=SUM dtype={dtype_name(dtype)} numel={gs * n} {tag}"
+        out = sentinel_like((n,), dtype)
+        guarded(chk, case, lambda: dist.reduce_scatter_tensor(out, x.clone(), group=g))
+        chk.equal(case, out, ref_reduce_scatter(x, "SUM", ref))
+        case = f"all_gather_into_tensor dtype={dtype_name(dtype)} numel={n} {tag}"
+        x = make_data(me, case, (n,), dtype)
+        out = sentinel_like((gs * n,), dtype)
+        guarded(chk, case, lambda: dist.all_gather_into_tensor(out, x, group=g))
+        chk.equal(case, out, ref_all_gather(x, ref))
+
+
 def check_random_floats(chk: Checker, g: Any, ref: Any, tag: str) -> None:
     """Random normal float32/bfloat16 under SUM and AVG, where the order of the
     additions shows (ringpg's host-then-cross order is not gloo's).  Tolerance: every
@@ -228,6 +257,7 @@ def battery_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport
     chk = Checker(rank)
     check_battery(chk, groups.backend, groups.test, groups.ref, f"ws={ws} {args}")
     check_random_floats(chk, groups.test, groups.ref, f"ws={ws} {args}")
+    check_other_dtypes(chk, groups.test, groups.ref, f"ws={ws} {args}")
     return finish(chk, groups.test)
 
 
