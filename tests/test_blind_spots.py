@@ -294,6 +294,12 @@ WS8 = 8
 # runs the ring at world size 8 without tensors past 1 MiB.
 WS8_ONESHOT_BYTES = 65536
 WS8_RING_NUMEL = 2**18 - 5  # int32: just under 1 MiB, not a multiple of 8
+# int32, 2000 B: one-shot, also across the emulated hosts of "mixed", where a host's 4
+# ranks share its link (2000 B x 7 peers x 4 ranks <= 64 KiB; README, RINGPG_ONESHOT_BYTES).
+WS8_SMALL_NUMEL = 500
+# int32, 4000 B: one-shot on one host (x 7 peers <= 64 KiB), but not across the emulated
+# hosts (x 4 ranks sharing a link > 64 KiB): hierarchical there.
+WS8_SHARED_LINK_NUMEL = 1000
 WS8_BLOCKS = (3, 2**15)  # per-rank blocks of reduce_scatter / all_gather (whole: 96 B, 1 MiB)
 
 
@@ -305,7 +311,7 @@ def world_size_8_worker(rank: int, ws: int, groups: Groups, transport: str) -> C
     chk.true("the big all_reduce is past the one-shot limit",
              WS8_RING_NUMEL * dtype.itemsize > oneshot_limit_bytes(ws), f"limit {oneshot_limit_bytes(ws)} B")
     for op in ("SUM", "MAX"):
-        for n in (1000, WS8_RING_NUMEL):
+        for n in (WS8_SMALL_NUMEL, WS8_SHARED_LINK_NUMEL, WS8_RING_NUMEL):
             case = f"all_reduce op={op} dtype=int32 ws={ws} numel={n} {transport}"
             x = make_data(rank, case, (n,), dtype)
             got = x.clone()
@@ -331,7 +337,8 @@ def test_world_size_8(transport: str, tmp_path: Any) -> None:
     """Eight ranks on a machine with fewer cores: every wait must yield, nothing may hang.
 
     The traces must show the big all_reduce on the ring (hierarchical on the emulated
-    hosts of "mixed": two hosts of four ranks) and the small one not, and reduce-scatter
+    hosts of "mixed": two hosts of four ranks) and the small ones one-shot (but for one
+    past the limit of a link that four ranks share, hierarchical on "mixed"), and reduce-scatter
     and all-gather on the ring (likewise hierarchical on "mixed").
     """
     env = (*TRANSPORT_ENVS[transport], ("RINGPG_ONESHOT_BYTES", str(WS8_ONESHOT_BYTES)))
@@ -346,4 +353,6 @@ def test_world_size_8(transport: str, tmp_path: Any) -> None:
         for op in ("reduce_scatter_tensor", "all_gather_into_tensor"):
             seen = set().union(*traced_algorithms(str(tmp_path), op).values())
             assert seen == {big}, (op, seen)
-        assert "ring" not in algorithms.get(1000 * 4, {"ring"}), algorithms
+        assert algorithms.get(WS8_SMALL_NUMEL * 4) == {"one_shot"}, algorithms
+        shared_link = "hier" if transport == "mixed" else "one_shot"
+        assert algorithms.get(WS8_SHARED_LINK_NUMEL * 4) == {shared_link}, algorithms

@@ -158,7 +158,12 @@ AllreduceAlgo chooseAllreduce(const OpContext& c, size_t bytes, const c10::Devic
   }
   // One-shot sends (p-1) copies of the buffer from each rank in one round; the ring
   // sends 2(p-1)/p of it in 2(p-1) rounds.  Below the configured volume the rounds cost more.
-  if (bytes * static_cast<size_t>(c.size() - 1) <= c.config().oneShotBytes) {
+  // Across hosts the ranks of a host share its network link, so the volume that counts
+  // is its K ranks' together (K: the most any host holds, the same on every rank).  On
+  // the emulated 1 Gbit hosts a 64 KiB one-shot took 3.4x the hierarchical ring's time
+  // at 2x2, and 32 KiB 2x at 2x4 (benchmarks/RESULTS.md, 2026-11-25 (7)).
+  const size_t sharers = c.topology().hosts > 1 ? static_cast<size_t>(c.topology().mostRanksOnAHost()) : 1;
+  if (bytes * static_cast<size_t>(c.size() - 1) * sharers <= c.config().oneShotBytes) {
     return AllreduceAlgo::OneShot;
   }
   // Large contiguous device tensors: chunked copies overlap the ring (cuda/staging.h).

@@ -10,6 +10,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,14 @@ struct Topology {
   // K when every host holds K ranks, else 0.
   int ranksPerHost() const {
     return perHost;
+  }
+  // The most ranks any host holds.
+  int mostRanksOnAHost() const {
+    size_t most = 0;
+    for (const auto& rs : hostRanks) {
+      most = std::max(most, rs.size());
+    }
+    return static_cast<int>(most);
   }
   // Whether some host holds two ranks or more (a same-host link exists).
   bool anyHostShared() const;
