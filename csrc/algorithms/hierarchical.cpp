@@ -49,8 +49,12 @@ struct HierRings {
 int piecesFor(const OpContext& c, size_t bytes, int64_t units) {
   const Topology& t = c.topology();
   const size_t per = c.config().hierPieceBytes;
-  if (per == 0 || t.hosts < 2 || t.ranksPerHost() < 2 || units < 2) {
+  if (per == 0 || t.hosts < 2 || t.ranksPerHost() < 2) {
     return 1;
+  }
+  const int64_t pieces = std::min<int64_t>({static_cast<int64_t>(bytes / per), kMaxPieces, units});
+  if (pieces < 2) {
+    return 1; // small ops stop here, before the links are looked at
   }
   const RingView cross = RingView::of(t.localRanks(t.localIndex(c.rank())), c.rank(), kMinSegments);
   const LinkTable& links = c.links();
@@ -58,8 +62,7 @@ int piecesFor(const OpContext& c, size_t bytes, int64_t units) {
       std::string(links.from[cross.left()]->transport()) != "tcp") {
     return 1;
   }
-  return static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(bytes / per), 1,
-                                              std::min<int64_t>(kMaxPieces, units)));
+  return static_cast<int>(pieces);
 }
 
 // The second thread of a collective in pieces: it runs `across(ctx, i)` -- piece i's

@@ -44,6 +44,9 @@ Topology Topology::fromHosts(const std::vector<std::string>& hostIds) {
   const bool equal = std::all_of(t.hostRanks.begin(), t.hostRanks.end(),
                                  [k](const std::vector<int>& h) { return static_cast<int>(h.size()) == k; });
   t.perHost = equal ? k : 0;
+  for (const auto& h : t.hostRanks) {
+    t.mostPerHost = std::max(t.mostPerHost, static_cast<int>(h.size()));
+  }
   t.hierSlotIsRank = true;
   for (const auto r : c10::irange(n)) {
     t.hierSlotIsRank = t.hierSlotIsRank && t.hierSlot(r) == r;

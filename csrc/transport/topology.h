@@ -10,7 +10,6 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -25,6 +24,7 @@ struct Topology {
   std::vector<std::vector<int>> hostRanks; // hostRanks[h]: host h's ranks, ascending (ring order)
   std::vector<int> local;                  // local[rank]: which of its host's ranks it is
   int perHost = 0;                         // K when every host holds K ranks, else 0
+  int mostPerHost = 0;                     // the most ranks any host holds
   bool hierSlotIsRank = false;             // hierSlot(r) == r for every rank (see hierSlot)
 
   // The topology of ranks whose host identities are `hostIds` (index = rank).
@@ -85,11 +85,7 @@ struct Topology {
   }
   // The most ranks any host holds.
   int mostRanksOnAHost() const {
-    size_t most = 0;
-    for (const auto& rs : hostRanks) {
-      most = std::max(most, rs.size());
-    }
-    return static_cast<int>(most);
+    return mostPerHost;
   }
   // Whether some host holds two ranks or more (a same-host link exists).
   bool anyHostShared() const;

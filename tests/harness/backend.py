@@ -127,7 +127,9 @@ ONESHOT_BYTES_DEFAULT = 262144  # README: RINGPG_ONESHOT_BYTES
 
 
 def oneshot_limit_bytes(world_size: int) -> int:
-    """Largest allreduce (bytes) that ringpg runs one-shot rather than on the ring (README's rule)."""
+    """A size (bytes) every allreduce past which runs the ring, not the one-shot exchange:
+    ``RINGPG_ONESHOT_BYTES`` x (world size - 1), at or above README's limit (the knob
+    divided by world size - 1, and in groups across hosts by the ranks a host holds too)."""
     per_peer = int(os.environ.get("RINGPG_ONESHOT_BYTES", ONESHOT_BYTES_DEFAULT))
     return per_peer * (world_size - 1)
 
