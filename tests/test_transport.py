@@ -36,6 +36,7 @@ from harness import (
     InitSpec,
     EMULATED_HOSTS_ENV,
     EMULATED_LAYOUTS,
+    REFUSE_CMA_ENV,
     TRANSPORT_ENVS,
     WorkerPool,
     assert_reports_ok,
@@ -74,8 +75,16 @@ CONFIGS = [
     # hierarchical reduce-scatter and all-gather lay chunks out in another order.
     ("mixed-block", ((EMULATED_HOSTS_ENV, EMULATED_LAYOUTS["mixed-block"]),), "mixed-block"),
     # ...and reduce-scatter's partial sums in a buffer of their own per op past 4 KiB
-    # (the kept workspace is what every other configuration runs).
-    ("shm-64k-slots", (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)), ("RINGPG_WORK_CACHE_BYTES", "4096")), "shm"),
+    # (the kept workspace is what every other configuration runs); every message
+    # through the slots (two copies), as where single copy is off.
+    ("shm-64k-slots", (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)), ("RINGPG_WORK_CACHE_BYTES", "4096"),
+                       ("RINGPG_CMA_BYTES", "0")), "shm"),
+    # Single copy from 4 KiB on, but the kernel refuses rank 1 reads of rank 0's memory:
+    # the whole group agrees on the slots (the default "shm" runs single copy from 64 KiB).
+    ("shm-cma-refused", ((REFUSE_CMA_ENV, "1"), ("RINGPG_CMA_BYTES", "4096")), "shm"),
+    # Single copy from 4 KiB, so most messages of the battery go straight from the
+    # sender's buffer, into the receiver's or through its reducing stage.
+    ("shm-cma-4k", (("RINGPG_CMA_BYTES", "4096"),), "shm"),
     ("shm-spin", (("RINGPG_SPIN_US", SPIN),), "shm"),
     # reno: the one congestion control every Linux kernel has and lets anyone choose.
     ("tcp-spin-reno", (("RINGPG_TRANSPORT", "tcp"), ("RINGPG_SPIN_US", SPIN), ("RINGPG_TCP_CONGESTION", "reno")), "tcp"),
@@ -139,6 +148,7 @@ def transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str,
             "isa": ringpg._C.reduce_isa(), "isas": ringpg._C.reduce_isas(),
             "cc": b.tcp_congestion if b is not None else None, "host_cc": default_tcp_congestion(),
             "allreduce": b.allreduce_algorithm if b is not None else None,
+            "copy": b.same_host_copy if b is not None else None,
             "hosts": (b.hosts, b.ranks_per_host, b.ring_order) if b is not None else None}
 
 
@@ -211,7 +221,21 @@ def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world
             assert [r["allreduce"] for r in results] == ["hier" if hier else "ring"] * world_size
         else:
             assert [r["allreduce"] for r in results] == ["ring"] * world_size
+        assert [r["copy"] for r in results] == expected_copy(config[1], transport, world_size)
     assert all(not r["leftover"] for r in results), results
+
+
+def expected_copy(env: tuple[tuple[str, str], ...], transport: str, ws: int) -> list[str]:
+    """README's rule for ``same_host_copy``: none on a rank without a shared-memory link;
+    else single copy ("cma") unless RINGPG_CMA_BYTES=0 or the kernel refuses a read."""
+    settings = dict(env)
+    if transport in ("tcp", "gloo"):
+        return [""] * ws
+    layout = settings.get(EMULATED_HOSTS_ENV)
+    host = [emulated_host(layout, r) if layout else 0 for r in range(ws)]
+    shared = [host.count(host[r]) > 1 for r in range(ws)]
+    slots = settings.get("RINGPG_CMA_BYTES") == "0" or settings.get(REFUSE_CMA_ENV) == "1"
+    return [("slots" if slots else "cma") if shared[r] else "" for r in range(ws)]
 
 
 def test_collectives_match_gloo(tpool: WorkerPool) -> None:

@@ -151,7 +151,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   shmSpinMicros_ = cfg_.shmSpinMicros(topology_.ranksOn(topology_.hostOf[rank]), usableCpus());
   bool shmUsed = false;
   shm_ = ShmRing::connect(*store, *engine_, mesh.keyPrefix, topology_, rank, transportSetting_, slotBytes,
-                          shmSpinMicros_, Clock::now() + timeout, &shmUsed);
+                          shmSpinMicros_, cfg_.cmaBytes, Clock::now() + timeout, &shmUsed);
   // What the group's links are, the same words on every rank: "shm" (one host),
   // "shm+tcp" (several hosts, some holding several ranks), "tcp"; "gloo" once attached.
   transportName_ = transportSetting_ == Config::Transport::Gloo ? "gloo"
@@ -183,7 +183,8 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   }
   if (rank == 0) {
     LOG(INFO) << "ringpg: group '" << groupName_ << "' size " << size << " on " << localAddress_ << ": "
-              << cfg_.summary() << " transport=" << transport() << " hosts=" << topology_.hosts
+              << cfg_.summary() << " transport=" << transport() << " same_host_copy=" << sameHostCopy()
+              << " hosts=" << topology_.hosts
               << " ranks_per_host=" << topology_.ranksPerHost() << " allreduce=" << allreduceAlgorithm()
               << " wait_spin_us="
               << waitSpinMicros() << " reduce_isa=" << reduceIsa() << " tcp_congestion_in_use="

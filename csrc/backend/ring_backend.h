@@ -195,6 +195,12 @@ class RingBackend final : public c10d::Backend {
   const Topology& topology() const {
     return topology_;
   }
+  // How same-host messages of at least RINGPG_CMA_BYTES move, the same on every rank:
+  // "cma" (single copy, cross-memory attach), "slots" (two copies through shared
+  // memory), "" where the group has no shared-memory link on this rank.
+  const char* sameHostCopy() const {
+    return !shm_ ? "" : shm_->singleCopy() ? "cma" : "slots";
+  }
   // Microseconds the group's waits spin before sleeping (RINGPG_SPIN_US, or what
   // auto chose for this transport and host).
   int waitSpinMicros() const {

@@ -39,8 +39,6 @@ RingWork::RingWork(int rank, c10d::OpType opType, const char* opName, uint64_t s
                    std::chrono::milliseconds timeout)
     : c10d::Work(rank, opType, profilingTitle, std::optional<std::vector<at::Tensor>>(inputs)),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                       devicesOf(outputs_))),
       opName_(opName),
       seq_(seq),
       timeout_(timeout),
@@ -59,22 +57,50 @@ void RingWork::complete(std::exception_ptr error, const std::function<void()>& o
   if (onFinished) {
     onFinished();
   }
-  if (error) {
-    future_->setError(error);
+  c10::intrusive_ptr<c10::ivalue::Future> f;
+  {
+    std::lock_guard<std::mutex> lk(futureMu_);
+    outcome_ = error ? Outcome::Failed : Outcome::Succeeded;
+    error_ = error;
+    f = future_; // null: getFuture() will complete the one it makes
+  }
+  if (f) {
+    completeFuture(f);
+  }
+}
+
+void RingWork::completeFuture(const c10::intrusive_ptr<c10::ivalue::Future>& f) {
+  if (error_) {
+    f->setError(error_);
     return;
   }
   try {
-    future_->markCompleted(c10::IValue(outputs_));
+    f->markCompleted(c10::IValue(outputs_));
   } catch (...) {
     // Never let completion throw out of the worker or the engine thread.
-    if (!future_->completed()) {
-      future_->setError(std::current_exception());
+    if (!f->completed()) {
+      f->setError(std::current_exception());
     }
   }
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> RingWork::getFuture() {
-  return future_;
+  c10::intrusive_ptr<c10::ivalue::Future> f;
+  bool done = false;
+  {
+    std::lock_guard<std::mutex> lk(futureMu_);
+    if (future_) {
+      return future_;
+    }
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       devicesOf(outputs_));
+    f = future_;
+    done = outcome_ != Outcome::Pending; // complete() ran before there was a Future
+  }
+  if (done) {
+    completeFuture(f); // error_ and outputs_ are final once outcome_ is set
+  }
+  return f;
 }
 
 std::vector<at::Tensor> RingWork::result() {
@@ -139,7 +165,15 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
   // too, so that after wait() the Future is complete, as with gloo (torchft chains
   // then() on get_future() after wait() and relies on it).  The Future is marked
   // complete before its callbacks run, so a callback that waits here cannot deadlock.
-  future_->wait();
+  // No Future yet: a later getFuture() completes the one it makes before returning it.
+  c10::intrusive_ptr<c10::ivalue::Future> f;
+  {
+    std::lock_guard<std::mutex> lk(futureMu_);
+    f = future_;
+  }
+  if (f) {
+    f->wait();
+  }
   return c10d::Work::wait(::kNoTimeout); // completed: rethrows its error, then synchronize()
 }
 

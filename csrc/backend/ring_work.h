@@ -1,5 +1,7 @@
 // The Work handed back for every ringpg op: completed by the worker (collectives) or
 // by the transport engine (point-to-point), with a Future that carries the outputs.
+// The Future is made on first request (getFuture: DDP's comm hooks, async users,
+// torchft), not per op: a synchronous op that is only waited on never builds one.
 #pragma once
 
 #include <ATen/core/ivalue.h>
@@ -8,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <vector>
 
 #include "common/torch_compat.h"
@@ -59,8 +62,17 @@ class RingWork : public c10d::Work {
   }
 
  private:
+  // Completes `f` with this Work's outcome (complete() has run).
+  void completeFuture(const c10::intrusive_ptr<c10::ivalue::Future>& f);
+
   std::vector<at::Tensor> outputs_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  // futureMu_ guards future_ and outcome_: getFuture() may race complete(), and the
+  // Future must be completed exactly once, by whichever of them sees the other done.
+  std::mutex futureMu_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_; // null until getFuture()
+  enum class Outcome : uint8_t { Pending, Succeeded, Failed };
+  Outcome outcome_ = Outcome::Pending;
+  std::exception_ptr error_; // the failure, once outcome_ is Failed
   const char* opName_;
   uint64_t seq_;
   std::chrono::milliseconds timeout_;

@@ -74,6 +74,11 @@ PYBIND11_MODULE(_C, m) {
                              "the links collectives move over, the same on every rank: 'gloo' (Gloo's pairs, "
                              "RINGPG_TRANSPORT=gloo), 'shm' (shared memory, all ranks on one host), 'shm+tcp' "
                              "(shared memory within hosts, ringpg's engine between them), 'tcp' (the engine)")
+      .def_property_readonly("same_host_copy", &ringpg::RingBackend::sameHostCopy,
+                             "how same-host messages of at least RINGPG_CMA_BYTES move, the same on every rank: "
+                             "'cma' (one copy, straight from the sender's buffer: cross-memory attach), 'slots' (two "
+                             "copies through shared memory: the kernel refused the probe somewhere, or "
+                             "RINGPG_CMA_BYTES=0), '' (no shared-memory link on this rank)")
       .def_property_readonly("hosts", [](const ringpg::RingBackend& b) { return b.topology().hosts; },
                              "how many hosts the group's ranks run on (RINGPG_HOSTID, else hostname, boot id, netns)")
       .def_property_readonly("host_of", [](const ringpg::RingBackend& b) { return b.topology().hostOf; },

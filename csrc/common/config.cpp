@@ -39,6 +39,7 @@ Config load() {
   c.socketBuffer = static_cast<int>(envInt("RINGPG_SOCKET_BUFFER", c.socketBuffer, 0, 1LL << 30));
   c.workCacheBytes = static_cast<size_t>(
       envInt("RINGPG_WORK_CACHE_BYTES", static_cast<int64_t>(c.workCacheBytes), 0, 1LL << 40));
+  c.cmaBytes = static_cast<size_t>(envInt("RINGPG_CMA_BYTES", static_cast<int64_t>(c.cmaBytes), 0, 1LL << 40));
   c.hierPieceBytes = static_cast<size_t>(
       envInt("RINGPG_HIER_PIECE_BYTES", static_cast<int64_t>(c.hierPieceBytes), 0, 1LL << 40));
   if (auto v = c10::utils::get_env("RINGPG_SPIN_US"); v && *v == "auto") {
@@ -130,7 +131,7 @@ std::string Config::summary() const {
       "segment_bytes=", segmentBytes, " oneshot_bytes=", oneShotBytes,
       " recv_window=", recvWindowSet ? std::to_string(recvWindow) : c10::str(recvWindow, "(gloo:", kGlooRecvWindow, ")"),
       " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
-      " work_cache_bytes=", workCacheBytes, " hier_piece_bytes=", hierPieceBytes,
+      " work_cache_bytes=", workCacheBytes, " hier_piece_bytes=", hierPieceBytes, " cma_bytes=", cmaBytes,
       " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
       " transport_setting=", transportName(transport), " algo=", algoName(algo),
       " tcp_congestion=", tcpCongestion.empty() ? std::string("default") : tcpCongestion,

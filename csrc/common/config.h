@@ -33,7 +33,11 @@ struct Config {
   // bytes, the host rings of one piece running while another crosses the network
   // (RINGPG_HIER_PIECE_BYTES; 0: one piece, no overlap; algorithms/hierarchical.h).
   size_t hierPieceBytes = 2 * 1024 * 1024;
-  // Microseconds a waiting thread spins (yielding) before it sleeps (RINGPG_SPIN_US);
+  // Same-host messages of at least this many bytes go by single copy (cross-memory
+  // attach, transport/shm.h) where every rank may read its neighbour's memory
+  // (RINGPG_CMA_BYTES; 0: never, two copies through the slots).
+  size_t cmaBytes = 64 * 1024;
+  // Microseconds a waiting thread spins (pausing) before it sleeps (RINGPG_SPIN_US);
   // kSpinAuto: shared-memory groups spin kAutoShmSpinMicros when every rank can have
   // a core, TCP waits do not spin (see shmSpinMicros()).
   static constexpr int kSpinAuto = -1;

@@ -22,6 +22,18 @@ std::optional<std::string> cgroupPath(const std::string& procSelfCgroup, const s
 // skipped; nullopt when no level has a limit.
 std::optional<int> quotaCpusAlong(const std::string& mount, const std::string& path, bool v2);
 
+// A hint to the core that this thread is spinning on a memory location (x86 `pause`,
+// Arm `yield`): the sibling hyperthread gets the pipeline, and the spin loop's exit
+// costs no memory-order misspeculation.  Never gives the core away: callers that may
+// share their core with the thread they wait for yield or sleep instead.
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
 // CPUs this process may run on: its affinity mask (taskset, cpusets), lowered by a
 // CFS quota on its cgroup or an ancestor (container CPU limits, systemd CPUQuota);
 // at least 1.

@@ -3,8 +3,10 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <c10/util/Exception.h>
@@ -18,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/host.h"
 #include "transport/rendezvous.h"
 
 namespace ringpg {
@@ -26,6 +29,9 @@ namespace {
 constexpr uint64_t kRegionMagic = 0x314d485347504752ULL; // "RGPGSHM1"
 constexpr uint64_t kSlots = 8;
 constexpr size_t kLine = 64;
+// A reducing receive by single copy reads the peer's bytes in pieces of this size, so
+// the reduction finds them in cache (a fraction of a core's L2).
+constexpr size_t kCmaPiece = 256 * 1024;
 
 struct RegionHeader {
   uint64_t magic;
@@ -50,6 +56,7 @@ struct SlotHeader {
   FrameHeader frame; // the whole message's header (nbytes = message length)
   uint64_t offset;   // where this fragment starts in the message
   uint64_t length;   // bytes of this fragment
+  uint64_t remote;   // 0: the fragment follows in the slot; else its address in the sender
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
@@ -79,6 +86,19 @@ void ring(Bell& bell) {
   bell.seq.fetch_add(1, std::memory_order_seq_cst);
   if (bell.sleeping.load(std::memory_order_seq_cst) != 0) {
     ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell.seq), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  }
+}
+
+// Yama's ptrace_scope 1 lets a process read another's memory only if it is an ancestor
+// or was named by prctl(PR_SET_PTRACER); a rank's readers are its right neighbours in
+// every group it joins, more than the one pid PR_SET_PTRACER takes, so it admits any
+// process of its user, as Open MPI does.  Scopes 2 and 3 need CAP_SYS_PTRACE: the
+// probe finds out.  Only called when single copy is wanted (RINGPG_CMA_BYTES > 0).
+void admitSameUserReaders() {
+  std::ifstream in("/proc/sys/kernel/yama/ptrace_scope");
+  int scope = 0;
+  if (in >> scope && scope == 1) {
+    ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   }
 }
 
@@ -192,7 +212,8 @@ ShmRing::Region& ShmRing::toRight() {
 
 std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, const std::string& prefix,
                                           const Topology& topo, int rank, Config::Transport setting,
-                                          size_t slotBytes, int spinMicros, Deadline deadline, bool* used) {
+                                          size_t slotBytes, int spinMicros, size_t cmaBytes, Deadline deadline,
+                                          bool* used) {
   *used = false;
   const int size = topo.size();
   // No two ranks share a host: every rank knows it from the same topology, so none
@@ -221,18 +242,32 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
   if (wanted && (leftShared || rightShared)) {
     self->own_ = Region::create(name, nonce, slotBytes, why);
   }
-  store.set(c10::str(prefix, "shm/", rank), toBytes(c10::str(self->own_ ? name : std::string("-"), " ", nonce)));
+  const bool cmaWanted = wanted && cmaBytes > 0;
+  if (cmaWanted && self->own_) {
+    admitSameUserReaders();
+  }
+  // Name and nonce of our region, and where it sits in this process (pid and address:
+  // the right neighbour probes single copy by reading its header from here).
+  store.set(c10::str(prefix, "shm/", rank),
+            toBytes(c10::str(self->own_ ? name : std::string("-"), " ", nonce, " ", ::getpid(), " ",
+                             reinterpret_cast<uintptr_t>(self->own_ ? self->own_->base : nullptr))));
 
-  // Maps same-host neighbour q's region.
-  auto mapPeer = [&](int q) -> std::unique_ptr<Region> {
+  // Maps same-host neighbour q's region; `pid` and `base` say where it lives in q.
+  auto mapPeer = [&](int q, int* pid = nullptr, uint64_t* base = nullptr) -> std::unique_ptr<Region> {
     auto bytes = store.get(c10::str(prefix, "shm/", q));
     std::istringstream in(std::string(bytes.begin(), bytes.end()));
     std::string peerName;
     uint64_t peerNonce = 0;
-    in >> peerName >> peerNonce;
+    int peerPid = 0;
+    uint64_t peerBase = 0;
+    in >> peerName >> peerNonce >> peerPid >> peerBase;
     if (peerName == "-") {
       why = c10::str("rank ", q, " has no shared-memory region");
       return nullptr;
+    }
+    if (pid) {
+      *pid = peerPid;
+      *base = peerBase;
     }
     return Region::open(peerName, peerNonce, slotBytes, why);
   };
@@ -242,9 +277,22 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
   if (ok && (leftShared || rightShared)) {
     ok = self->own_ != nullptr;
   }
+  // Single copy: this rank reads from its left neighbour, so it probes that it may, by
+  // reading the left's region header out of the left's own address space.
+  bool cmaOk = cmaWanted;
+  std::string cmaWhy;
   if (ok && leftShared) {
-    self->fromLeft_ = mapPeer(left);
+    uint64_t leftBase = 0;
+    self->fromLeft_ = mapPeer(left, &self->leftPid_, &leftBase);
     ok = self->fromLeft_ != nullptr;
+    if (ok && cmaOk) {
+      RegionHeader probe{};
+      cmaOk = self->readLeft(reinterpret_cast<char*>(&probe), leftBase, sizeof(probe), &cmaWhy) &&
+          probe.magic == kRegionMagic && probe.nonce == self->fromLeft_->header().nonce;
+      if (!cmaOk && cmaWhy.empty()) {
+        cmaWhy = "the probe read the wrong bytes";
+      }
+    }
   }
   if (ok && rightShared && right != left) {
     self->fromRight_ = mapPeer(right);
@@ -254,13 +302,20 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
   // Agreement: count the ranks that succeeded; the last to arrive publishes "done".
   const std::string okKey = prefix + "shm/ok";
   const std::string doneKey = prefix + "shm/done";
+  const std::string cmaKey = prefix + "shm/cma";
   store.add(okKey, ok ? 1 : 0);
+  store.add(cmaKey, cmaOk ? 1 : 0);
   if (store.add(prefix + "shm/arrived", 1) == size) {
     store.set(doneKey, toBytes("1"));
   }
   const auto msLeft = std::max<int64_t>(1, msUntil(deadline));
   store.wait({doneKey}, std::chrono::milliseconds(msLeft));
   const bool all = store.add(okKey, 0) == size;
+  const bool allCma = store.add(cmaKey, 0) == size;
+  if (cmaWanted && !allCma && !cmaWhy.empty()) {
+    LOG(INFO) << "ringpg: rank " << rank << " cannot read rank " << left
+              << "'s memory (cross-memory attach): " << cmaWhy << "; the group keeps two copies per byte";
+  }
   // Every neighbour has mapped our region (or given up): the name is no longer
   // needed, and unlinking it now means a crash later leaks nothing in /dev/shm.
   if (self->own_) {
@@ -281,6 +336,7 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
     return nullptr;
   }
   *used = true;
+  self->cmaBytes_ = allCma ? cmaBytes : 0;
   self->sendsRight_ = rightShared;
   self->receivesLeft_ = leftShared;
   // A rank alone on its host has no shared-memory link.
@@ -330,12 +386,18 @@ bool ShmRing::pushSends() {
       break;
     }
     char* slot = own_->slot(head, slotBytes_);
-    const size_t n = std::min(slotBytes_, req->len - req->progress);
     auto* sh = reinterpret_cast<SlotHeader*>(slot);
     sh->frame = req->hdr;
     sh->offset = req->progress;
+    // Single copy: the whole (unsent) message as a descriptor; the receiver reads it
+    // from req->buf, which stays lent until it releases this slot (reapLent).
+    const bool lend = cmaBytes_ > 0 && req->progress == 0 && req->len >= cmaBytes_;
+    const size_t n = lend ? req->len : std::min(slotBytes_, req->len - req->progress);
     sh->length = n;
-    std::memcpy(slot + kLine, req->buf + req->progress, n);
+    sh->remote = lend ? reinterpret_cast<uintptr_t>(req->buf) : 0;
+    if (!lend) {
+      std::memcpy(slot + kLine, req->buf + req->progress, n);
+    }
     // Release: header and payload are visible before the slot is.
     L.head.store(head + 1, std::memory_order_release);
     ring(toRight().bell());
@@ -343,7 +405,11 @@ bool ShmRing::pushSends() {
     moved = true;
     // One fragment per pass, so a message of 0 bytes still sends its one (empty) fragment.
     if (req->progress == req->len) {
-      finish(req);
+      if (lend) {
+        lent_.push_back(Lent{req, head});
+      } else {
+        finish(req);
+      }
       sends_.pop_front();
     }
   }
@@ -367,9 +433,12 @@ bool ShmRing::pullRecvs() {
     // Copy the header out once: the peer's memory is read, never trusted.
     SlotHeader sh;
     std::memcpy(&sh, slot, sizeof(sh));
-    const size_t want = std::min(slotBytes_, req.len - req.progress);
+    // A descriptor (single copy) carries the rest of the message, a fragment a slot's worth.
+    const bool lent = sh.remote != 0;
+    const size_t want = lent ? req.len - req.progress : std::min(slotBytes_, req.len - req.progress);
     const bool ofThisReceive = sameCollective(req.hdr, sh.frame);
-    if (!ofThisReceive || sh.frame.kind != req.hdr.kind || sh.offset != req.progress || sh.length != want) {
+    if (!ofThisReceive || sh.frame.kind != req.hdr.kind || sh.offset != req.progress || sh.length != want ||
+        (lent && cmaBytes_ == 0)) {
       std::string msg = ofThisReceive
           ? c10::str("ringpg: rank ", rank_, " received a corrupt shared-memory fragment from rank ", left_,
                      " (offset ", sh.offset, ", length ", sh.length, "; expected ", req.progress, ", ", want, ")")
@@ -378,7 +447,31 @@ bool ShmRing::pullRecvs() {
       failAll(msg, false);
       return true;
     }
-    if (r.consume) {
+    if (lent) {
+      // Straight from the sender's buffer: into ours, or piece by piece into the
+      // stage for a reducing receive (the peer's bytes are read once either way).
+      std::string why;
+      bool read = true;
+      if (!r.consume) {
+        read = readLeft(req.buf + req.progress, sh.remote, want, &why);
+      } else {
+        cmaStage_.resize(std::min(kCmaPiece, want));
+        for (size_t done = 0; read && done < want; done += cmaStage_.size()) {
+          const size_t n = std::min(cmaStage_.size(), want - done);
+          read = readLeft(cmaStage_.data(), sh.remote + done, n, &why);
+          if (read) {
+            r.consume(cmaStage_.data(), req.progress + done, n);
+          }
+        }
+      }
+      if (!read) {
+        const std::string msg = c10::str("ringpg: rank ", rank_, " could not read rank ", left_,
+                                         "'s message (cross-memory attach): ", why);
+        engine_.fail(msg, /*network=*/true);
+        failAll(msg, true);
+        return true;
+      }
+    } else if (r.consume) {
       r.consume(slot + kLine, req.progress, want);
     } else {
       std::memcpy(req.buf + req.progress, slot + kLine, want);
@@ -396,10 +489,45 @@ bool ShmRing::pullRecvs() {
   return moved;
 }
 
+bool ShmRing::reapLent() {
+  bool moved = false;
+  if (lent_.empty()) {
+    return false;
+  }
+  // Acquire: the receiver's read of the lent buffer happened before it released the slot.
+  const uint64_t tail = own_->link().tail.load(std::memory_order_acquire);
+  while (!lent_.empty() && lent_.front().slot < tail) {
+    finish(lent_.front().req);
+    lent_.pop_front();
+    moved = true;
+  }
+  return moved;
+}
+
+bool ShmRing::readLeft(char* dst, uint64_t remote, size_t n, std::string* why) {
+  // process_vm_readv moves at most what it can and says how much: go on from there.
+  size_t done = 0;
+  while (done < n) {
+    iovec local{dst + done, n - done};
+    iovec peer{reinterpret_cast<void*>(remote + done), n - done};
+    const ssize_t got = ::process_vm_readv(leftPid_, &local, 1, &peer, 1, 0);
+    if (got <= 0) {
+      if (got < 0 && errno == EINTR) {
+        continue;
+      }
+      *why = got < 0 ? c10::str("process_vm_readv: ", std::strerror(errno)) : std::string("process_vm_readv read nothing");
+      return false;
+    }
+    done += static_cast<size_t>(got);
+  }
+  return true;
+}
+
 bool ShmRing::progress() {
   const bool sent = pushSends();
   const bool received = pullRecvs();
-  return sent || received;
+  const bool reaped = reapLent();
+  return sent || received || reaped;
 }
 
 void ShmRing::failAll(const std::string& reason, bool network) {
@@ -409,8 +537,12 @@ void ShmRing::failAll(const std::string& reason, bool network) {
   for (auto& r : recvs_) {
     markFailed(*r.req, reason, network);
   }
+  for (auto& l : lent_) {
+    markFailed(*l.req, reason, network);
+  }
   sends_.clear();
   recvs_.clear();
+  lent_.clear();
 }
 
 bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
@@ -435,9 +567,11 @@ bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
       return false;
     }
     if (now < spinEnd) {
-      // Yield rather than pause: with more busy threads than cores, the thread this
-      // spin would starve may be the neighbour rank it waits for.
-      std::this_thread::yield();
+      // Pause, not yield: a spin is configured only where this host's ranks each have a
+      // core (Config::shmSpinMicros), so the neighbour we wait for is running, and a
+      // yield would hand the core to any other runnable thread (a compiler, a data
+      // loader) for up to a scheduler tick — milliseconds for a wait of microseconds.
+      cpuRelax();
       continue;
     }
     // Announce the sleep, then look once more: a neighbour that moved a slot after our

@@ -18,6 +18,16 @@
 // *region* is this mapped area; a *segment* is the ring's pipeline slice of a chunk,
 // algorithms/ring_plan.h, which travels through the slots as one or more fragments.)
 //
+// Single copy (cross-memory attach).  Where every rank of the group may read its
+// left neighbour's memory (process_vm_readv: same user, and Yama's ptrace_scope or
+// a container's missing CAP_SYS_PTRACE not in the way — probed at connect, agreed by
+// all), a message of at least RINGPG_CMA_BYTES travels as a descriptor in one slot
+// (the sender's address; no payload) and the receiver copies it straight from the
+// sender's buffer into its own: one copy instead of two.  The sender's request stays
+// pending until the receiver has released that slot, so the buffer outlives the read.
+// A receive that reduces reads the peer's bytes in cache-sized pieces and reduces
+// each from there.  Where the probe fails anywhere, every link keeps the slots.
+//
 // Both directions are driven by the thread that waits (the one thread that runs the
 // group's current op): a send that finds no free slot stays queued and is pushed on
 // by every later wait, so a ring whose ranks all send before they receive cannot
@@ -34,6 +44,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
 #include "transport/engine.h"
@@ -59,9 +70,12 @@ class ShmRing final : public Link {
   // this rank alone on its host.  Setting Shm raises instead of
   // falling back.  `spinMicros`: how long a waiter polls before it sleeps on its futex.
   // `engine`: the group's failure state, which outlives the ring.
+  // `cmaBytes`: the smallest message sent as a descriptor (RINGPG_CMA_BYTES; 0: this
+  // rank never does, and the group does not probe for it).
   static std::unique_ptr<ShmRing> connect(c10d::Store& store, Engine& engine, const std::string& prefix,
                                           const Topology& topo, int rank, Config::Transport setting,
-                                          size_t slotBytes, int spinMicros, Deadline deadline, bool* used);
+                                          size_t slotBytes, int spinMicros, size_t cmaBytes, Deadline deadline,
+                                          bool* used);
   ~ShmRing() override;
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;
@@ -72,6 +86,9 @@ class ShmRing final : public Link {
   // is shared memory.
   bool sendsRight() const { return sendsRight_; }
   bool receivesLeft() const { return receivesLeft_; }
+  // Whether large messages go by single copy (cross-memory attach) on this group's
+  // links: the same on every rank.
+  bool singleCopy() const { return cmaBytes_ > 0; }
 
   const char* transport() const override {
     return "shm";
@@ -94,7 +111,7 @@ class ShmRing final : public Link {
   // Only the waiting thread moves shared memory, so a wait on another link of the
   // group drives this one meanwhile (LinkTable::waitUntil).
   bool hasQueued() const override {
-    return !sends_.empty() || !recvs_.empty();
+    return !sends_.empty() || !recvs_.empty() || !lent_.empty();
   }
   bool progress() override;
 
@@ -104,9 +121,21 @@ class ShmRing final : public Link {
     FragmentConsumer consume; // null: copy into req->buf
   };
 
+  // A send whose descriptor went out in slot `slot`: its buffer is lent to the right
+  // neighbour until that slot is released.
+  struct Lent {
+    RequestPtr req;
+    uint64_t slot;
+  };
+
   ShmRing(Engine& engine, int rank, int left, int right, size_t slotBytes, int spinMicros);
   bool pushSends();
   bool pullRecvs();
+  // Completes lent sends whose slots the right neighbour has released.
+  bool reapLent();
+  // Copies `n` bytes at `remote` in the left neighbour's memory to `dst`; false (and
+  // `*why`) when the kernel refuses or the peer is gone.
+  bool readLeft(char* dst, uint64_t remote, size_t n, std::string* why);
   void failAll(const std::string& reason, bool network);
   void finish(const RequestPtr& req);
   // The right neighbour's region, whose bell we ring: the left one's when they are
@@ -123,8 +152,12 @@ class ShmRing final : public Link {
   std::unique_ptr<Region> fromRight_; // mapped for its bell only; null when right == left
   bool sendsRight_ = false;   // the right neighbour shares this host: own_'s slots carry to it
   bool receivesLeft_ = false; // the left one does: fromLeft_'s slots carry from it
+  size_t cmaBytes_ = 0;  // single copy from this size on (0: never; agreed at connect)
+  int leftPid_ = 0;      // the left neighbour's process, which readLeft() reads
+  std::vector<char> cmaStage_; // a reducing receive's piece of the peer's bytes
   std::deque<RequestPtr> sends_;
   std::deque<Recv> recvs_;
+  std::deque<Lent> lent_; // in slot order
 };
 
 } // namespace ringpg

@@ -29,6 +29,7 @@ from .backend import (
     REFERENCE_BACKEND,
     EMULATED_HOSTS_ENV,
     EMULATED_LAYOUTS,
+    REFUSE_CMA_ENV,
     TRANSPORT_ENVS,
     apply_env,
     backend_under_test,

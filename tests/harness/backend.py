@@ -18,6 +18,10 @@ import torch
 
 BACKEND_ENV = "RINGPG_TEST_BACKEND"
 EMULATED_HOSTS_ENV = "RINGPG_TEST_HOSTS"
+# Set to "1" in a worker environment: the kernel refuses this rank's right neighbour
+# any read of rank 0's memory (cross-memory attach), as Yama or a container would, so
+# ringpg's probe fails on that one link and the group keeps its shared-memory slots.
+REFUSE_CMA_ENV = "RINGPG_TEST_REFUSE_CMA"
 REFERENCE_BACKEND = "gloo"
 
 # Worker environments (InitSpec.env) that put ringpg's ring on each of its transports:
@@ -90,6 +94,33 @@ def apply_env(env: Mapping[str, str], rank: int) -> None:
     layout = env.get(EMULATED_HOSTS_ENV)
     if layout:
         os.environ["RINGPG_HOSTID"] = f"emulated-host-{emulated_host(layout, rank)}"
+    if env.get(REFUSE_CMA_ENV) == "1":
+        refuse_cross_memory_reads(rank)
+
+
+def refuse_cross_memory_reads(rank: int) -> None:
+    """What a hardened host does to process_vm_readv, on one link: every rank drops
+    CAP_SYS_PTRACE (which lets root read anyone), and rank 0 becomes non-dumpable, which
+    a process without that capability may not read.  Capabilities are per thread: the
+    threads ringpg starts later (its worker) inherit the drop."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    LINUX_CAPABILITY_VERSION_3, CAP_SYS_PTRACE, PR_SET_DUMPABLE = 0x20080522, 19, 4
+    header, data = Header(LINUX_CAPABILITY_VERSION_3, 0), (Data * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget")
+    data[0].effective &= ~(1 << CAP_SYS_PTRACE)
+    data[0].permitted &= ~(1 << CAP_SYS_PTRACE)
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    if rank == 0 and libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
 
 
 def tiny_private_dev_shm() -> None:
