@@ -672,7 +672,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "a missing one is skipped with its reason. Their columns follow the backends', plus "
                         "each backend's ratio to the best peer of the row")
     g.add_argument("--peers-dir", default=None,
-                   help=f"where the peers' venvs are (default ${'{'}RINGPG_PEERS_DIR{'}'}, else ~/.cache/ringpg-peers)")
+                   help="where the peers' venvs are (default $RINGPG_PEERS_DIR, else ~/.cache/ringpg-peers)")
     g.add_argument("--peer-timeout", type=float, default=300.0,
                    help="seconds a peer may take for one case before it is ended and dropped (default 300)")
     g = ap.add_argument_group("ceiling and network")
