@@ -70,7 +70,7 @@ class Peer:
         """``mpiexec`` with this MPI's flags for no pinning (or one core per rank) and oversubscription."""
         flags: List[str] = []
         if self.flavor == "openmpi":  # binds to cores by default; refuses more ranks than cores
-            flags = ["--bind-to", "core" if pin else "none", "--map-by", ":OVERSUBSCRIBE"]
+            flags = ["--bind-to", "core:overload-allowed" if pin else "none", "--map-by", ":OVERSUBSCRIBE"]
         elif self.flavor == "mpich":
             flags = ["-bind-to", "core"] if pin else []
         return [str(self.venv / "bin" / "mpiexec"), *flags, "-n", str(world_size),
@@ -167,12 +167,14 @@ class PeerJob:
         return "not running" if code is None else f"exit {code}"
 
     def last_log_line(self) -> str:
-        """The last line the peer's launcher or ranks printed (why it failed, usually)."""
+        """The last three lines with words that the peer's launcher or ranks printed (why it
+        failed, usually), as one line."""
         try:
-            lines = [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+            text = self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-        return lines[-1][:200] if lines else "(printed nothing)"
+        lines = [ln.strip() for ln in text.splitlines() if any(c.isalpha() for c in ln)]
+        return " / ".join(lines[-3:])[:300] if lines else "(printed nothing)"
 
     def stop(self) -> None:
         """Ask the ranks to finish; end the launcher's whole session if they do not within 10 s."""

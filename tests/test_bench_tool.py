@@ -182,13 +182,22 @@ def _tiny(*args: str) -> list:
             "--quiet", *args]
 
 
-def test_a_missing_peer_is_skipped_with_its_reason_and_the_table_still_comes(tmp_path: Path) -> None:
+def test_missing_and_broken_peers_are_skipped_with_their_reasons_and_the_table_still_comes(tmp_path: Path) -> None:
+    """A peer without a venv, and one whose launcher fails at once (a stand-in mpiexec that
+    prints why and exits 3): each is left out with a one-line reason; ringpg and gloo run."""
+    broken = tmp_path / "broken" / "bin"
+    broken.mkdir(parents=True)
+    (broken / "python").symlink_to(sys.executable)
+    (broken / "mpiexec").write_text("#!/bin/sh\necho 'mpiexec: no hosts to run on' >&2\nexit 3\n")
+    (broken / "mpiexec").chmod(0o755)
     out = tmp_path / "missing.json"
-    p = _bench(*_tiny("--ops", "ar", "--dtypes", "float32", "--peers", "nosuchmpi", "--peers-dir", str(tmp_path),
-                      "--json", str(out)))
+    p = _bench(*_tiny("--ops", "ar", "--dtypes", "float32", "--peers", "nosuchmpi,broken", "--peers-dir",
+                      str(tmp_path), "--json", str(out)))
     assert p.returncode == 0, p.stdout + p.stderr
-    skips = [line for line in p.stdout.splitlines() if line.startswith("# peer nosuchmpi skipped")]
-    assert len(skips) == 1 and str(tmp_path / "nosuchmpi") in skips[0], p.stdout
+    skips = {line.split()[2]: line for line in p.stdout.splitlines() if line.startswith("# peer ")}
+    assert set(skips) == {"nosuchmpi", "broken"} and all("skipped" in s for s in skips.values()), p.stdout
+    assert str(tmp_path / "nosuchmpi") in skips["nosuchmpi"], skips
+    assert "exit 3" in skips["broken"] and "no hosts to run on" in skips["broken"], skips
     assert "ringpg/gloo" in p.stdout and "best-peer" not in p.stdout, p.stdout
     doc = json.loads(out.read_text())
     assert {r["backend"] for r in doc["results"]} == {"ringpg", "gloo"}
