@@ -143,9 +143,9 @@ class PeerJob:
         """Have the peer measure case ``index``; its answer (spans, wrong), or PeerFailed."""
         for fd in self._commands:
             os.write(fd, f"run {index}\n".encode())
-        answer = self._answer(timeout_s, f"case {index}")
+        answer = self._answer(timeout_s, f"case {index + 1}")
         if answer.get("index") != index:
-            raise PeerFailed(f"{self.peer.name} answered {answer!r} to case {index}")
+            raise PeerFailed(f"{self.peer.name} answered {answer!r} to case {index + 1}")
         return answer
 
     def _answer(self, timeout_s: float, what: str) -> Dict[str, Any]:
@@ -155,7 +155,7 @@ class PeerJob:
                 raise PeerFailed(f"{self.peer.name} exited ({self._exit_text()}) during {what}: {self.last_log_line()}")
             left = deadline - time.monotonic()
             if left <= 0:
-                raise PeerFailed(f"{self.peer.name} gave no answer to {what} in {timeout_s:.0f} s")
+                raise PeerFailed(f"{self.peer.name} gave no answer to {what} in {timeout_s:g} s")
             ready, _, _ = select.select([self._results], [], [], min(left, 0.5))
             if ready:
                 self._pending += os.read(self._results, 1 << 20)
