@@ -13,8 +13,8 @@ expectation computed locally.  The ranks agree on when to stop over the gloo gro
 
 Each rank reports its open file descriptors and resident memory from ``/proc/self``:
 before the subgroups exist, after a warm-up (a burst of every op on every group at the
-largest size, so caches and shared-memory regions exist), at the end, and after the
-subgroups are destroyed.  Asserted: no fd growth during the soak beyond
+largest size, so caches and shared-memory regions exist), halfway, at the end, and after
+the subgroups are destroyed.  Asserted: no fd growth during the soak beyond
 :data:`FD_SLACK`, fds back to their start value (within :data:`FD_SLACK`) once the
 subgroups are gone, and RSS growth after the warm-up below :data:`RSS_GROWTH_LIMIT_MB`.
 
@@ -175,7 +175,7 @@ def _check(chk: Checker, f: _Flight, grank: int) -> None:
 
 @dataclass
 class SoakReport:
-    """What one rank saw (picklable); fds and RSS at start, after warm-up, at the end, after destroy."""
+    """What one rank saw (picklable); fds and RSS at start, after warm-up, halfway, at the end, after destroy."""
 
     rank: int
     ops: int = 0
@@ -230,10 +230,13 @@ def soak(rank: int, ws: int, groups: Groups, seconds: float) -> SoakReport:
             index += 1
         burst(ops)
         # Every rank must stop after the same burst: agree over the gloo group.
-        stop[0] = float(time.monotonic() - start >= seconds)
+        elapsed = time.monotonic() - start
+        stop[0] = float(elapsed >= seconds)
         dist.all_reduce(stop, op=dist.ReduceOp.MAX, group=groups.ref)
         if stop[0] > 0:
             break
+        if "mid" not in rep.rss_mb and elapsed >= seconds / 2:
+            sample("mid")  # growth that goes on in the second half is a leak, not a cache filling up
     rep.seconds = time.monotonic() - start
     dist.barrier(group=groups.ref)
     sample("end")
@@ -253,12 +256,14 @@ def test_soak_random_collectives_on_overlapping_groups() -> None:
     lines = [f"soak: {pool.backend}, {WORLD} ranks, groups world + {list(SUBGROUPS)}, seed {SEED}, "
              f"{reports[0].seconds:.1f} s"]
     lines.append(f"{'rank':>4} {'ops':>6} {'bursts':>6}   fds start/warm/end/destroyed   "
-                 f"RSS MB start/warm/end/destroyed   growth after warm-up")
+                 f"RSS MB start/warm/mid/end/destroyed   RSS growth: warm-up..mid, mid..end")
     for r in reports:
         fds = "/".join(str(r.fds[k]) for k in ("start", "warm", "end", "destroyed"))
-        rss = "/".join(f"{r.rss_mb[k]:.0f}" for k in ("start", "warm", "end", "destroyed"))
-        lines.append(f"{r.rank:>4} {r.ops:>6} {r.bursts:>6}   {fds:>26}   {rss:>31}   "
-                     f"{r.rss_mb['end'] - r.rss_mb['warm']:+.1f} MB")
+        mid = r.rss_mb.get("mid", r.rss_mb["end"])
+        rss = "/".join(f"{v:.0f}" for v in (r.rss_mb["start"], r.rss_mb["warm"], mid, r.rss_mb["end"],
+                                            r.rss_mb["destroyed"]))
+        lines.append(f"{r.rank:>4} {r.ops:>6} {r.bursts:>6}   {fds:>26}   {rss:>35}   "
+                     f"{mid - r.rss_mb['warm']:+.1f} MB, {r.rss_mb['end'] - mid:+.1f} MB")
     report = "\n".join(lines)
     print(report)
     assert_reports_ok([r.check for r in reports if r.check is not None], min_checks_per_rank=10)
