@@ -666,11 +666,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "N ops back to back, time = total / N, the nccl-tests loop); outputs are checked in "
                         "untimed rounds either way")
     g = ap.add_argument_group("MPI peers")
-    g.add_argument("--peers", default="",
-                   help="comma list of MPI peers measured between the cases through mpi4py, each a venv "
-                        "DIR/NAME with numpy, mpi4py and an MPI (scripts/install_peers.sh makes mpich, ompi, impi); "
-                        "a missing one is skipped with its reason. Their columns follow the backends', plus "
-                        "each backend's ratio to the best peer of the row")
+    g.add_argument("--peers", default="", help="comma list of MPI peers (venvs DIR/NAME made by "
+                   "scripts/install_peers.sh: mpich, ompi, impi) measured between the cases; a missing one is "
+                   "skipped with its reason; adds their columns and each backend's ratio to the best peer")
     g.add_argument("--peers-dir", default=None,
                    help="where the peers' venvs are (default $RINGPG_PEERS_DIR, else ~/.cache/ringpg-peers)")
     g.add_argument("--peer-timeout", type=float, default=300.0,
