@@ -237,7 +237,8 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
                 status = 1
             if gate is not None and rank == 0:  # the peers' figures of this case, then the row
                 record({"kind": "measured", "index": i})
-                res.backends.update(peer_results(case, json.loads(gate.readline())["peers"], policy.batch))
+                with open(gate.readline().strip()) as f:
+                    res.backends.update(peer_results(case, json.load(f)["peers"], policy.batch))
             if rank == 0:
                 emit(table.row(res), progress)
                 for line in table.errors(res):

@@ -13,8 +13,8 @@ python -m benchmarks.mpi_peer``), started before the bench's ranks.  Nothing of 
 runs while the bench's ranks measure and the other way round (2 cores): a
 :class:`Conductor` in the launcher takes turns **case by case**.  The bench's ranks wait
 before each case in a blocking read of a FIFO of their own (``gate/rank<r>``) for the
-launcher's ``go``; after the case rank 0 records ``measured`` and waits for the peers'
-figures on its FIFO, then prints the row.  On even cases the bench's backends go first,
+launcher's ``go``; after the case rank 0 records ``measured`` and waits on its FIFO for
+the name of the file holding the peers' figures, then prints the row.  On even cases the bench's backends go first,
 then the peers in the order given; on odd cases the peers go first, in reverse order,
 so that no one is always first after a pause.  Iterations cannot alternate across
 separate process sets, so each runs its own warm-up and timed rounds of the case.
@@ -29,7 +29,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -252,7 +252,7 @@ class Conductor:
     dropped: Dict[str, str] = field(default_factory=dict)
     _gates: List[int] = field(default_factory=list)
     _events_offset: int = 0
-    _measured: set = field(default_factory=set)
+    _measured: Set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.gate_dir.mkdir(parents=True, exist_ok=True)
@@ -277,20 +277,23 @@ class Conductor:
             if not peers_first:
                 self.results = self._run_peers(self.index)
                 ran = True
-            os.write(self._gates[0], (json.dumps({"index": self.index, "peers": self.results}) + "\n").encode())
+            # The figures in a file (they may outgrow a pipe's buffer), its name on rank 0's gate.
+            answers = self.gate_dir / f"peers-{self.index}.json"
+            answers.write_text(json.dumps({"index": self.index, "peers": self.results}))
+            os.write(self._gates[0], f"{answers}\n".encode())
             self.index += 1
             self.measuring = False
         return ran
 
     def _case_measured(self, index: int) -> bool:
         try:
-            with open(self.events_path) as f:
+            with open(self.events_path, "rb") as f:
                 f.seek(self._events_offset)
                 chunk = f.read()
         except OSError:
             return False
-        complete = chunk[:chunk.rfind("\n") + 1]
-        self._events_offset += len(complete.encode())
+        complete = chunk[:chunk.rfind(b"\n") + 1]  # a line rank 0 is still writing waits
+        self._events_offset += len(complete)
         for line in complete.splitlines():
             try:
                 event = json.loads(line)
