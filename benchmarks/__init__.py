@@ -8,6 +8,10 @@ share:
 
 * ``cases``: the ops, dtypes and cases measured, and the nccl-tests bandwidth factors;
 * ``data``: deterministic integer inputs and the exact expected result on every rank;
+* ``protocol``: the torch-free part: which data every buffer holds, the iteration rule
+  and the clock identity, shared with the MPI peers;
+* ``peers``: MPI peers (``--peers``): finding their venvs, launching them, taking turns;
+* ``mpi_peer``: what runs under each MPI's ``mpiexec`` (numpy and mpi4py, no torch);
 * ``timing``: backends alternating on the same buffers, and the figures they make;
 * ``backends``: what a ``--backends`` entry names (``ringpg@tcp/hier``), whether it is
   usable, and what a live group says about itself;

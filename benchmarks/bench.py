@@ -36,6 +36,7 @@ import datetime
 import json
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -43,7 +44,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 if __package__ in (None, ""):  # `python benchmarks/bench.py` or torchrun: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -67,6 +68,7 @@ from benchmarks.cases import OPS, Case, canonical_dtype, canonical_op, check_cas
 from benchmarks.data import CaseBuffers  # noqa: E402
 from benchmarks.launch import die_with_parent, free_port, torchrun_env  # noqa: E402
 from benchmarks.machine import default_threads, format_facts, machine_facts  # noqa: E402
+from benchmarks.peers import Conductor, default_peers_dir, peer_results, start_peers, summary  # noqa: E402
 from benchmarks.table import Progress, TableFormatter, emit  # noqa: E402
 from benchmarks.tcp_probe import format_probe, tcp_probe, tcp_ring_probe  # noqa: E402
 from benchmarks.timing import IterationPolicy, measure_case, ranks_share_clock  # noqa: E402
@@ -116,6 +118,14 @@ class WorkerConfig:
     # --emulate: the TCP ring ceiling (slowest link of the ring probe) an earlier world
     # size measured on the same links; a rank that probes itself uses its own.
     ceiling_GBps: Optional[float] = None
+    # --fresh: new input and output tensors for every op (data.CaseBuffers).
+    fresh: bool = False
+    # --pin core: each rank bound to one CPU (rank r to the r-th allowed, round robin).
+    pin: bool = False
+    # --peers: the MPI peers that run between the cases (their columns, in order), and the
+    # directory of FIFOs the ranks wait on before each case (benchmarks.peers.Conductor).
+    peers: List[str] = field(default_factory=list)
+    gate_dir: Optional[str] = None
 
 
 def run_worker(cfg: WorkerConfig, rank: int) -> int:
@@ -131,6 +141,11 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
         os.environ.setdefault(k, v)
     torch.set_num_threads(cfg.threads)
     ws = cfg.world_size
+    if cfg.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
+    # With peers, wait for the launcher's turn before each case (a blocking read: no CPU).
+    gate = open(os.path.join(cfg.gate_dir, f"rank{rank}")) if cfg.gate_dir else None
     for name in sorted({split_spec(b)[0] for b in cfg.backends}):
         if name not in ("gloo", "nccl"):
             ensure_registered(name)
@@ -181,7 +196,7 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
                 emit(format_probe(probe, cfg.probe_path, cfg.link_GBps), progress)
                 record({"kind": "probe", "probe": probe, "path": cfg.probe_path})
             ceiling = ring_ceiling(probe) or ceiling
-        table = TableFormatter(list(columns), baseline, cfg.link_GBps, ceiling)
+        table = TableFormatter(list(columns), baseline, cfg.link_GBps, ceiling, peers=cfg.peers)
         transports = {label: t for label, g in groups.items() if (t := transport_of(g, cfg.device))}
         # What each ringpg group's allreduce, reduce-scatter and all-gather run ("hier", "ring").
         algorithms = {label: a for label, g in groups.items() if (a := algorithm_of(g, cfg.device))}
@@ -190,9 +205,10 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
         if rank == 0:
             via = "".join(f" {label}:transport={t}" for label, t in transports.items())
             via += "".join(f" {label}:algo={a}" for label, a in algorithms.items())
-            emit(f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)} "
-                   f"baseline={baseline} threads/rank={cfg.threads} batch={policy.batch} timing={timing}{via}",
-                   progress)
+            peers = f" peers={','.join(cfg.peers)}" if cfg.peers else ""
+            emit(f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)}{peers} "
+                   f"baseline={baseline} threads/rank={cfg.threads} batch={policy.batch} timing={timing}"
+                   f"{' fresh' if cfg.fresh else ''}{' pinned' if cfg.pin else ''}{via}", progress)
             record({"kind": "transports", "world_size": ws, "transports": transports, "algorithms": algorithms,
                     "timing": timing})
             emit(table.header(), progress)
@@ -205,31 +221,42 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
                 progress.update(f"[{cfg.progress_offset + i + 1}/{cfg.progress_total or len(cfg.cases)}] "
                                 f"{case.describe()}")
             previous_op = op
-            bufs: Any = CaseBuffers(case, rank, device)
+            if gate is not None:
+                gate.readline()  # "go": the peers of the case before (or of this one) are done
+            bufs: Any = CaseBuffers(case, rank, device, fresh=cfg.fresh)
             if pairs:
                 # The same bytes in each dtype (counts scale with the element size).
                 by_dtype = {dtype: bufs}
                 for dt in pairs[1:]:
                     numel_dt = case.size_bytes // Case(op, dt, 1, ws).itemsize
-                    by_dtype[dt] = CaseBuffers(Case(op, dt, numel_dt, ws), rank, device)
+                    by_dtype[dt] = CaseBuffers(Case(op, dt, numel_dt, ws), rank, device, fresh=cfg.fresh)
                 bufs = {col: by_dtype[dt] for col, (_, dt) in columns.items()}
             res = measure_case(bufs, col_groups, ref, policy, sync=sync, shared_clock=shared_clock)
             del bufs
             if any(r.wrong or r.error for r in res.backends.values()):
                 status = 1
+            if gate is not None and rank == 0:  # the peers' figures of this case, then the row
+                record({"kind": "measured", "index": i})
+                with open(gate.readline().strip()) as f:
+                    res.backends.update(peer_results(case, json.load(f)["peers"], policy.batch))
             if rank == 0:
                 emit(table.row(res), progress)
                 for line in table.errors(res):
                     emit(line, progress)
                 rows = res.to_records(cfg.link_GBps, table.ceiling)
                 for row in rows:  # the column's group: its label, without a paired dtype
-                    row["algorithm"] = algorithms.get(columns[row["backend"]][0])
+                    peer = row["backend"] in cfg.peers
+                    row["algorithm"] = None if peer else algorithms.get(columns[row["backend"]][0])
+                    row["peer"] = peer
+                    row["fresh"] = cfg.fresh
                 record({"kind": "case", "rows": rows})
         record({"kind": "done", "world_size": ws})
     finally:
         progress.clear()
         if out is not None:
             out.close()
+        if gate is not None:
+            gate.close()
     dist.barrier(group=ref)
     for g in groups.values():
         dist.destroy_process_group(g)
@@ -294,11 +321,13 @@ class _Rank:
 
 
 def supervise(ranks: List[_Rank], timeout_s: float, stall_s: float, events_path: str,
-              grace_s: float = 15.0) -> Tuple[List[Optional[int]], str]:
+              grace_s: float = 15.0, step: Optional[Callable[[], bool]] = None) -> Tuple[List[Optional[int]], str]:
     """Wait for all ranks; bounded.  When one fails, the others get ``grace_s`` to finish
     (they would otherwise sit in a collective until the group timeout) and are then
     ended; everyone is ended after ``timeout_s``, or when rank 0 has reported nothing
-    new in ``events_path`` for ``stall_s`` (a hung op).  Returns (exit codes, problem or "")."""
+    new in ``events_path`` for ``stall_s`` (a hung op).  ``step`` (the peers' turns,
+    :class:`benchmarks.peers.Conductor`) is called on every look; while it reports work
+    done, the ranks are not stalled.  Returns (exit codes, problem or "")."""
     start = time.monotonic()
     deadline = start + timeout_s
     problem = ""
@@ -309,6 +338,8 @@ def supervise(ranks: List[_Rank], timeout_s: float, stall_s: float, events_path:
             codes = [r.poll() for r in ranks]
             if all(c is not None for c in codes):
                 break
+            if step is not None and step():
+                last_change = time.monotonic()
             now = time.monotonic()
             size = os.path.getsize(events_path) if os.path.exists(events_path) else 0
             if size != last_size:
@@ -345,7 +376,8 @@ def _end_all(ranks: List[_Rank]) -> None:
         r.reap()
 
 
-def launch_spawn(cfg: WorkerConfig, timeout_s: float, stall_s: float) -> Tuple[List[Optional[int]], str]:
+def launch_spawn(cfg: WorkerConfig, timeout_s: float, stall_s: float,
+                 step: Optional[Callable[[], bool]] = None) -> Tuple[List[Optional[int]], str]:
     """Start ``cfg.world_size`` ranks with multiprocessing spawn and supervise them."""
     ctx = mp.get_context("spawn")
     ranks = []
@@ -357,7 +389,38 @@ def launch_spawn(cfg: WorkerConfig, timeout_s: float, stall_s: float) -> Tuple[L
     except BaseException:
         _end_all(ranks)
         raise
-    return supervise(ranks, timeout_s, stall_s, cfg.result_path)
+    return supervise(ranks, timeout_s, stall_s, cfg.result_path, step=step)
+
+
+def launch_with_peers(cfg: WorkerConfig, args: argparse.Namespace, events: List[Dict[str, Any]],
+                      notes: set, tmpdir: str) -> Tuple[List[Optional[int]], str]:
+    """Start the MPI peers of ``--peers`` for this world size, then the ranks, taking turns
+    with them case by case (:class:`benchmarks.peers.Conductor`); stop the peers after.
+    A peer that is missing or does not start is left out with its reason, printed once."""
+    jobs, skipped = start_peers(args.peers, Path(args.peers_dir), cfg.world_size, cfg.cases, cfg.policy,
+                                args.fresh, args.pin == "core", Path(tmpdir))
+    conductor: Optional[Conductor] = None
+    try:
+        for name, why in skipped.items():
+            key = f"{name}: {why}"
+            if key not in notes:
+                notes.add(key)
+                print(f"# peer {name} skipped: {why}", flush=True)
+        for job in jobs:
+            print(f"# peer {job.peer.name} (ws={cfg.world_size}): {job.describe()}", flush=True)
+        events.append({"kind": "peers", "world_size": cfg.world_size, "peers": summary(jobs, skipped)})
+        if not jobs:
+            return launch_spawn(cfg, args.timeout, args.stall_timeout)
+        conductor = Conductor(jobs, cfg.cases, Path(tmpdir) / f"gate-ws{cfg.world_size}", cfg.world_size,
+                              cfg.result_path, args.peer_timeout)
+        cfg.peers = [job.peer.name for job in jobs]
+        cfg.gate_dir = str(conductor.gate_dir)
+        return launch_spawn(cfg, args.timeout, args.stall_timeout, step=conductor.step)
+    finally:
+        for job in jobs:
+            job.stop()
+        if conductor is not None:
+            conductor.close()
 
 
 def launch_netns(cfg: WorkerConfig, cluster: netns.EmulatedCluster, timeout_s: float, stall_s: float,
@@ -479,8 +542,10 @@ def write_plot(rows: List[Dict[str, Any]], path: Path, probe: Optional[Dict[str,
 
 def finalize(args: argparse.Namespace, facts: Dict[str, str], events: List[Dict[str, Any]],
              link_GBps: Optional[float], launch_problems: List[str]) -> int:
-    """Write CSV/JSON/PNG, print the summary; return the exit status."""
+    """Write CSV/JSON/PNG, print the summary; return the exit status (the MPI peers'
+    wrong elements and failures are reported, but they are not ringpg's: no failure)."""
     rows = [row for e in events if e.get("kind") == "case" for row in e["rows"]]
+    peers = {e["world_size"]: e["peers"] for e in events if e.get("kind") == "peers"}
     probes = [e for e in events if e.get("kind") == "probe"]
     probe = probes[0]["probe"] if probes else None
     done = {e["world_size"] for e in events if e.get("kind") == "done"}
@@ -495,15 +560,17 @@ def finalize(args: argparse.Namespace, facts: Dict[str, str], events: List[Dict[
         "json": Path(args.json) if args.json else (out_dir / f"bench-{stamp}.json" if save else None),
         "plot": Path(args.plot) if args.plot else (out_dir / f"bench-{stamp}.png" if save else None),
     }
-    wrong = [r for r in rows if r["wrong"]]
-    errors = [r for r in rows if r["error"]]
+    wrong = [r for r in rows if r["wrong"] and not r.get("peer")]
+    errors = [r for r in rows if r["error"] and not r.get("peer")]
+    peer_wrong = [r for r in rows if r["wrong"] and r.get("peer")]
+    peer_errors = [r for r in rows if r["error"] and r.get("peer")]
     print("#")
     if paths["json"]:
         paths["json"].parent.mkdir(parents=True, exist_ok=True)
         with open(paths["json"], "w") as f:
             json.dump({"machine": facts, "argv": sys.argv, "probe": probe, "link_GBps": link_GBps,
                        "world_sizes_completed": sorted(done), "timing": timing, "transports": transports,
-                       "algorithms": algorithms,
+                       "algorithms": algorithms, "fresh": args.fresh, "peers": peers,
                        "problems": launch_problems,
                        "results": rows}, f, indent=1)
         print(f"# json: {paths['json']}")
@@ -525,6 +592,12 @@ def finalize(args: argparse.Namespace, facts: Dict[str, str], events: List[Dict[
               f"{r['error']}")
     for p in launch_problems:
         print(f"#   LAUNCH {p}")
+    if peers:
+        print(f"# MPI peers: {len(peer_wrong)} results with wrong elements, {len(peer_errors)} failed ops "
+              "(reported, not counted as failures)")
+        for r in (peer_wrong + peer_errors)[:20]:
+            print(f"#   PEER {r['backend']}: {r['op']} {r['dtype']} count={r['count']} ws={r['world_size']}: "
+                  + (f"{r['wrong']} wrong elements" if r["wrong"] else str(r["error"])))
     ok = not wrong and not errors and not launch_problems
     if args.check:
         print("# check: " + ("PASSED" if ok else "FAILED"))
@@ -574,6 +647,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="comma list of ringpg labels whose tracing is switched off, to measure RINGPG_TRACE's cost "
                         "in the same processes: RINGPG_TRACE=/tmp/t ... --backends ringpg,ringpg --untraced "
                         "'ringpg#2' --baseline 'ringpg#2' (ratio = untraced time / traced time)")
+    g.add_argument("--fresh", action="store_true",
+                   help="new input and output tensors for every op, as user code makes them: the input before "
+                        "the barrier (untimed), the output (torch.empty; np.empty for MPI peers) inside the timed "
+                        "region, right before the op")
+    g.add_argument("--pin", choices=["none", "core"], default="none",
+                   help="none (default): no rank of any backend or peer is bound to a CPU; core: every rank of "
+                        "the bench and of each MPI peer is bound to one CPU, round robin")
     g.add_argument("--check", action="store_true",
                    help="correctness only: 1 KiB..64 KiB plus odd counts, few iterations, exit 1 on any "
                         "wrong element (what CI runs)")
@@ -586,6 +666,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="ops per timed iteration (default 1: each op after a barrier of its backend; N > 1: "
                         "N ops back to back, time = total / N, the nccl-tests loop); outputs are checked in "
                         "untimed rounds either way")
+    g = ap.add_argument_group("MPI peers")
+    g.add_argument("--peers", default="", help="comma list of MPI peers (venvs DIR/NAME made by "
+                   "scripts/install_peers.sh: mpich, ompi, impi) measured between the cases; a missing one is "
+                   "skipped with its reason; adds their columns and each backend's ratio to the best peer")
+    g.add_argument("--peers-dir", default=None,
+                   help="where the peers' venvs are (default $RINGPG_PEERS_DIR, else ~/.cache/ringpg-peers)")
+    g.add_argument("--peer-timeout", type=float, default=300.0,
+                   help="seconds a peer may take for one case before it is ended and dropped (default 300)")
     g = ap.add_argument_group("ceiling and network")
     g.add_argument("--probe", dest="probe", action="store_true", default=None,
                    help="raw TCP throughput probe between rank 0 and 1 (default: on, off with --check)")
@@ -648,6 +736,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         ap.error("no backends")
     args.untraced = _csv_list(args.untraced)
     labels = unique_labels(args.backends)
+    args.peers = list(dict.fromkeys(_csv_list(args.peers)))
+    args.peers_dir = args.peers_dir or str(default_peers_dir())
+    if args.peers:
+        if args.emulate or args.device != "cpu" or args.pair_dtypes:
+            ap.error("--peers runs MPI peers on this host's CPUs: not with --emulate, --device cuda or --pair-dtypes")
+        clash = [p for p in args.peers if p in labels or not p.replace("-", "").replace("_", "").isalnum()]
+        if clash:
+            ap.error(f"--peers: {', '.join(clash)}: a peer's name must be a plain name unlike any backend label "
+                     f"({','.join(labels)})")
     for lb in args.untraced:
         if lb not in labels or not lb.startswith("ringpg"):
             ap.error(f"--untraced {lb!r} is not a ringpg label of --backends (labels: {','.join(labels)})")
@@ -710,7 +807,7 @@ def _config(args: argparse.Namespace, ws: int, cases: List[Case], init_method: s
         progress_offset=offset, progress_total=total, extra_env=extra_env,
         launcher_pid=None if torchrun_env() else os.getpid(),
         pair_dtypes=list(args.dtypes) if args.pair_dtypes else [],
-        untraced=list(args.untraced),
+        untraced=list(args.untraced), fresh=args.fresh, pin=args.pin == "core",
     )
 
 
@@ -772,6 +869,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tmpdir = tempfile.mkdtemp(prefix="ringpg-bench-")
     interrupted = False
     running: Optional[str] = None  # events file of the world size being run
+    peer_notes: set = set()  # why a peer is skipped, printed once
     try:
         _interrupt_on_signals()
         if args.emulate:
@@ -798,6 +896,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             cfg.ceiling_GBps = ceiling
             if cluster is not None:
                 codes, problem = launch_netns(cfg, cluster, args.timeout, args.stall_timeout, tmpdir)
+            elif args.peers:
+                codes, problem = launch_with_peers(cfg, args, events, peer_notes, tmpdir)
             else:
                 codes, problem = launch_spawn(cfg, args.timeout, args.stall_timeout)
             got = read_events(result_path)
@@ -825,9 +925,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         if cluster is not None:
             cluster.down()
-        for name in os.listdir(tmpdir):
-            os.unlink(os.path.join(tmpdir, name))
-        os.rmdir(tmpdir)
+        shutil.rmtree(tmpdir, ignore_errors=True)
     status = finalize(args, facts, events, link_GBps, launch_problems)
     print(f"# elapsed {time.monotonic() - t_start:.1f} s")
     return 130 if interrupted else status
@@ -846,6 +944,9 @@ def _interrupt_on_signals() -> None:
 def main_torchrun(args: argparse.Namespace, rank: int, ws: int) -> int:
     """Ranks provided by torchrun: one world size; rank 0 prints and writes the outputs."""
     facts: Dict[str, str] = {}
+    if rank == 0 and args.peers:
+        print("# --peers: skipped under torchrun (the bench's own launcher starts the peers)", flush=True)
+    args.peers = []
     if rank == 0:
         info, problem = check_backends(args)
         facts = machine_facts(info, args.device, {"network": f"torchrun env:// (MASTER_ADDR="

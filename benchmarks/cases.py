@@ -15,6 +15,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
+# BROADCAST_ROOT and CHUNKED_OPS are defined with the data layout (torch-free) and offered here too.
+from benchmarks.protocol import BROADCAST_ROOT, CHUNKED_OPS, chunk_of  # noqa: F401
 from benchmarks.units import format_bytes
 
 # --------------------------------------------------------------------------------------
@@ -41,9 +43,6 @@ OP_ALIASES: Dict[str, str] = {
     "a2a": "all_to_all_single", "all_to_all": "all_to_all_single", "alltoall": "all_to_all_single",
 }
 
-#: Ops whose buffer is split into ``world_size`` equal chunks (numel must divide).
-CHUNKED_OPS = frozenset({"reduce_scatter_tensor", "all_gather_into_tensor", "all_to_all_single"})
-
 #: Reduction op column (nccl-tests prints "none" for non-reducing collectives).
 REDOP: Dict[str, str] = {
     "all_reduce": "sum",
@@ -65,10 +64,6 @@ DTYPE_ALIASES: Dict[str, str] = {
     "bf16": "bfloat16", "f16": "float16", "fp16": "float16", "half": "float16",
     "f64": "float64", "double": "float64", "fp64": "float64",
 }
-
-#: Root of the broadcast case.
-BROADCAST_ROOT = 0
-
 
 def dtype_itemsize(dtype: str) -> int:
     """Bytes per element of the dtype named ``dtype`` (a key of :data:`DTYPES`)."""
@@ -120,7 +115,7 @@ class Case:
     @property
     def chunk(self) -> int:
         """Elements per rank for the chunked ops (the buffer split in world_size parts)."""
-        return self.numel // self.world_size if self.op in CHUNKED_OPS else self.numel
+        return chunk_of(self.op, self.numel, self.world_size)
 
     @property
     def redop(self) -> str:

@@ -3,14 +3,16 @@
 :class:`TableFormatter` prints size, count, type, op and redop, then per backend time,
 algbw, busbw and ``#wrong`` (with an emulated link also busbw against the link rate and
 the TCP ring ceiling), then baseline time / backend time per other backend (named
-``ringpg/gloo``, or ``(ringpg/ring)/gloo`` for a label that holds a '/').
+``ringpg/gloo``, or ``(ringpg/ring)/gloo`` for a label that holds a '/').  With MPI peers
+(``--peers``) their columns follow the backends' and each backend besides the baseline gets
+one more ratio: the best peer's time / its time, naming that peer (``ringpg/best-peer``).
 """
 from __future__ import annotations
 
 import sys
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
-from benchmarks.timing import CaseResult
+from benchmarks.timing import BackendResult, CaseResult
 
 
 class TableFormatter:
@@ -19,10 +21,11 @@ class TableFormatter:
     also backend busbw / baseline busbw)."""
 
     def __init__(self, labels: Sequence[str], baseline: str, link_GBps: Optional[float] = None,
-                 ceiling_GBps: Optional[float] = None) -> None:
-        self.labels = list(labels)
+                 ceiling_GBps: Optional[float] = None, peers: Sequence[str] = ()) -> None:
+        self.labels = list(labels) + [p for p in peers if p not in labels]
         self.baseline = baseline
-        self.others = [lb for lb in self.labels if lb != baseline]
+        self.peers = list(peers)
+        self.others = [lb for lb in self.labels if lb != baseline and lb not in self.peers]
         self.link = link_GBps
         # %probe: busbw against the TCP ring ceiling measured on the emulated links.
         self.ceiling = ceiling_GBps if link_GBps else None
@@ -30,7 +33,10 @@ class TableFormatter:
         # Ratio columns: named "label/baseline", labels holding a '/' (ringpg/ring) in
         # parentheses, "(ringpg/ring)/gloo"; each at least 13 wide, wider for a long name.
         self.ratio_names = [f"{_operand(lb)}/{_operand(baseline)}" for lb in self.others]
+        # Against the best peer of each row: "1.23x impi" (best peer time / backend time).
+        self.peer_ratio_names = [f"{_operand(lb)}/best-peer" for lb in self.others] if self.peers else []
         self.ratio_widths = [max(13, len(n)) for n in self.ratio_names]
+        self.ratio_widths += [max(14, len(n), 7 + max(map(len, self.peers))) for n in self.peer_ratio_names]
 
     def _extra(self, link: str, probe: str) -> str:
         return (f" {link:>6}" if self.link else "") + (f" {probe:>6}" if self.ceiling else "")
@@ -38,7 +44,8 @@ class TableFormatter:
     def header(self) -> str:
         left = f"{'':>12} {'':>12} {'':>9} {'':>22} {'':>5}"
         groups = "".join(f"  {lb:^{self.bw}}" for lb in self.labels)
-        ratio_names = "".join(f" {n:>{w}}" for n, w in zip(self.ratio_names, self.ratio_widths))
+        ratio_names = "".join(f" {n:>{w}}" for n, w in zip(self.ratio_names + self.peer_ratio_names,
+                                                          self.ratio_widths))
         l1 = f"#{left[1:]}{groups}{'  busbw ratio' if self.others else ''}"
         col = f"  {'time':>9} {'algbw':>8} {'busbw':>8} {'#wrong':>7}" + self._extra("%link", "%probe")
         unit = f"  {'(us)':>9} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}" + self._extra("", "")
@@ -55,7 +62,8 @@ class TableFormatter:
         for lb in self.labels:
             r = res.backends.get(lb)
             if r is None or r.error is not None or r.time_us is None:
-                s += f"  {'ERR':>9} {'-':>8} {'-':>8} {r.wrong if r else '-':>7}" + self._extra("-", "-")
+                what = "skip" if r is not None and r.skipped else "ERR"
+                s += f"  {what:>9} {'-':>8} {'-':>8} {r.wrong if r else '-':>7}" + self._extra("-", "-")
                 continue
             s += f"  {r.time_us:>9.1f} {r.algbw_GBps or 0:>8.3f} {r.busbw_GBps or 0:>8.3f} {r.wrong:>7}"
             busbw = r.busbw_GBps or 0
@@ -68,10 +76,23 @@ class TableFormatter:
                 s += f" {base.time_us / r.time_us:>{w - 1}.2f}x"
             else:
                 s += f" {'-':>{w}}"
+        best = _best(res.backends, self.peers)
+        for lb, w in zip(self.others, self.ratio_widths[len(self.others):]):
+            r = res.backends.get(lb)
+            if best and r and r.time_us and r.error is None:
+                s += f" {f'{(best.time_us or 0) / r.time_us:.2f}x {best.label}':>{w}}"
+            else:
+                s += f" {'-':>{w}}"
         return s
 
     def errors(self, res: CaseResult) -> List[str]:
         return [f"#   ! {lb}: {r.error}" for lb, r in res.backends.items() if r.error]
+
+
+def _best(results: Dict[str, BackendResult], peers: Sequence[str]) -> Optional[BackendResult]:
+    """The fastest of ``peers`` in a case (least median time), or None if none has a time."""
+    timed = [results[p] for p in peers if p in results and results[p].time_us and results[p].error is None]
+    return min(timed, key=lambda r: r.time_us or 0.0) if timed else None
 
 
 def _operand(label: str) -> str:

@@ -15,8 +15,6 @@
 """
 from __future__ import annotations
 
-import math
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,25 +26,8 @@ import torch.distributed as dist
 from benchmarks.backends import one_line
 from benchmarks.cases import Case, bus_factor
 from benchmarks.data import CaseBuffers, count_diff
-
-
-@dataclass
-class IterationPolicy:
-    """How many iterations a case gets: ``warmup`` rounds, then enough rounds to fill
-    ``case_time_s`` (estimated from the last warm-up round), clamped to [min, max]."""
-
-    warmup: int = 2
-    iters_min: int = 3
-    iters_max: int = 100
-    case_time_s: float = 0.75
-    # Ops per timed iteration.  1: each op follows a barrier and is timed alone
-    # (latency).  N > 1: N ops back to back, time = batch / N, as nccl-tests times its
-    # loop.  Either way outputs are checked in rounds of their own (verify_timed aside).
-    batch: int = 1
-    # Also verify the output of every timed op (--check: correctness is all it wants).
-    # Off for timing: the check's CPU work right before the next op slows that op when
-    # ranks outnumber cores (the scheduler makes a rank that just ran wait its turn).
-    verify_timed: bool = False
+# IterationPolicy and clock_identity are torch-free, shared with the MPI peers; offered here too.
+from benchmarks.protocol import IterationPolicy, clock_identity  # noqa: F401
 
 
 @dataclass
@@ -63,6 +44,7 @@ class BackendResult:
     iters: int = 0
     differs_from_baseline: Optional[int] = None  # only with cross_check
     error: Optional[str] = None
+    skipped: Optional[str] = None       # why this backend did not run the case (an MPI peer's missing dtype)
 
 
 @dataclass
@@ -104,23 +86,6 @@ def _allreduce(values: Sequence[float], op: Any, group: Any, dtype: torch.dtype 
     if t.numel():
         dist.all_reduce(t, op=op, group=group)
     return t.tolist()
-
-
-def clock_identity() -> str:
-    """What identifies the monotonic clock ``time.perf_counter_ns`` reads here: the
-    kernel's boot id and this process's time namespace ("" where unknown).  Processes
-    with the same identity read the same clock, whatever their network namespace."""
-    if "CLOCK_MONOTONIC" not in time.get_clock_info("perf_counter").implementation:
-        return ""
-    try:
-        boot = open("/proc/sys/kernel/random/boot_id", encoding="ascii").read().strip()
-    except OSError:
-        return ""
-    try:
-        timens = os.readlink("/proc/self/ns/time")
-    except OSError:
-        timens = "-"  # kernels before time namespaces: one clock per boot
-    return f"{boot}|{timens}"
 
 
 def ranks_share_clock(group: Any) -> bool:
@@ -181,8 +146,8 @@ def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Ma
             if lb in failed:
                 continue
             b = per[lb]
-            if verify or b.inplace:
-                b.reset()  # sentinels matter only to a check; an in-place input must be restored
+            if verify or b.inplace or b.fresh:
+                b.reset(verify)  # sentinels matter only to a check; an in-place input must be restored
             sync()
             _barrier(groups[lb], b.device)
             n_ops = policy.batch if timed else 1
@@ -209,13 +174,9 @@ def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Ma
         one_round(rounds, timed=False, verify=True, snapshot=cross_check and rounds == 0)
         rounds += 1
         last_round_s = _allreduce([time.perf_counter() - t], dist.ReduceOp.MAX, ref_group)[0]
-        if policy.case_time_s > 0 and last_round_s >= policy.case_time_s / 2:
+        if policy.warmup_done(last_round_s):
             break
-    if rounds and last_round_s > 0:
-        iters = int(math.ceil(policy.case_time_s / (last_round_s * policy.batch)))
-    else:
-        iters = policy.iters_min
-    iters = max(policy.iters_min, min(policy.iters_max, iters))
+    iters = policy.timed_iterations(rounds, last_round_s)
     for i in range(iters):
         one_round(rounds, timed=True, verify=policy.verify_timed, snapshot=cross_check and rounds == 0)
         rounds += 1
@@ -246,19 +207,32 @@ def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Ma
         diffs = [s if lo >= 0 else -1.0 for s, lo in zip(sums, lows)]
 
     result = CaseResult(case, variants={lb: b.case for lb, b in per.items()} if isinstance(bufs, Mapping) else {})
-    factor = bus_factor(case.op, case.world_size)
     for k, lb in enumerate(labels):
-        r = BackendResult(label=lb, wrong=int(wrong_sum[k]), iters=iters)
-        if flags[k] > 0:
-            r.error = failed.get(lb, "failed on another rank")
-        else:
-            us = [v / 1e3 for v in tmat[k].tolist()]
-            r.time_us = statistics.median(us)
-            r.time_min_us, r.time_max_us = min(us), max(us)
-            if r.time_us > 0:
-                r.algbw_GBps = case.size_bytes / (r.time_us * 1e-6) / 1e9
-                r.busbw_GBps = r.algbw_GBps * factor
+        r = backend_result(lb, case, smat[k], int(wrong_sum[k]), policy.batch, shared_clock,
+                           error=failed.get(lb, "failed on another rank") if flags[k] > 0 else None)
         if diffs is not None and diffs[k] >= 0:
             r.differs_from_baseline = int(diffs[k])
         result.backends[lb] = r
     return result
+
+
+def backend_result(label: str, case: Case, spans: torch.Tensor, wrong: int, batch: int, shared_clock: bool,
+                   error: Optional[str] = None) -> BackendResult:
+    """One backend's figures for ``case`` from its timed iterations' ``spans`` (``iters x (start, end,
+    end - start)`` in ns, already reduced with MAX over ranks; :func:`op_times_ns`): the median,
+    min and max time per op, algbw and busbw (:func:`benchmarks.cases.bus_factor`).  The bench's
+    groups and the MPI peers (``benchmarks.peers``) both report through here."""
+    r = BackendResult(label=label, wrong=wrong, iters=int(spans.shape[0]))
+    if error is not None:
+        r.error = error
+        return r
+    us = [v / 1e3 for v in op_times_ns(spans, batch, shared_clock).tolist()]
+    if not us:
+        r.error = "no timed iteration"
+        return r
+    r.time_us = statistics.median(us)
+    r.time_min_us, r.time_max_us = min(us), max(us)
+    if r.time_us > 0:
+        r.algbw_GBps = case.size_bytes / (r.time_us * 1e-6) / 1e9
+        r.busbw_GBps = r.algbw_GBps * bus_factor(case.op, case.world_size)
+    return r

@@ -174,3 +174,77 @@ def test_emulated_links_deliver_each_flow_in_order() -> None:
             masks = [int(line.replace(",", ""), 16) for line in out.stdout.split()]
             every_cpu = (1 << (os.cpu_count() or 1)) - 1
             assert masks and all(m & every_cpu == every_cpu for m in masks), (ns, dev, out.stdout)
+
+
+def _tiny(*args: str) -> list:
+    """A sweep of two ranks at 1..4 KiB, few iterations, no probe."""
+    return ["--world-sizes", "2", "--min-bytes", "1KiB", "--max-bytes", "4KiB", "--iters-max", "3", "--no-probe",
+            "--quiet", *args]
+
+
+def test_missing_and_broken_peers_are_skipped_with_their_reasons_and_the_table_still_comes(tmp_path: Path) -> None:
+    """A peer without a venv, and one whose launcher fails at once (a stand-in mpiexec that
+    prints why and exits 3): each is left out with a one-line reason; ringpg and gloo run."""
+    broken = tmp_path / "broken" / "bin"
+    broken.mkdir(parents=True)
+    (broken / "python").symlink_to(sys.executable)
+    (broken / "mpiexec").write_text("#!/bin/sh\necho 'mpiexec: no hosts to run on' >&2\nexit 3\n")
+    (broken / "mpiexec").chmod(0o755)
+    out = tmp_path / "missing.json"
+    p = _bench(*_tiny("--ops", "ar", "--dtypes", "float32", "--peers", "nosuchmpi,broken", "--peers-dir",
+                      str(tmp_path), "--json", str(out)))
+    assert p.returncode == 0, p.stdout + p.stderr
+    skips = {line.split()[2]: line for line in p.stdout.splitlines() if line.startswith("# peer ")}
+    assert set(skips) == {"nosuchmpi", "broken"} and all("skipped" in s for s in skips.values()), p.stdout
+    assert str(tmp_path / "nosuchmpi") in skips["nosuchmpi"], skips
+    assert "exit 3" in skips["broken"] and "no hosts to run on" in skips["broken"], skips
+    assert "ringpg/gloo" in p.stdout and "best-peer" not in p.stdout, p.stdout
+    doc = json.loads(out.read_text())
+    assert {r["backend"] for r in doc["results"]} == {"ringpg", "gloo"}
+    assert all(r["wrong"] == 0 and r["error"] is None for r in doc["results"])
+    assert doc["peers"]["2"]["nosuchmpi"].startswith("SKIPPED: no virtual environment"), doc["peers"]
+
+
+def _installed_peer() -> str:
+    """The first MPI peer installed in the default peers directory (scripts/install_peers.sh), else skip."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.peers import default_peers_dir, find_peer
+
+    for name in ("mpich", "ompi", "impi"):
+        if find_peer(name, default_peers_dir())[0] is not None:
+            return name
+    pytest.skip(f"no MPI peer in {default_peers_dir()} (bash scripts/install_peers.sh; or set RINGPG_PEERS_DIR)")
+
+
+def test_an_mpi_peer_runs_every_case_exactly_and_gets_the_best_peer_ratio(tmp_path: Path) -> None:
+    """One real MPI (where its venv exists): every op, checked element by element as ringpg
+    is; bfloat16 rows say skip (no MPI datatype) and still measure ringpg and gloo; each
+    row's ratio names the best peer."""
+    peer = _installed_peer()
+    out = tmp_path / "peer.json"
+    p = _bench(*_tiny("--ops", "ar,rs,ag,bc,a2a", "--dtypes", "float32,bfloat16", "--peers", peer, "--json", str(out)))
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = json.loads(out.read_text())["results"]
+    mine = [r for r in rows if r["backend"] == peer]
+    assert len(mine) == 5 * 2 * 3 and all(r["peer"] for r in mine)
+    for r in mine:
+        assert r["error"] is None and r["wrong"] == 0, r
+        if r["dtype"] == "bfloat16":
+            assert r["skipped"] and "no MPI datatype" in r["skipped"] and r["time_us"] is None, r
+        else:
+            assert r["skipped"] is None and r["time_us"] > 0 and r["iters"] >= 3, r
+    assert all(r["wrong"] == 0 and r["error"] is None for r in rows if not r["peer"])
+    assert "ringpg/best-peer" in p.stdout
+    float_rows = [line for line in p.stdout.splitlines() if " float32 " in line and not line.startswith("#")]
+    assert len(float_rows) == 15 and all(line.endswith(f"x {peer}") for line in float_rows), float_rows
+
+
+def test_fresh_tensors_for_every_op_are_checked_and_recorded(tmp_path: Path) -> None:
+    out = tmp_path / "fresh.json"
+    p = _bench(*_tiny("--ops", "ar,rs,ag,bc,a2a", "--dtypes", "float32,bfloat16", "--fresh", "--json", str(out)))
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out.read_text())
+    assert doc["fresh"] is True and " fresh" in p.stdout
+    rows = doc["results"]
+    assert len(rows) == 5 * 2 * 3 * 2
+    assert all(r["fresh"] is True and r["wrong"] == 0 and r["error"] is None and r["time_us"] for r in rows), rows
