@@ -27,6 +27,12 @@
 // pending until the receiver has released that slot, so the buffer outlives the read.
 // A receive that reduces reads the peer's bytes in cache-sized pieces and reduces
 // each from there.  Where the probe fails anywhere, every link keeps the slots.
+// When the group breaks (a timeout, a dead peer, abort) a lent send fails at once and
+// its buffer goes back to the caller while the receiver may be reading it; the
+// receiver's group is breaking too, and its op fails once the news arrives (the
+// abort frame: milliseconds).  Only a receive that completes the receiver's last step
+// inside that window could hand on bytes the caller changed meanwhile: a known limit
+// of single copy (the slots hold a copy made before the break).
 //
 // Both directions are driven by the thread that waits (the one thread that runs the
 // group's current op): a send that finds no free slot stays queued and is pushed on
