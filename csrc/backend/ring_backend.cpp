@@ -148,10 +148,16 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   topology_ = exchangeTopology(*store, mesh.keyPrefix, rank, size);
   const size_t slotBytes = std::clamp<size_t>(cfg_.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
   // Spin only while this host's ranks can each have a core.
-  shmSpinMicros_ = cfg_.shmSpinMicros(topology_.ranksOn(topology_.hostOf[rank]), usableCpus());
+  const int localRanks = topology_.ranksOn(topology_.hostOf[rank]);
+  const int cpus = usableCpus();
+  shmSpinMicros_ = cfg_.shmSpinMicros(localRanks, cpus);
   bool shmUsed = false;
   shm_ = ShmRing::connect(*store, *engine_, mesh.keyPrefix, topology_, rank, transportSetting_, slotBytes,
                           shmSpinMicros_, cfg_.cmaBytes, Clock::now() + timeout, &shmUsed);
+  if (shm_) {
+    // A spin set by hand on more ranks than CPUs: the rank it waits for may need this core.
+    shm_->setSpinYields(localRanks > cpus);
+  }
   // What the group's links are, the same words on every rank: "shm" (one host),
   // "shm+tcp" (several hosts, some holding several ranks), "tcp"; "gloo" once attached.
   transportName_ = transportSetting_ == Config::Transport::Gloo ? "gloo"

@@ -567,11 +567,16 @@ bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
       return false;
     }
     if (now < spinEnd) {
-      // Pause, not yield: a spin is configured only where this host's ranks each have a
-      // core (Config::shmSpinMicros), so the neighbour we wait for is running, and a
-      // yield would hand the core to any other runnable thread (a compiler, a data
-      // loader) for up to a scheduler tick — milliseconds for a wait of microseconds.
-      cpuRelax();
+      // Pause, not yield, where this host's ranks each have a core (auto spins only
+      // then, Config::shmSpinMicros): the neighbour we wait for is running, and a yield
+      // would hand the core to any other runnable thread (a compiler, a data loader)
+      // for up to a scheduler tick — milliseconds for a wait of microseconds.  Where
+      // they do not (a spin set by hand), the neighbour may need this very core.
+      if (spinYields_) {
+        std::this_thread::yield();
+      } else {
+        cpuRelax();
+      }
       continue;
     }
     // Announce the sleep, then look once more: a neighbour that moved a slot after our

@@ -95,6 +95,9 @@ class ShmRing final : public Link {
   // Whether large messages go by single copy (cross-memory attach) on this group's
   // links: the same on every rank.
   bool singleCopy() const { return cmaBytes_ > 0; }
+  // Whether a spinning wait yields its core between looks (this host's ranks outnumber
+  // its CPUs, and RINGPG_SPIN_US asked for a spin anyway) instead of pausing on it.
+  void setSpinYields(bool yields) { spinYields_ = yields; }
 
   const char* transport() const override {
     return "shm";
@@ -153,6 +156,7 @@ class ShmRing final : public Link {
   const int left_, right_;
   const size_t slotBytes_;
   const int spinMicros_;
+  bool spinYields_ = false;
   std::unique_ptr<Region> own_;   // we send into it; our bell is in it
   std::unique_ptr<Region> fromLeft_;  // we receive from it and ring the left's bell
   std::unique_ptr<Region> fromRight_; // mapped for its bell only; null when right == left
