@@ -79,17 +79,17 @@ CONFIGS = [
     # through the slots (two copies), as where single copy is off.
     ("shm-64k-slots", (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)), ("RINGPG_WORK_CACHE_BYTES", "4096"),
                        ("RINGPG_CMA_BYTES", "0")), "shm"),
-    # Single copy from 4 KiB on, but the kernel refuses rank 1 reads of rank 0's memory:
-    # the whole group agrees on the slots (the default "shm" runs single copy from 64 KiB).
-    ("shm-cma-refused", ((REFUSE_CMA_ENV, "1"), ("RINGPG_CMA_BYTES", "4096")), "shm"),
     # Single copy from 4 KiB, so most messages of the battery go straight from the
-    # sender's buffer, into the receiver's or through its reducing stage.
-    ("shm-cma-4k", (("RINGPG_CMA_BYTES", "4096"),), "shm"),
-    ("shm-spin", (("RINGPG_SPIN_US", SPIN),), "shm"),
+    # sender's buffer, into the receiver's or through its reducing stage (the default
+    # "shm" runs single copy from 64 KiB).
+    ("shm-spin-cma-4k", (("RINGPG_SPIN_US", SPIN), ("RINGPG_CMA_BYTES", "4096")), "shm"),
     # reno: the one congestion control every Linux kernel has and lets anyone choose.
     ("tcp-spin-reno", (("RINGPG_TRANSPORT", "tcp"), ("RINGPG_SPIN_US", SPIN), ("RINGPG_TCP_CONGESTION", "reno")), "tcp"),
-    # The portable kernels pinned: every reduction below through the plain x86-64 copy.
-    ("shm-baseline-kernels", (("RINGPG_REDUCE_ISA", "baseline"),), "shm"),
+    # The portable kernels pinned: every reduction below through the plain copy; and
+    # single copy from 4 KiB asked for, but the kernel refuses rank 1 reads of rank 0's
+    # memory, so the whole group agrees on the slots.
+    ("shm-baseline-kernels-cma-refused", (("RINGPG_REDUCE_ISA", "baseline"), (REFUSE_CMA_ENV, "1"),
+                                          ("RINGPG_CMA_BYTES", "4096")), "shm"),
 ]
 AUTO_SHM_SPIN_US = 100  # Config::kAutoShmSpinMicros
 
