@@ -108,6 +108,8 @@ class ShmRing final : public Link {
   bool pushSends();
   bool pullRecvs();
   void failAll(const std::string& reason, bool network);
+  // Fails every pending request if a neighbour they need has shut its group down.
+  bool failIfNeighbourLeft();
   void finish(const RequestPtr& req);
   // The right neighbour's region, whose bell we ring: the left one's when they are
   // the same rank (world size 2).
