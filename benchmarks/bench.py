@@ -622,7 +622,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g = ap.add_argument_group("what to measure")
     g.add_argument("--backends", default="ringpg,gloo",
                    help="comma list of backends measured side by side (default ringpg,gloo; nccl is added "
-                        "with --device cuda). Use gloo,gloo to validate the tool without ringpg; "
+                        "with --device cuda where there is a GPU per rank). Use gloo,gloo to validate the tool without ringpg; "
                         "ringpg[@transport][/algo] pins ringpg's transport (ringpg.use_transport) and "
                         "algorithm (ringpg.use_algorithm) per column: ringpg@gloo, ringpg/ring, ringpg@tcp/hier")
     g.add_argument("--transports", default=None, metavar="LIST",
@@ -730,7 +730,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.device == "cuda":
         if not torch.cuda.is_available():
             ap.error("--device cuda but torch.cuda.is_available() is False")
-        if "nccl" not in args.backends:
+        # NCCL takes one GPU per rank ("Duplicate GPU detected" where ranks share one):
+        # added only where every world size has a GPU per rank and torch has NCCL.
+        gpus = torch.cuda.device_count()
+        if "nccl" not in args.backends and dist.is_nccl_available() and gpus >= max(args.world_sizes):
             args.backends.append("nccl")
     if not args.backends:
         ap.error("no backends")

@@ -53,7 +53,9 @@ from harness import (
     run_workers,
     sentinel_like,
     skip_case,
+    hier_pieces,
     traced_algorithms,
+    traced_pieces,
 )
 import test_collectives
 import test_surface_collectives
@@ -303,32 +305,48 @@ WS8_SHARED_LINK_NUMEL = 1000
 WS8_BLOCKS = (3, 2**15)  # per-rank blocks of reduce_scatter / all_gather (whole: 96 B, 1 MiB)
 
 
+# On "mixed" (two emulated hosts of four ranks: hierarchical), the big cases move in
+# pieces of 64 KiB, the rings across hosts on the op's second thread (hierarchical.h),
+# on every dtype the hierarchical reductions distinguish and under SUM, AVG and MAX.
+WS8_PIECE_BYTES = 65536
+WS8_MIXED_DTYPES = (torch.int32, torch.float32, torch.bfloat16)
+WS8_MIXED_OPS = ("SUM", "AVG", "MAX")
+
+
 def world_size_8_worker(rank: int, ws: int, groups: Groups, transport: str) -> CheckReport:
-    """all_reduce (one-shot and ring), reduce_scatter_tensor, all_gather_into_tensor; int32."""
+    """all_reduce (one-shot and ring), reduce_scatter_tensor, all_gather_into_tensor;
+    int32 under SUM and MAX (on "mixed" also float32 and bfloat16, and AVG); the inputs
+    of reduce_scatter_tensor and all_gather_into_tensor left unchanged."""
     chk = Checker(rank)
     check_transport(chk, groups, transport)
-    dtype = torch.int32
+    mixed = transport == "mixed"
     chk.true("the big all_reduce is past the one-shot limit",
-             WS8_RING_NUMEL * dtype.itemsize > oneshot_limit_bytes(ws), f"limit {oneshot_limit_bytes(ws)} B")
-    for op in ("SUM", "MAX"):
-        for n in (WS8_SMALL_NUMEL, WS8_SHARED_LINK_NUMEL, WS8_RING_NUMEL):
-            case = f"all_reduce op={op} dtype=int32 ws={ws} numel={n} {transport}"
-            x = make_data(rank, case, (n,), dtype)
-            got = x.clone()
-            guarded(chk, case, lambda: dist.all_reduce(got, op=getattr(dist.ReduceOp, op), group=groups.test))
-            chk.equal(case, got, ref_all_reduce(x, op, groups.ref))
+             WS8_RING_NUMEL * 4 > oneshot_limit_bytes(ws), f"limit {oneshot_limit_bytes(ws)} B")
+    for dtype in WS8_MIXED_DTYPES if mixed else (torch.int32,):
+        d = dtype_name(dtype)
+        for op in WS8_MIXED_OPS if mixed else ("SUM", "MAX"):
+            if skip_case(backend_under_test(), op, dtype):
+                continue
+            for n in (WS8_SMALL_NUMEL, WS8_SHARED_LINK_NUMEL, WS8_RING_NUMEL):
+                case = f"all_reduce op={op} dtype={d} ws={ws} numel={n} {transport}"
+                x = make_data(rank, case, (n,), dtype)
+                got = x.clone()
+                guarded(chk, case, lambda: dist.all_reduce(got, op=getattr(dist.ReduceOp, op), group=groups.test))
+                chk.equal(case, got, ref_all_reduce(x, op, groups.ref))
+            for block in WS8_BLOCKS:
+                case = f"reduce_scatter_tensor op={op} dtype={d} ws={ws} numel={block * ws} {transport}"
+                x = make_data(rank, case, (block * ws,), dtype)
+                inp, out = x.clone(), sentinel_like((block,), dtype)
+                guarded(chk, case, lambda: dist.reduce_scatter_tensor(out, inp, op=getattr(dist.ReduceOp, op), group=groups.test))
+                chk.equal(case, out, ref_reduce_scatter(x, op, groups.ref))
+                chk.equal(f"{case} [input unchanged]", inp, x)
         for block in WS8_BLOCKS:
-            case = f"reduce_scatter_tensor op={op} dtype=int32 ws={ws} numel={block * ws} {transport}"
-            x = make_data(rank, case, (block * ws,), dtype)
-            out = sentinel_like((block,), dtype)
-            guarded(chk, case, lambda: dist.reduce_scatter_tensor(out, x.clone(), op=getattr(dist.ReduceOp, op), group=groups.test))
-            chk.equal(case, out, ref_reduce_scatter(x, op, groups.ref))
-    for block in WS8_BLOCKS:
-        case = f"all_gather_into_tensor dtype=int32 ws={ws} numel={block} {transport}"
-        x = make_data(rank, case, (block,), dtype)
-        out = sentinel_like((block * ws,), dtype)
-        guarded(chk, case, lambda: dist.all_gather_into_tensor(out, x, group=groups.test))
-        chk.equal(case, out, ref_all_gather(x, groups.ref))
+            case = f"all_gather_into_tensor dtype={d} ws={ws} numel={block} {transport}"
+            x = make_data(rank, case, (block,), dtype)
+            inp, out = x.clone(), sentinel_like((block * ws,), dtype)
+            guarded(chk, case, lambda: dist.all_gather_into_tensor(out, inp, group=groups.test))
+            chk.equal(case, out, ref_all_gather(x, groups.ref))
+            chk.equal(f"{case} [input unchanged]", inp, x)
     return finish(chk, groups.test)
 
 
@@ -342,6 +360,8 @@ def test_world_size_8(transport: str, tmp_path: Any) -> None:
     and all-gather on the ring (likewise hierarchical on "mixed").
     """
     env = (*TRANSPORT_ENVS[transport], ("RINGPG_ONESHOT_BYTES", str(WS8_ONESHOT_BYTES)))
+    if transport == "mixed":
+        env = (*env, ("RINGPG_HIER_PIECE_BYTES", str(WS8_PIECE_BYTES)))
     if backend_under_test() == "ringpg":
         env = (*env, ("RINGPG_TRACE", str(tmp_path)))
     assert_reports_ok(run_workers(world_size_8_worker, WS8, transport, InitSpec(env=env), timeout=120))
@@ -349,6 +369,8 @@ def test_world_size_8(transport: str, tmp_path: Any) -> None:
         algorithms = traced_algorithms(str(tmp_path), "all_reduce")
         big = "hier" if transport == "mixed" else "ring"
         assert algorithms.get(WS8_RING_NUMEL * 4) == {big}, algorithms
+        if transport == "mixed":
+            assert_ws8_pieces(str(tmp_path))
         # Reduce-scatter and all-gather, too, run hierarchically across the emulated hosts.
         for op in ("reduce_scatter_tensor", "all_gather_into_tensor"):
             seen = set().union(*traced_algorithms(str(tmp_path), op).values())
@@ -356,3 +378,24 @@ def test_world_size_8(transport: str, tmp_path: Any) -> None:
         assert algorithms.get(WS8_SMALL_NUMEL * 4) == {"one_shot"}, algorithms
         shared_link = "hier" if transport == "mixed" else "one_shot"
         assert algorithms.get(WS8_SHARED_LINK_NUMEL * 4) == {shared_link}, algorithms
+
+
+def assert_ws8_pieces(trace_dir: str) -> None:
+    """The traces of "mixed" (2 hosts x 4 ranks): every big all_reduce, reduce-scatter and
+    all-gather moved in as many pieces as RINGPG_HIER_PIECE_BYTES gives, on two threads
+    (issue 31 item 1: a silent fall-back to one piece would pass every result check)."""
+    want: dict[str, dict[int, set[tuple[int, int]]]] = {"all_reduce": {}, "reduce_scatter_tensor": {},
+                                                        "all_gather_into_tensor": {}}
+    for dtype in WS8_MIXED_DTYPES:
+        es = dtype.itemsize
+        want["all_reduce"][WS8_RING_NUMEL * es] = {hier_pieces(WS8_RING_NUMEL * es, WS8_RING_NUMEL, WS8_PIECE_BYTES)}
+        # Traced bytes: reduce-scatter's input, all-gather's input (one rank's block).
+        block = WS8_BLOCKS[-1]
+        pieces = {hier_pieces(block * WS8 * es, block, WS8_PIECE_BYTES)}
+        want["reduce_scatter_tensor"][block * WS8 * es] = pieces
+        want["all_gather_into_tensor"][block * es] = pieces
+    for op, sizes in want.items():
+        traced = traced_pieces(trace_dir, op)
+        got = {b: traced.get(b) for b in sizes}
+        assert got == sizes, (op, got, sizes)
+        assert all(p[0] > 1 and p[1] == 2 for v in sizes.values() for p in v), sizes  # what the test means

@@ -10,7 +10,9 @@
   itself): ringpg's completion hooks mark finished ops "completed" with a duration, its
   abort hooks make it dump the trace (``TORCH_FR_DUMP_TEMP_FILE<rank>``) when the group
   fails, and torch's analyzer (``python -m torch.distributed.flight_recorder.fr_trace``)
-  reads the dumps of a job where one rank skipped an all_reduce and names that rank.
+  reads the dumps of a job where one rank skipped an all_reduce and names that rank;
+  its loader reads every rank's dump of reduce-scatter, all-gather, coalesced and
+  hierarchical ops: names, sequence ids, states and sizes.
 
 Each scenario's ranks put a result dict on a queue (``harness.run_scenario``); the
 assertions are on what a user would see.
@@ -305,3 +307,65 @@ def test_finished_ops_read_completed_with_a_duration_and_a_hung_one_scheduled(tm
     assert res[0]["type"] == "DistBackendError" and "Timed out" in res[0]["msg"], res[0]
     assert res[0]["failed"][-1]["state"] == "scheduled", res[0]["failed"]
     assert res[0]["error"] == "TIMEOUT" and res[1]["error"] == "REMOTE_ERROR", res
+
+
+# ------------------------------------------------------------------ dumps read with torch's own loader
+
+
+def _record_collectives(rank: int, ws: int, port: int, args: Any) -> dict:
+    """Reduce-scatter, all-gather, coalesced and hierarchical ops (2 hosts x 2 ranks, the
+    4 MiB allreduce in pieces), then each rank writes its recorder's dump where torch's
+    analyzer looks for it (TORCH_FR_DUMP_TEMP_FILE<rank>)."""
+    (dump_prefix,) = args
+    _init(rank, ws, port)
+    import ringpg
+
+    x = torch.ones(1 << 20)
+    dist.all_reduce(x)  # hierarchical, in pieces
+    dist.reduce_scatter_tensor(torch.empty(1 << 14), torch.ones(ws << 14))
+    dist.all_gather_into_tensor(torch.empty(ws << 14), torch.ones(1 << 14))
+    with dist._coalescing_manager():
+        dist.all_reduce(torch.ones(5))
+        dist.all_reduce(torch.ones(7))
+    with dist._coalescing_manager():
+        dist.reduce_scatter_tensor(torch.empty(3), torch.ones(3 * ws))
+        dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * ws))
+    dist.barrier()
+    with open(f"{dump_prefix}{rank}", "wb") as f:
+        f.write(torch._C._distributed_c10d._dump_fr_trace(True, False, False, backend="ringpg"))
+    return {"algorithm": ringpg.backend().allreduce_algorithm}
+
+
+def test_dumps_read_with_torchs_loader(tmp_path: Any) -> None:
+    """torch's own loader (flight_recorder.components.loader.read_dir, what fr_trace runs)
+    reads every rank's dump: the reduce-scatter, all-gather, coalesced and hierarchical
+    ops in order, completed, with the same sequence ids on every rank and their sizes
+    (issue 31 item 7)."""
+    if not _features()["flight_recorder"]:
+        pytest.skip(f"torch {torch.__version__} has no backend-agnostic flight recorder (torch >= 2.15)")
+    import argparse
+
+    from torch.distributed.flight_recorder.components.loader import read_dir
+
+    ws = 4
+    env = {**_recorder_env(str(tmp_path)), harness.EMULATED_HOSTS_ENV: "2", "RINGPG_HIER_PIECE_BYTES": "65536"}
+    res = harness.run_scenario(_record_collectives, ws, (os.path.join(str(tmp_path), DUMP_PREFIX),), env=env)
+    assert all(v.get("algorithm") == "hier" for v in res.values()), res
+    details, version = read_dir(argparse.Namespace(trace_dir=str(tmp_path), prefix=DUMP_PREFIX))
+    assert version and sorted(details) == [f"{DUMP_PREFIX}{r}" for r in range(ws)], sorted(details)
+    seen = {}
+    for name, dump in details.items():
+        entries = dump["entries"]
+        seen[name] = [(e["profiling_name"], e["collective_seq_id"], e["state"], e["input_sizes"], e["output_sizes"])
+                      for e in entries]
+        assert all(e["state"] == "completed" and e["duration_ms"] is not None for e in entries), entries
+    first = seen[f"{DUMP_PREFIX}0"]
+    assert all(v == first for v in seen.values()), seen  # the same ops, ids and sizes on every rank
+    assert first == [
+        ("ringpg:all_reduce", 1, "completed", [[1 << 20]], [[1 << 20]]),
+        ("ringpg:_reduce_scatter_base", 2, "completed", [[ws << 14]], [[1 << 14]]),
+        ("ringpg:_all_gather_base", 3, "completed", [[1 << 14]], [[ws << 14]]),
+        ("ringpg:allreduce_coalesced", 4, "completed", [[5], [7]], [[5], [7]]),
+        ("ringpg:reduce_scatter_tensor_coalesced", 5, "completed", [[3 * ws], [2 * ws]], [[3], [2]]),
+        ("ringpg:barrier", 6, "completed", [], []),
+    ], first

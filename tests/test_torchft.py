@@ -433,3 +433,130 @@ def test_abort_with_a_pending_op_fails_it(failover: dict[int, dict[str, Any]]) -
 def test_errors_use_the_words_torchft_matches(failover: dict[int, dict[str, Any]]) -> None:
     msgs = [failover[r]["killed_err"] for r in (0, 1)] + [failover[0]["frozen_err"]]
     assert all(re.search(TORCHFT_ERROR_RE, m) for m in msgs), msgs
+
+
+# ------------------------------------------------------------------ torchft's conventions, ranks as threads
+#
+# As torchft's own process-group tests drive a group (process_group_test.py,
+# MultiPgBaseTest._run_with_resiliency): three ranks as threads of one process, one of
+# them shuts its group down (or aborts it), the others set a short timeout and expect
+# their next op to fail, then read errored() and expect "aborted" (issue 31 item 6).
+
+CONVENTION_TIMEOUT = timedelta(seconds=30)  # the group's; each phase sets its own
+PEER_GONE_BOUND_S = 2.0                     # "at once": far below the 5 s timeout set
+
+
+def _conv_ops(ws: int) -> dict[str, Callable[[Any, int], Any]]:
+    """Collectives that need every peer: the ring (1 MiB allreduce, all_gather, the
+    reduce-scatter), the one-shot allreduce, a broadcast and a barrier."""
+    def rs(pg: Any, rank: int) -> Any:
+        opts = ReduceScatterOptions()
+        opts.reduceOp = ReduceOp.SUM
+        return pg.reduce_scatter_tensor_coalesced([torch.empty(1 << 16)], [torch.ones(ws << 16)], opts)
+
+    def bc(pg: Any, rank: int) -> Any:
+        opts = BroadcastOptions()
+        opts.rootRank = ws - 1  # the rank that leaves: the others need its data
+        return pg.broadcast([torch.ones(1 << 16)], opts)
+
+    return {
+        "allreduce_ring": lambda pg, rank: pg.allreduce([torch.ones(1 << 18)], ReduceOp.SUM),
+        "allreduce_oneshot": lambda pg, rank: pg.allreduce([torch.ones(16)], ReduceOp.SUM),
+        "allgather": lambda pg, rank: pg.allgather([[torch.empty(1 << 16) for _ in range(ws)]], [torch.ones(1 << 16)],
+                                                   AllgatherOptions()),
+        "reduce_scatter": rs,
+        "broadcast": bc,
+        "barrier": lambda pg, rank: pg.barrier(BarrierOptions()),
+    }
+
+
+def _errored(e: Any) -> dict[str, str]:
+    """What errored() returned: its type and message, and its cause's."""
+    cause = getattr(e, "__cause__", None)
+    return {"errored": f"{type(e).__name__}: {e}", "cause": f"{type(cause).__name__}: {cause}"}
+
+
+def _peer_leaves(pg: Any, rank: int, addr: str, tag: str, how: str, barrier: Any,
+                 ops: dict[str, Callable[[Any, int], Any]]) -> dict[str, Any]:
+    """Per collective: a fresh group; one good op; rank WS-1 shuts down (or aborts); the
+    others set a 5 s timeout, run the op (it must fail at once), read errored(), and run
+    one more op (it must fail at once too)."""
+    res: dict[str, Any] = {}
+    for name, op in ops.items():
+        pg.configure(f"{addr}/{tag}_{name}", "0", rank, WS)
+        op(pg, rank).wait()
+        barrier.wait(timeout=60)
+        if rank == WS - 1:
+            pg.shutdown() if how == "shutdown" else pg.abort()
+            barrier.wait(timeout=60)
+            continue
+        barrier.wait(timeout=60)  # the peer has left before this op is issued
+        pg.set_timeout(timedelta(seconds=5))
+        err, took = _attempt(lambda: op(pg, rank).wait())
+        e = pg.errored()
+        again, again_took = _attempt(lambda: op(pg, rank).wait())
+        res[name] = {"err": err, "took": took, "again": again, "again_took": again_took, **_errored(e)}
+        pg.set_timeout(CONVENTION_TIMEOUT)
+    return res
+
+
+def _frozen_peer(pg: Any, rank: int, addr: str, tag: str, barrier: Any) -> dict[str, Any]:
+    """A group made with a 30 s timeout, then set_timeout(1 s) on the live group: the op
+    that rank WS-1 never joins fails after 1 s, not 30."""
+    pg.configure(f"{addr}/{tag}_frozen", "0", rank, WS)
+    pg.set_timeout(timedelta(seconds=1))
+    res: dict[str, Any] = {}
+    if rank != WS - 1:
+        res["err"], res["took"] = _attempt(lambda: pg.allreduce([torch.ones(1 << 18)], ReduceOp.SUM).wait())
+        res.update(_errored(pg.errored()))
+    barrier.wait(timeout=60)
+    pg.abort()
+    pg.set_timeout(CONVENTION_TIMEOUT)
+    return res
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp", "gloo"])
+def test_torchft_conventions_with_ranks_as_threads(transport: str) -> None:
+    _torchft()
+    import threading
+
+    import ringpg
+    from ringpg.torchft import ProcessGroupRingpg
+
+    store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    addr = f"localhost:{store.port}"
+    barrier = threading.Barrier(WS)
+    pgs = [ProcessGroupRingpg(timeout=CONVENTION_TIMEOUT) for _ in range(WS)]
+    # Each configure() connects a store client, and in torch 2.15 about every 25th
+    # TCPStore client of a process takes 5 s to connect (bare clients do too): so shared
+    # memory, where the issue's all_gather waited, runs every op, the others fewer.
+    ops = _conv_ops(WS)
+    if transport != "shm":
+        ops = {k: ops[k] for k in ("allreduce_ring", "allgather", "broadcast")}
+    few = {k: ops[k] for k in ("allreduce_ring", "allgather")}
+
+    def run(rank: int) -> dict[str, Any]:
+        out = {"shutdown": _peer_leaves(pgs[rank], rank, addr, "sd", "shutdown", barrier, ops),
+               "abort": _peer_leaves(pgs[rank], rank, addr, "ab", "abort", barrier, few),
+               "frozen": _frozen_peer(pgs[rank], rank, addr, "fz", barrier)}
+        pgs[rank].shutdown()
+        return out
+
+    # use_transport is per process: open for every configure() of the threads.
+    with ringpg.use_transport("auto" if transport == "shm" else transport), ThreadPoolExecutor(WS) as ex:
+        res = [f.result(timeout=240) for f in [ex.submit(run, r) for r in range(WS)]]
+    bad = []
+    for r in range(WS - 1):
+        for how in ("shutdown", "abort"):
+            for name, v in res[r][how].items():
+                ok = (re.search(TORCHFT_ERROR_RE + "|aborted", v["err"]) and v["took"] < PEER_GONE_BOUND_S
+                      and v["errored"].startswith("RuntimeError: aborted: ") and v["cause"].startswith("Dist")
+                      and v["again"] and v["again_took"] < PEER_GONE_BOUND_S)
+                if not ok:
+                    bad.append(f"rank {r} peer {how} {name}: {v}")
+        v = res[r]["frozen"]
+        if not (re.search(TORCHFT_ERROR_RE, v["err"]) and 0.8 < v["took"] < 1.0 + PEER_GONE_BOUND_S
+                and v["errored"].startswith("RuntimeError: aborted: ") and v["cause"].startswith("Dist")
+                and "Timed out" in v["cause"]):
+            bad.append(f"rank {r} frozen peer: {v}")
+    assert not bad, "\n".join(bad)

@@ -192,6 +192,10 @@ class AcrossHosts {
 // group first, so that the other thread's waits end at once.
 void runPieces(OpContext& c, int pieces, const std::function<void(int)>& before, const AcrossHosts::Across& across,
                const std::function<void(int)>& after) {
+  if (c.trace()) { // a coalesced op adds up its collectives' pieces
+    c.trace()->pieces += pieces;
+    c.trace()->threads = std::max(c.trace()->threads, pieces == 1 ? 1 : 2);
+  }
   if (pieces == 1) {
     before(0);
     across(c, 0);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "algorithms/clock_sync.h"
 #include "algorithms/collectives.h"
@@ -31,37 +32,94 @@ using c10d::OpType;
 
 namespace {
 
-// Gloo's pairs need a ProcessGroupGloo on every rank: one rank alone on them would wait
-// for the others until the timeout; and shm, which refuses a group that cannot use
-// shared memory, must be asked for by all or its refusal would reach some ranks only.
-// Each rank publishes its choice under the group's keys (after the mesh is up, so
-// every rank is here) and all refuse a group that mixes gloo or shm with another; auto
-// and tcp mix (the shared-memory agreement then keeps the whole group on TCP).
-void agreeOnTransport(c10d::Store& store, const std::string& prefix, int rank, int size,
-                      Config::Transport mine, Deadline deadline) {
+// The settings every rank of a group must share, agreed on in one Store round trip
+// (after the mesh is up, so every rank is here): each rank publishes one line of them
+// under the group's keys and reads every other rank's.
+//  - RINGPG_TRANSPORT: Gloo's pairs need a ProcessGroupGloo on every rank (one rank
+//    alone on them would wait for the others until the timeout), and shm, which refuses
+//    a group that cannot use shared memory, must be asked for by all or its refusal
+//    would reach some ranks only; auto and tcp mix (the shared-memory agreement then
+//    keeps the whole group on TCP).
+//  - the wire plan: the algorithm (hierarchical or ring), the one-shot limit, the
+//    segment size (frame sizes; the shared-memory slot size) and the hierarchical piece
+//    size decide which frames each rank sends and expects, so ranks that differ would
+//    fail their first op with a "collective mismatch" that names no setting; and a
+//    rank with RINGPG_TRACE set runs a clock sync with rank 0 that untraced ranks skip.
+// (Local settings stay local: the receive window, the spin, socket buffers, the work
+// cache, the reduction ISA, congestion control; tests/test_settings_agreement.py runs a
+// group whose ranks differ in the receive window.)
+struct SharedSetting {
+  const char* name;  // as the user sets it
+  const char* rule;  // what the error asks for
+  std::string value; // this rank's
+};
+
+std::vector<SharedSetting> sharedSettings(const Config& cfg, Config::Transport transport) {
+  return {
+      {"RINGPG_TRANSPORT", "gloo and shm must be set on every rank or on none", Config::transportName(transport)},
+      {"RINGPG_ALGO / ringpg.use_algorithm", "", Config::algoName(cfg.algo)},
+      {"RINGPG_SEGMENT_BYTES", "", std::to_string(cfg.segmentBytes)},
+      {"RINGPG_ONESHOT_BYTES", "", std::to_string(cfg.oneShotBytes)},
+      {"RINGPG_HIER_PIECE_BYTES", "", std::to_string(cfg.hierPieceBytes)},
+      {"RINGPG_TRACE", "set it on every rank or on none", cfg.traceDir.empty() ? "off" : "on"},
+  };
+}
+
+// Whether `values` (one per rank) may run together: transports mix auto and tcp, every
+// other setting must be equal.
+bool settingAgrees(size_t index, const std::vector<std::string>& values) {
+  if (index == 0) { // the transport
+    const auto all = [&](const char* v) { return std::all_of(values.begin(), values.end(), [&](auto& x) { return x == v; }); };
+    const auto any = [&](const char* v) { return std::any_of(values.begin(), values.end(), [&](auto& x) { return x == v; }); };
+    return (!any("gloo") || all("gloo")) && (!any("shm") || all("shm"));
+  }
+  return std::all_of(values.begin(), values.end(), [&](auto& x) { return x == values[0]; });
+}
+
+void agreeOnSettings(c10d::Store& store, const std::string& prefix, int rank, int size, const Config& cfg,
+                     Config::Transport transport, Deadline deadline) {
   if (size == 1) {
     return;
   }
-  store.set(c10::str(prefix, "transport/", rank), toBytes(Config::transportName(mine)));
-  std::string listed;
-  bool anyGloo = false;
-  bool allGloo = true;
-  bool anyShm = false;
-  bool allShm = true;
-  for (const auto q : c10::irange(size)) {
-    const auto bytes = store.get(c10::str(prefix, "transport/", q));
-    const std::string name(bytes.begin(), bytes.end());
-    anyGloo = anyGloo || name == "gloo";
-    allGloo = allGloo && name == "gloo";
-    anyShm = anyShm || name == "shm";
-    allShm = allShm && name == "shm";
-    listed += c10::str(q == 0 ? "" : ", ", "rank ", q, ": ", name);
+  const std::vector<SharedSetting> mine = sharedSettings(cfg, transport);
+  std::string line; // the values, one per setting, '\n'-separated (none holds a newline)
+  for (const auto& s : mine) {
+    line += s.value + "\n";
   }
-  if ((anyGloo && !allGloo) || (anyShm && !allShm)) {
+  store.set(c10::str(prefix, "settings/", rank), toBytes(line));
+  std::vector<std::vector<std::string>> values(mine.size()); // [setting][rank]
+  for (const auto q : c10::irange(size)) {
+    const auto bytes = store.get(c10::str(prefix, "settings/", q));
+    std::vector<std::string> theirs(1);
+    for (const auto ch : bytes) {
+      if (ch == '\n') {
+        theirs.emplace_back();
+      } else {
+        theirs.back() += static_cast<char>(ch);
+      }
+    }
+    TORCH_CHECK(theirs.size() > mine.size(), "ringpg: rank ", q, " published ", theirs.size() - 1,
+                " group settings where this rank has ", mine.size(), ": is it running another ringpg build?");
+    for (const auto i : c10::irange(mine.size())) {
+      values[i].push_back(theirs[i]);
+    }
+  }
+  std::string why;
+  for (const auto i : c10::irange(mine.size())) {
+    if (settingAgrees(i, values[i])) {
+      continue;
+    }
+    std::string listed;
+    for (const auto q : c10::irange(size)) {
+      listed += c10::str(q == 0 ? "" : ", ", "rank ", q, ": ", values[i][q]);
+    }
+    const char* rule = *mine[i].rule != '\0' ? mine[i].rule : "it must be the same on every rank";
+    why += c10::str(why.empty() ? "" : "; and on ", mine[i].name, " (", listed, "); ", rule);
+  }
+  if (!why.empty()) {
     // Every rank raises, so the store's host may soon be gone: leave together.
-    waitForAll(store, prefix + "transport/read", size, deadline);
-    TORCH_CHECK_VALUE(false, "ringpg: the ranks of a group disagree on RINGPG_TRANSPORT (", listed,
-                      "); gloo and shm must be set on every rank or on none");
+    waitForAll(store, prefix + "settings/read", size, deadline);
+    TORCH_CHECK_VALUE(false, "ringpg: the ranks of a group disagree on ", why);
   }
 }
 
@@ -137,7 +195,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     checkCongestionControl(cfg_.tcpCongestion); // likewise, before any connection
   }
   Mesh mesh = connectMesh(*store, rank, size, cfg_.ifname, timeout);
-  agreeOnTransport(*store, mesh.keyPrefix, rank, size, transportSetting_, Clock::now() + timeout);
+  agreeOnSettings(*store, mesh.keyPrefix, rank, size, cfg_, transportSetting_, Clock::now() + timeout);
   localAddress_ = mesh.localAddress;
   keyPrefix_ = mesh.keyPrefix;
   engine_ = std::make_unique<Engine>(rank, size, std::move(mesh.tx), std::move(mesh.rx), cfg_.socketBuffer,

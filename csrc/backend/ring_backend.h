@@ -38,10 +38,11 @@ namespace ringpg {
 
 class RingBackend final : public c10d::Backend {
  public:
-  // `transportChoice`: this group's Config::Transport ("" = RINGPG_TRANSPORT's).  Ranks
-  // that disagree about "gloo" fail here, every one of them, saying so.  `algoChoice`:
-  // this group's Config::Algo ("" = RINGPG_ALGO's); every rank must pass the same one
-  // (not checked: ranks that disagree fail their ops with a mismatch or at the timeout).
+  // `transportChoice`: this group's Config::Transport ("" = RINGPG_TRANSPORT's).
+  // `algoChoice`: this group's Config::Algo ("" = RINGPG_ALGO's).  Ranks that disagree
+  // on a setting the group must share (gloo or shm on some ranks only, the algorithm,
+  // the segment, one-shot or hierarchical piece size, tracing on or off) fail here,
+  // every one of them, with a ValueError naming it and each rank's value.
   RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
               std::chrono::milliseconds timeout, std::string groupName, const std::string& transportChoice = "",
               const std::string& algoChoice = "");

@@ -162,6 +162,8 @@ OpTrace* Tracer::beginOp(const char* name, uint64_t seq, int64_t bytes, const ch
   op_.events_.clear();
   op_.algorithm = nullptr;
   op_.ring = TraceRingPlan{};
+  op_.pieces = 0;
+  op_.threads = 0;
   opName_ = name;
   opSeq_ = seq;
   opBytes_ = bytes;
@@ -205,6 +207,9 @@ void Tracer::endOp(bool failed) noexcept {
             static_cast<unsigned long long>(opSeq_), static_cast<long long>(opBytes_), opDtype_);
     if (op_.algorithm) {
       appendf(out, ",\"algorithm\":\"%s\"", op_.algorithm);
+    }
+    if (op_.pieces > 0) {
+      appendf(out, ",\"pieces\":%d,\"threads\":%d", op_.pieces, op_.threads);
     }
     const TraceRingPlan& rp = op_.ring;
     if (rp.segments > 0) {

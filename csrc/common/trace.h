@@ -100,6 +100,11 @@ class OpTrace {
   }
   const char* algorithm = nullptr; // "ring", "one_shot", ...; null: not said
   TraceRingPlan ring;
+  // A hierarchical collective's pieces (a coalesced op's: all its collectives') and the
+  // threads that ran them (1, or 2 when the rings across hosts ran on a second thread
+  // beside the host rings); 0: not a hierarchical op.
+  int pieces = 0;
+  int threads = 0;
 
  private:
   friend class Tracer;

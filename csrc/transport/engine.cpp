@@ -339,6 +339,11 @@ void Engine::debugSendRaw(int peer, std::string bytes) {
   wake();
 }
 
+std::string Engine::goodbyeFrom(int peer) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return anyGoodbye() && peers_[peer].rx.closed() ? shutDownBy(peer) : std::string();
+}
+
 void Engine::shutdown(Deadline deadline) {
   std::vector<RequestPtr> byes;
   for (const auto q : c10::irange(size_)) {
@@ -699,6 +704,7 @@ void Engine::routeHeader(int p, Completions& done) {
   switch (static_cast<FrameKind>(h.kind)) {
     case FrameKind::Bye: {
       rx.close();
+      goodbyes_.fetch_add(1, std::memory_order_release);
       // Receives still waiting on this peer can never complete.
       const std::string why = shutDownBy(p);
       for (auto& r : P.collPosted) failRequest(r, why, done);

@@ -95,6 +95,14 @@ class Engine {
     return brokenFlag_.load(std::memory_order_acquire);
   }
 
+  // Why nothing more comes from `peer`, nor is taken by it, if it has shut its group
+  // down (its goodbye arrived), else "".  The shared-memory ring's waits ask, since
+  // their data never passes this engine (anyGoodbye first: a load, no lock).
+  std::string goodbyeFrom(int peer);
+  bool anyGoodbye() const {
+    return goodbyes_.load(std::memory_order_acquire) != 0;
+  }
+
   // The TCP congestion control the data sockets run ("" in a group of one).
   std::string congestionControl() const;
 
@@ -190,6 +198,7 @@ class Engine {
   std::condition_variable cv_; // signalled when any request completes or fails
   std::string broken_;
   std::atomic<bool> brokenFlag_{false}; // broken_ is non-empty (set once, under mu_)
+  std::atomic<int> goodbyes_{0};        // peers whose goodbye arrived (counted under mu_)
   bool brokenNetwork_ = true;
   BreakCause brokenCause_ = BreakCause::Local; // set with broken_
   bool haveCurrent_ = false;

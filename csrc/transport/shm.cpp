@@ -348,6 +348,12 @@ RequestPtr ShmRing::postSend(int peer, const FrameHeader& hdr, const void* data,
   RequestPtr req = makeRequest(hdr, data, len, right_);
   req->hdr.magic = kFrameMagic;
   req->link = this;
+  if (engine_.anyGoodbye()) { // as the engine refuses a send to a peer that shut down
+    if (std::string why = engine_.goodbyeFrom(right_); !why.empty()) {
+      markFailed(*req, why, /*network=*/true);
+      return req;
+    }
+  }
   sends_.push_back(req);
   pushSends(); // eager: the first fragments leave now if there is room
   return req;
@@ -545,6 +551,17 @@ void ShmRing::failAll(const std::string& reason, bool network) {
   lent_.clear();
 }
 
+bool ShmRing::failIfNeighbourLeft() {
+  std::string why = recvs_.empty() ? std::string() : engine_.goodbyeFrom(left_);
+  if (why.empty() && !sends_.empty()) {
+    why = engine_.goodbyeFrom(right_);
+  }
+  if (!why.empty()) {
+    failAll(why, /*network=*/true);
+  }
+  return !why.empty();
+}
+
 bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
   using namespace std::chrono;
   const auto spinEnd = Clock::now() + microseconds(spinMicros_);
@@ -558,8 +575,14 @@ bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
       failAll(why, network);
       return true;
     }
+    // A neighbour that shut its group down sends and takes nothing more, but what it
+    // wrote before its goodbye is in the slots: looked at before progress() drains them.
+    const bool goodbye = engine_.anyGoodbye();
     progress();
     if (req->state.load(std::memory_order_acquire) != Request::State::Pending) {
+      return true;
+    }
+    if (goodbye && failIfNeighbourLeft()) {
       return true;
     }
     const auto now = Clock::now();

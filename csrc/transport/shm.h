@@ -146,6 +146,8 @@ class ShmRing final : public Link {
   // `*why`) when the kernel refuses or the peer is gone.
   bool readLeft(char* dst, uint64_t remote, size_t n, std::string* why);
   void failAll(const std::string& reason, bool network);
+  // Fails every pending request if a neighbour they need has shut its group down.
+  bool failIfNeighbourLeft();
   void finish(const RequestPtr& req);
   // The right neighbour's region, whose bell we ring: the left one's when they are
   // the same rank (world size 2).

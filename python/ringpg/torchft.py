@@ -18,14 +18,18 @@ torchft is an optional extra (``pip install 'ringpg[torchft]'``): ``import ringp
 never imports this module, and importing it without torchft raises an ImportError
 that says what to install.
 
-Errors: an op that fails (a peer died, the group's timeout passed) raises from
-``wait()`` as usual and is also recorded, so :meth:`ProcessGroupRingpg.errored`
-returns it until the next ``configure()``; torchft's Manager reads ``errored()`` in
-``should_commit`` and skips the step.
+Errors: an op that fails (a peer died, shut down or aborted, the group's timeout
+passed) raises from ``wait()`` as usual; then, as torchft's own NCCL and XCCL groups do
+when an op fails, the wrapper aborts the group and :meth:`ProcessGroupRingpg.errored`
+returns ``RuntimeError("aborted: <the op's error>")`` (the op's error as its
+``__cause__``) until the next ``configure()``; torchft's Manager reads ``errored()`` in
+``should_commit`` and skips the step, and tools that match "aborted" see it.  Later
+ops fail at once ("process group not initialized", torchft's words) until then.
 
-Timeouts: as with torchft's gloo group, the ``timeout`` given to the constructor (or
-to :meth:`set_timeout`) is the group's op timeout and the store's timeout from the
-next ``configure()`` on; per-op timeouts (``opts.timeout``) apply as in ringpg.
+Timeouts: the ``timeout`` given to the constructor is the group's op timeout and the
+store's timeout; :meth:`set_timeout` changes it for the live group's later ops at once
+(torch >= 2.9) and for the groups of later ``configure()`` calls; per-op timeouts
+(``opts.timeout``) apply as in ringpg.
 """
 from __future__ import annotations
 
@@ -100,8 +104,14 @@ class ProcessGroupRingpg(ProcessGroupWrapper):
     # ---- errors -------------------------------------------------------------------
 
     def _record(self, e: Optional[BaseException]) -> None:
-        if e is not None and self._errored is None and isinstance(e, Exception):
-            self._errored = e
+        """The first failed op of the current group: aborts the group, as torchft's own
+        groups do, and keeps "aborted: <why>" for :meth:`errored`."""
+        if e is None or self._errored is not None or not isinstance(e, Exception):
+            return
+        err = RuntimeError(f"aborted: {e}")
+        err.__cause__ = e
+        self._errored = err
+        super().abort(errored=True)  # torchft's error log, the group's abort, then no group
 
     def _collect(self) -> None:
         """Record the error of every finished tracked op, forget finished ops.
@@ -155,7 +165,8 @@ class ProcessGroupRingpg(ProcessGroupWrapper):
         return work
 
     def errored(self) -> Optional[Exception]:
-        """The first error an op of the current group failed with, else None.
+        """``RuntimeError("aborted: ...")`` once an op of the current group has failed
+        (the op's error chained as its ``__cause__``) or the group was aborted, else None.
 
         Reset by ``configure()``; torchft's Manager reads it before committing a step.
         """
@@ -164,8 +175,19 @@ class ProcessGroupRingpg(ProcessGroupWrapper):
 
     def abort(self, errored: bool = True) -> None:
         if errored and self._errored is None and self._pg is not None:
-            self._errored = RuntimeError("ringpg: the process group was aborted")
+            self._errored = RuntimeError("aborted: abort() was called on this process group")
         super().abort(errored=errored)
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """The op timeout of the live group's later ops, at once (torch >= 2.9: ringpg's
+        ``set_timeout``; older torch keeps it for the next group), and of the groups
+        later ``configure()`` calls build, with the store's timeout."""
+        super().set_timeout(timeout)
+        pg = self._pg
+        if pg is not None:
+            backend = pg._get_backend(torch.device("cpu"))
+            if hasattr(backend, "set_timeout"):
+                backend.set_timeout(timeout)
 
     def shutdown(self) -> None:
         """Shut the group down gracefully (ringpg finishes queued ops, says goodbye to

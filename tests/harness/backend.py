@@ -9,6 +9,7 @@ How a ring moves its bytes (``transport_of``) is asked through
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import shutil
 import subprocess
@@ -182,14 +183,45 @@ def traced_ops(trace_dir: str, group: Optional[str] = None) -> dict[str, dict[in
 
     Read once the groups are destroyed (their files are then closed).
     """
+    seen: dict[str, dict[int, set[str]]] = {}
+    for name, args in _op_spans(trace_dir, group):
+        by_bytes = seen.setdefault(name, {})
+        by_bytes.setdefault(int(args["bytes"]), set()).add(str(args.get("algorithm", "-")))
+    return seen
+
+
+@functools.lru_cache(maxsize=8)
+def _op_spans(trace_dir: str, group: Optional[str]) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """(name, args) of every op span in ringpg's traces in ``trace_dir`` (of ``group``'s
+    files, or all): read once, as several checks of one run read the same closed files."""
     from ringpg import trace
 
-    seen: dict[str, dict[int, set[str]]] = {}
-    for t in trace.load(trace_dir, group):
-        for span in t.ops():
-            by_bytes = seen.setdefault(span["name"], {})
-            by_bytes.setdefault(int(span["args"]["bytes"]), set()).add(str(span["args"].get("algorithm", "-")))
+    return tuple((span["name"], span["args"]) for t in trace.load(trace_dir, group) for span in t.ops())
+
+
+def traced_pieces(trace_dir: str, op: str, group: Optional[str] = None) -> dict[int, set[tuple[int, int]]]:
+    """Bytes -> (pieces, threads) of every hierarchical ``op`` span in ringpg's traces in
+    ``trace_dir`` (see traced_ops): how many pieces it moved in and how many threads ran
+    them (2: the rings across hosts on the op's second thread)."""
+    seen: dict[int, set[tuple[int, int]]] = {}
+    for name, a in _op_spans(trace_dir, group):
+        if name == op and "pieces" in a:
+            seen.setdefault(int(a["bytes"]), set()).add((int(a["pieces"]), int(a["threads"])))
     return seen
+
+
+# Hierarchical pieces: at most this many per collective (hierarchical.cpp, kMaxPieces).
+HIER_MAX_PIECES = 16
+
+
+def hier_pieces(nbytes: int, units: int, piece_bytes: int) -> tuple[int, int]:
+    """(pieces, threads) of a hierarchical collective of ``nbytes`` (its whole buffer) of
+    ``units`` elements per piece dimension (the allreduce's count, a reduce-scatter's or
+    all-gather's per-rank count) under RINGPG_HIER_PIECE_BYTES=``piece_bytes``, where the
+    rings across hosts run on ringpg's TCP engine: one piece per ``piece_bytes``, at most
+    HIER_MAX_PIECES and ``units``; two threads when there are several."""
+    pieces = min(nbytes // piece_bytes, HIER_MAX_PIECES, units) if piece_bytes else 1
+    return (pieces, 2) if pieces >= 2 else (1, 1)
 
 
 def traced_algorithms(trace_dir: str, op: str, group: Optional[str] = None) -> dict[int, set[str]]:

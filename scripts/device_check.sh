@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# The GPU-machine check (issue 31 item 8), from a fresh checkout, in under 8 minutes on
+# one GPU and 16 cores: build (scripts/setup.sh, without the torchft extra), the CUDA
+# tests, ringpg against gloo's CUDA path (allreduce, reduce-scatter, all-gather, 1-256
+# MiB, two ranks sharing the GPU; NCCL joins only where there is a GPU per rank), and the
+# CPU bench at 4 and 8 ranks; then one summary table.
+#
+#   bash scripts/device_check.sh [--quick]
+#
+# Without a GPU it says "no GPU", skips the CUDA stages and exits 0 if the rest passed.
+# --quick: a short CPU bench (4 ranks, 4 KiB-1 MiB), for trying the script anywhere.
+# Every stage runs under its own `timeout` and within what is left of the whole budget
+# (DEVICE_CHECK_BUDGET_S, default 460 s); logs and bench tables go to DEVICE_CHECK_OUT
+# (default: $OUT if set, as on the device machine, else a new temporary directory).
+# No network is needed if torch, numpy, pytest, pytest-timeout, ninja, setuptools and
+# wheel are installed: setup.sh then only builds (skipped where ringpg._C already imports).
+# The MPI peers of benchmarks/RESULTS.md are not run: they live in venvs of their own
+# that a fresh machine without network cannot install.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+QUICK=0
+for a in "$@"; do
+  case "$a" in
+    --quick) QUICK=1 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "device_check: unknown option $a (--quick)" >&2; exit 2 ;;
+  esac
+done
+
+PY=${PYTHON:-python3}
+OUTDIR=${DEVICE_CHECK_OUT:-${OUT:-$(mktemp -d -t ringpg-device-check.XXXXXX)}}
+mkdir -p "$OUTDIR"
+BUDGET=${DEVICE_CHECK_BUDGET_S:-460}
+T0=$(date +%s)
+SUMMARY="$OUTDIR/summary.tsv"
+: > "$SUMMARY"
+FAILED=0
+
+# stage NAME LIMIT_S CMD...: runs CMD under `timeout` (LIMIT_S, or what is left of the
+# budget if less), its output in $OUTDIR/NAME.log (and its tail on failure); records
+# ok / FAILED (rc) / TIMED OUT with the seconds it took.
+stage() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((BUDGET - ($(date +%s) - T0)))
+  if [ "$left" -lt 20 ]; then
+    printf '%s\tskipped (budget spent)\t0\n' "$name" >> "$SUMMARY"
+    echo "== $name: skipped, the ${BUDGET} s budget is spent"
+    FAILED=1
+    return 1
+  fi
+  [ "$left" -lt "$limit" ] && limit=$left
+  echo "== $name (at most ${limit} s): $*"
+  local s=$(date +%s) rc
+  timeout --kill-after=10 "$limit" "$@" > "$OUTDIR/$name.log" 2>&1
+  rc=$?
+  local took=$(($(date +%s) - s)) status=ok
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    status="TIMED OUT after ${limit} s"
+  elif [ $rc -ne 0 ]; then
+    status="FAILED (exit $rc)"
+  fi
+  printf '%s\t%s\t%s\n' "$name" "$status" "$took" >> "$SUMMARY"
+  echo "   $status in ${took} s (log: $OUTDIR/$name.log)"
+  if [ "$status" != ok ]; then
+    FAILED=1
+    tail -n 25 "$OUTDIR/$name.log" | sed 's/^/   | /'
+    return 1
+  fi
+}
+
+skip() { # skip NAME WHY
+  printf '%s\tskipped (%s)\t0\n' "$1" "$2" >> "$SUMMARY"
+  echo "== $1: skipped ($2)"
+}
+
+# 1. Build: what setup.sh installs needs the network; without it, what is there must do.
+NPROC=$(nproc 2>/dev/null || echo 2)
+if ! stage build 300 env RINGPG_WITH_TORCHFT=0 MAX_JOBS="${MAX_JOBS:-$NPROC}" PYTHON="$PY" bash scripts/setup.sh; then
+  echo "device_check: the build failed (no torch, or packages setup.sh could not install without network?);" \
+       "nothing else can run" >&2
+  skip gpu "no build"; skip cuda_tests "no build"; skip cuda_bench "no build"; skip cpu_bench "no build"
+else
+  # 2. The GPU, as torch sees it.
+  GPU=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" 2>/dev/null)
+  if [ -z "$GPU" ]; then
+    echo "== no GPU: torch.cuda.is_available() is False; the CUDA stages are skipped"
+    skip cuda_tests "no GPU"
+    skip cuda_bench "no GPU"
+  else
+    echo "== GPU: $GPU ($("$PY" -c "import torch; print(torch.cuda.device_count())") device(s), torch $("$PY" -c "import torch; print(torch.__version__, 'CUDA', torch.version.cuda)"))"
+    # 3. The CUDA tests (several ranks sharing the GPU).
+    stage cuda_tests 150 "$PY" -m pytest -q --timeout=140 -p no:cacheprovider tests/test_cuda.py
+    # 4. ringpg vs gloo's CUDA path, 1-256 MiB, two ranks on the GPU.
+    stage cuda_bench 170 "$PY" -m benchmarks.bench --device cuda --world-sizes 2 --ops ar,rs,ag \
+      --min-bytes 1MiB --max-bytes 256MiB --dtypes float32 --no-probe --warmup 1 --iters-max 10 \
+      --case-time 0.5 --timeout 160 --quiet --json "$OUTDIR/cuda_bench.json" --csv "$OUTDIR/cuda_bench.csv" \
+      --plot "$OUTDIR/cuda_bench.png"
+  fi
+  # 5. The CPU bench at 4 and 8 ranks.
+  if [ $QUICK = 1 ]; then
+    stage cpu_bench 120 "$PY" -m benchmarks.bench --world-sizes 4 --ops ar,rs,ag --min-bytes 4KiB \
+      --max-bytes 1MiB --dtypes float32 --no-probe --warmup 1 --iters-max 3 --case-time 0.05 --timeout 110 \
+      --quiet --json "$OUTDIR/cpu_bench.json" --csv "$OUTDIR/cpu_bench.csv" --plot "$OUTDIR/cpu_bench.png"
+  else
+    stage cpu_bench 200 "$PY" -m benchmarks.bench --world-sizes 4,8 --ops ar,rs,ag --min-bytes 4KiB \
+      --max-bytes 64MiB --dtypes float32 --no-probe --warmup 1 --iters-max 20 --case-time 0.3 --timeout 95 \
+      --quiet --json "$OUTDIR/cpu_bench.json" --csv "$OUTDIR/cpu_bench.csv" --plot "$OUTDIR/cpu_bench.png"
+  fi
+fi
+
+# 6. One summary: the stages, then per bench ringpg's and gloo's busbw and their ratio.
+"$PY" - "$OUTDIR" "$(($(date +%s) - T0))" <<'EOF'
+import json, os, sys
+
+out, elapsed = sys.argv[1], int(sys.argv[2])
+print(f"\n===== device check summary ({elapsed} s; files in {out})")
+with open(os.path.join(out, "summary.tsv")) as f:
+    for line in f:
+        name, status, took = line.rstrip("\n").split("\t")
+        print(f"  {name:<12} {status:<34} {took:>4} s")
+
+
+def mib(b):
+    return f"{b / 2**20:g} MiB" if b >= 2**20 else f"{b / 1024:g} KiB"
+
+
+for bench in ("cuda_bench", "cpu_bench"):
+    path = os.path.join(out, bench + ".json")
+    if not os.path.exists(path):
+        continue
+    d = json.load(open(path))
+    rows = d["results"]
+    others = sorted({r["backend"] for r in rows} - {"ringpg", "gloo"})
+    print(f"\n  {bench}: busbw GB/s (ratio = gloo time / ringpg time; wrong = elements that differ)")
+    head = f"  {'ws':>3} {'op':<24} {'size':>9} {'ringpg':>8} {'gloo':>8} {'ratio':>7}"
+    print(head + "".join(f" {o:>8}" for o in others) + "  wrong")
+    cases = {}
+    for r in rows:
+        cases.setdefault((r["world_size"], r["op"], r["size_bytes"]), {})[r["backend"]] = r
+    for (ws, op, size), by in sorted(cases.items()):
+        def bw(name):
+            r = by.get(name)
+            if r is None:
+                return "-"
+            return "error" if r.get("error") else f"{r['busbw_GBps']:.3f}"
+        rg, gl = by.get("ringpg"), by.get("gloo")
+        ratio = (f"{gl['time_us'] / rg['time_us']:.2f}x" if rg and gl and not rg.get("error") and not gl.get("error")
+                 and rg["time_us"] else "-")
+        wrong = sum(r.get("wrong") or 0 for r in by.values())
+        print(f"  {ws:>3} {op:<24} {mib(size):>9} {bw('ringpg'):>8} {bw('gloo'):>8} {ratio:>7}"
+              + "".join(f" {bw(o):>8}" for o in others) + f"  {wrong}")
+    if d.get("problems"):
+        print(f"  problems: {d['problems']}")
+EOF
+
+if [ $FAILED = 0 ]; then
+  echo "device_check: every stage that could run passed"
+else
+  echo "device_check: some stage failed or was skipped for time (see above)"
+fi
+exit $FAILED
