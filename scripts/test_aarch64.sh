@@ -70,6 +70,7 @@ NICE=(nice -n 19)
 CXXFLAGS=(-std=c++20 -O3 -fPIC -fwrapv -DNDEBUG -Wall -Wsign-compare -Wno-unused-parameter
   -fvisibility=hidden -DTORCH_API_INCLUDE_EXTENSION_H -DTORCH_EXTENSION_NAME=_C)
 export TORCH_DEVICE_BACKEND_AUTOLOAD=0 # this machine's python3 must not import an installed ringpg
+export PIP_ROOT_USER_ACTION=ignore     # pip installs into the cache's site-packages only
 
 # ---------------------------------------------------------------- timing
 T_ALL=$(date +%s.%N)

@@ -21,7 +21,8 @@
 #include <arm_neon.h>
 #include <sys/auxv.h>
 // The SVE copy needs the ACLE's SVE intrinsics under a target pragma (GCC 10 and later;
-// built and tested with GCC 12).  -DRINGPG_NO_SVE leaves it out.
+// built with GCC 11 and 12, tested with 12; clang builds the NEON and baseline copies).
+// -DRINGPG_NO_SVE leaves it out.
 #if !defined(RINGPG_NO_SVE) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10 && \
     __has_include(<arm_sve.h>)
 #define RINGPG_HAVE_SVE 1
