@@ -8,6 +8,14 @@ cd "$(dirname "$0")/.."
 # The suite's optional extras too (torchft by default in setup.sh; matplotlib for the
 # trace's --png test), so that their tests run rather than skip.
 RINGPG_WITH_PLOTS=${RINGPG_WITH_PLOTS:-1} bash scripts/setup.sh
+# aarch64: the reduction kernels (baseline, NEON and SVE copies) cross-compiled, in
+# seconds (plus an apt-get install of the cross compiler where it is missing and this
+# runs as root; skipped, saying so, where it cannot be had).  The full cross-build and
+# emulated run take longer than CI can spare: `bash scripts/test_aarch64.sh` (README).
+# RINGPG_SKIP_AARCH64=1 skips it.
+if [ "${RINGPG_SKIP_AARCH64:-0}" != 1 ]; then
+  bash scripts/test_aarch64.sh --compile-only-kernels
+fi
 python3 -m pytest -q --timeout=300 tests "$@"
 python3 -m benchmarks.bench --check
 # The oldest supported torch, in a virtual environment of its own: build, then the quick

@@ -4,12 +4,19 @@ Every dtype x op the kernels implement is compared on random data of awkward
 lengths (vector-tail handling) with torch as the reference: exact for integers,
 bool and fp32/fp64 (same single operation), and for fp16/bf16 exact as well, since
 both widen to fp32, combine once and round once to nearest-even.  Each compiled copy
-of the kernels this CPU can run (AVX-512 with and without the bf16 converter, AVX2,
-baseline) is tested by name, not only the one ringpg dispatches to.
+of the kernels this CPU can run (x86-64: AVX-512 with and without the bf16 converter,
+AVX2, baseline; aarch64: SVE, NEON, baseline) is tested by name, not only the one
+ringpg dispatches to.
+
+Under emulation (scripts/test_aarch64.sh) two variables adapt the tests:
+``RINGPG_TEST_PYTHON`` is the command that starts this Python in a child process (the
+emulator in front of it, as a child cannot exec a foreign binary by itself), and
+``RINGPG_TEST_EXPECT_ISAS`` the copies the emulated CPU must be found to run.
 """
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 
@@ -21,6 +28,13 @@ _C = pytest.importorskip("ringpg._C")
 INT_DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64]
 FLOAT_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 LENGTHS = [0, 1, 7, 31, 64, 1000, 4099]
+ISA_NAMES = ("avx512+bf16", "avx512", "avx2", "sve", "neon", "baseline")
+
+
+def _python_cmd() -> list[str]:
+    """How to start this Python in a child process."""
+    cmd = os.environ.get("RINGPG_TEST_PYTHON")
+    return shlex.split(cmd) if cmd else [sys.executable]
 
 
 def _data(dtype: torch.dtype, n: int, seed: int) -> torch.Tensor:
@@ -123,7 +137,7 @@ def test_in_place_accumulate_and_dispatch_name() -> None:
     b = torch.ones(1000, dtype=torch.float32)
     _C.reduce_kernel("SUM", a, a, b)
     assert torch.equal(a, torch.arange(1000, dtype=torch.float32) + 1)
-    assert _C.reduce_isa() in ("avx512+bf16", "avx512", "avx2", "baseline")
+    assert _C.reduce_isa() in ISA_NAMES
     # What ringpg dispatches to is the best copy this CPU runs; baseline always runs.
     assert _C.reduce_isas()[0] == _C.reduce_isa() and _C.reduce_isas()[-1] == "baseline"
     with pytest.raises(RuntimeError, match="cannot run on this CPU"):
@@ -142,9 +156,24 @@ def test_reduce_isa_setting_pins_a_copy_or_is_refused() -> None:
     probe = "import ringpg._C as c; print(c.reduce_isa())"
     for isa in _C.reduce_isas():
         env = dict(os.environ, RINGPG_REDUCE_ISA=isa)
-        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+        out = subprocess.run([*_python_cmd(), "-c", probe], env=env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0 and out.stdout.strip() == isa, out.stderr
     env = dict(os.environ, RINGPG_REDUCE_ISA="sse9")
-    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([*_python_cmd(), "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "RINGPG_REDUCE_ISA=sse9 cannot run on this CPU" in out.stderr, out.stderr
     assert "baseline" in out.stderr
+
+
+def test_copies_found_for_this_cpu() -> None:
+    """The copies the CPU runs, as its architecture makes them: on aarch64 NEON always
+    (Advanced SIMD is part of the base ISA) and SVE where the kernel reports it
+    (HWCAP_SVE); under emulation exactly those the emulated CPU offers."""
+    isas = _C.reduce_isas()
+    assert set(isas) <= set(ISA_NAMES) and isas[-1] == "baseline", isas
+    expected = os.environ.get("RINGPG_TEST_EXPECT_ISAS")
+    if expected:
+        assert isas == expected.split(","), (isas, expected)
+    if os.uname().machine == "aarch64":
+        assert isas[-2:] == ["neon", "baseline"] and not any(i.startswith("avx") for i in isas), isas
+    elif os.uname().machine == "x86_64":
+        assert not {"sve", "neon"} & set(isas), isas

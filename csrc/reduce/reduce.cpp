@@ -1,24 +1,59 @@
-// Runtime-dispatched reduction kernels (see reduce.h).  kernels.inc is compiled four
-// times, each copy inside a `#pragma GCC target` region, and reduce() jumps to the
-// best copy the running CPU supports (chosen once).
+// Runtime-dispatched reduction kernels (see reduce.h).  kernels.inc is compiled once
+// per instruction set of the target architecture, each copy beyond the baseline inside
+// a `#pragma GCC target` region, and reduce() jumps to the best copy the running CPU
+// supports (chosen once).  x86-64: baseline, AVX2, AVX-512, AVX-512 with the bf16
+// converter.  aarch64: baseline, NEON, SVE.  Other architectures: the baseline copy
+// alone (not built or tested).
 #include "reduce/reduce.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 #include <c10/util/env.h>
-#include <immintrin.h>
 
 #include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#include <sys/auxv.h>
+// The SVE copy needs the ACLE's SVE intrinsics under a target pragma (GCC 10 and later;
+// built with GCC 11 and 12, tested with 12; clang builds the NEON and baseline copies).
+// -DRINGPG_NO_SVE leaves it out.
+#if !defined(RINGPG_NO_SVE) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10 && \
+    __has_include(<arm_sve.h>)
+#define RINGPG_HAVE_SVE 1
+#include <arm_sve.h>
+#endif
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1UL << 1)
+#endif
+#ifndef HWCAP_SVE
+#define HWCAP_SVE (1UL << 22)
+#endif
+#endif
+
 namespace ringpg {
 
+// IEEE binary16 as the kernels' float16 element.  GCC before 13 has no _Float16 in C++
+// on aarch64; its __fp16 is the same format (arithmetic on it is done in float, and
+// conversions round to nearest even, keeping denormals, through the FCVT instructions).
+#if defined(__aarch64__)
+using Float16 = __fp16;
+#else
+using Float16 = _Float16;
+#endif
+
+// The architecture's baseline: plain C++ (auto-vectorized for the target's base ISA:
+// SSE2 on x86-64, NEON on aarch64).
 namespace isa_baseline {
 #include "reduce/kernels.inc"
 } // namespace isa_baseline
 
+#if defined(__x86_64__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2")
 // Hand-vectorized 8-lane paths (float16 through the F16C converters) for this copy.
@@ -50,6 +85,31 @@ namespace isa_avx512bf16 {
 #undef RINGPG_KERNELS_AVX512
 #pragma GCC pop_options
 
+#elif defined(__aarch64__)
+
+// Hand-vectorized 128-bit loops (kernels_neon.inc).  Advanced SIMD is part of the base
+// ISA, so no target pragma: this copy runs wherever the baseline does.
+#define RINGPG_KERNELS_NEON 1
+namespace isa_neon {
+#include "reduce/kernels.inc"
+} // namespace isa_neon
+#undef RINGPG_KERNELS_NEON
+
+#if defined(RINGPG_HAVE_SVE)
+#pragma GCC push_options
+#pragma GCC target("+sve")
+// Vector-length-agnostic predicated loops (kernels_sve.inc); the compiler may use SVE
+// for the plain loops of this copy too.
+#define RINGPG_KERNELS_SVE 1
+namespace isa_sve {
+#include "reduce/kernels.inc"
+} // namespace isa_sve
+#undef RINGPG_KERNELS_SVE
+#pragma GCC pop_options
+#endif
+
+#endif
+
 namespace {
 
 using ReduceFn = bool (*)(c10::ScalarType, RedOp, void*, const void*, const void*, int64_t);
@@ -61,8 +121,9 @@ struct Dispatch {
 
 // Every compiled copy of the kernels this CPU can run, best first (baseline always).
 std::vector<Dispatch> runnable() {
-  __builtin_cpu_init();
   std::vector<Dispatch> copies;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   if (avx512 && __builtin_cpu_supports("avx512bf16")) {
@@ -74,6 +135,18 @@ std::vector<Dispatch> runnable() {
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     copies.push_back({&isa_avx2::detail::reduceImpl, "avx2"});
   }
+#elif defined(__aarch64__)
+  // The kernel's view of the CPU (HWCAP_SVE also means the kernel saves SVE state).
+  const unsigned long hwcap = getauxval(AT_HWCAP);
+#if defined(RINGPG_HAVE_SVE)
+  if ((hwcap & HWCAP_SVE) != 0) {
+    copies.push_back({&isa_sve::detail::reduceImpl, "sve"});
+  }
+#endif
+  if ((hwcap & HWCAP_ASIMD) != 0) {
+    copies.push_back({&isa_neon::detail::reduceImpl, "neon"});
+  }
+#endif
   copies.push_back({&isa_baseline::detail::reduceImpl, "baseline"});
   return copies;
 }

@@ -4,8 +4,9 @@
 // Half precision (float16, bfloat16) is widened to fp32, combined, and rounded once
 // (round-to-nearest-even), as NCCL does per step.  Integer arithmetic wraps (two's
 // complement), as in torch.  Bool: SUM/MAX/BOR = or, PRODUCT/MIN/BAND = and, BXOR = xor.
-// Kernels are compiled four times (x86-64 baseline, AVX2+F16C+FMA, AVX-512, AVX-512 with
-// the bfloat16 converter) and the best the CPU supports is chosen once at start-up.
+// Kernels are compiled once per instruction set of the target (x86-64: baseline,
+// AVX2+F16C+FMA, AVX-512, AVX-512 with the bfloat16 converter; aarch64: baseline, NEON,
+// SVE) and the best the CPU supports is chosen once at start-up.
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -31,7 +32,8 @@ void reduce(c10::ScalarType dtype, RedOp op, void* out, const void* a, const voi
 void divideIntegers(c10::ScalarType dtype, void* data, int64_t n, int64_t divisor);
 
 // Name of the instruction set the kernels were dispatched to ("avx512+bf16", "avx512",
-// "avx2", "baseline"): the best this CPU runs, or the one RINGPG_REDUCE_ISA names.
+// "avx2", "sve", "neon", "baseline"): the best this CPU runs, or the one
+// RINGPG_REDUCE_ISA names.
 // Throws (TORCH_CHECK) when RINGPG_REDUCE_ISA names one the CPU cannot run.
 const char* reduceIsa();
 

@@ -553,7 +553,7 @@ void ShmRing::failAll(const std::string& reason, bool network) {
 
 bool ShmRing::failIfNeighbourLeft() {
   std::string why = recvs_.empty() ? std::string() : engine_.goodbyeFrom(left_);
-  if (why.empty() && !sends_.empty()) {
+  if (why.empty() && (!sends_.empty() || !lent_.empty())) { // a lent buffer is read by no one now
     why = engine_.goodbyeFrom(right_);
   }
   if (!why.empty()) {
