@@ -20,6 +20,10 @@ RequestPtr OpContext::send(int peer, const void* data, size_t nbytes) {
   return links_.to[peer]->postSend(peer, header(), data, nbytes);
 }
 
+RequestPtr OpContext::sendToReducer(int peer, const void* data, size_t nbytes) {
+  return links_.to[peer]->postSendToReducer(peer, header(), data, nbytes);
+}
+
 RequestPtr OpContext::recv(int peer, void* data, size_t nbytes) {
   return links_.from[peer]->postRecv(peer, header(), data, nbytes);
 }

@@ -65,6 +65,8 @@ class OpContext {
   // Collective frames of this op: same key/op/dtype/numel on both sides, on the link
   // the group routes that peer to (LinkTable; both ends of a link decide alike).
   RequestPtr send(int peer, const void* data, size_t nbytes);
+  // A send `peer` reduces as it arrives (Link::postSendToReducer).
+  RequestPtr sendToReducer(int peer, const void* data, size_t nbytes);
   RequestPtr recv(int peer, void* data, size_t nbytes);
   // True when recvReduce() from `peer` reduces each fragment as it arrives (its link
   // fuses receives: shared memory); otherwise the caller receives into staging and reduces.

@@ -222,7 +222,9 @@ void RingSweep::postAhead(int64_t done) {
 
 void RingSweep::postSend(int step, int chunk, int64_t j, const char* src, int64_t n) {
   const int64_t begin = trace_ ? traceNow() : 0;
-  sends_.push_back(c_.send(ring_.right(), src, n * es_));
+  // The right neighbour reduces what a reduce step sends (fused or from its staging).
+  const size_t bytes = static_cast<size_t>(n) * es_;
+  sends_.push_back(isReduceStep(step) ? c_.sendToReducer(ring_.right(), src, bytes) : c_.send(ring_.right(), src, bytes));
   if (trace_) {
     trace_->segment(TraceKind::Send, "send", begin, step, chunk, j, ring_.right(), n * static_cast<int64_t>(es_));
   }

@@ -30,6 +30,9 @@ struct Request {
   size_t progress = 0;      // bytes moved so far (a send counts its header)
   int peer = -1;            // send: destination; receive: source, -1 = any (p2p only)
   int sourceRank = -1;      // receive: who actually sent it
+  // send: the receiver may copy it straight from `buf` (shared memory's single copy);
+  // false where it reduces what arrives, which reads a slot faster than a peer's pages.
+  bool lendable = true;
   // The transport/link.h Link that posted it, and so the one that waits for it (null:
   // posted on the engine directly, point-to-point).
   Link* link = nullptr;

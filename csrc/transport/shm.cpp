@@ -344,10 +344,23 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
 }
 
 RequestPtr ShmRing::postSend(int peer, const FrameHeader& hdr, const void* data, size_t len) {
+  return post(peer, hdr, data, len, /*lendable=*/true);
+}
+
+RequestPtr ShmRing::postSendToReducer(int peer, const FrameHeader& hdr, const void* data, size_t len) {
+  // Measured at 2 ranks: a reducing receive that reads the peer's pages by single copy
+  // and reduces them from its stage is slower than one that reduces straight out of a
+  // slot the sender filled on its own core; a receive that only copies is faster by
+  // single copy (benchmarks/RESULTS.md, 2026-11-26).
+  return post(peer, hdr, data, len, /*lendable=*/false);
+}
+
+RequestPtr ShmRing::post(int peer, const FrameHeader& hdr, const void* data, size_t len, bool lendable) {
   TORCH_INTERNAL_ASSERT(peer == right_ && sendsRight(), "ringpg: the shared-memory ring sends to a same-host right neighbour only");
   RequestPtr req = makeRequest(hdr, data, len, right_);
   req->hdr.magic = kFrameMagic;
   req->link = this;
+  req->lendable = lendable;
   if (engine_.anyGoodbye()) { // as the engine refuses a send to a peer that shut down
     if (std::string why = engine_.goodbyeFrom(right_); !why.empty()) {
       markFailed(*req, why, /*network=*/true);
@@ -397,7 +410,7 @@ bool ShmRing::pushSends() {
     sh->offset = req->progress;
     // Single copy: the whole (unsent) message as a descriptor; the receiver reads it
     // from req->buf, which stays lent until it releases this slot (reapLent).
-    const bool lend = cmaBytes_ > 0 && req->progress == 0 && req->len >= cmaBytes_;
+    const bool lend = cmaBytes_ > 0 && req->lendable && req->progress == 0 && req->len >= cmaBytes_;
     const size_t n = lend ? req->len : std::min(slotBytes_, req->len - req->progress);
     sh->length = n;
     sh->remote = lend ? reinterpret_cast<uintptr_t>(req->buf) : 0;

@@ -106,6 +106,7 @@ class ShmRing final : public Link {
   // LinkTable routes here), matched in order.
   RequestPtr postSend(int peer, const FrameHeader& hdr, const void* data, size_t len) override;
   RequestPtr postRecv(int peer, const FrameHeader& expect, void* data, size_t len) override;
+  RequestPtr postSendToReducer(int peer, const FrameHeader& hdr, const void* data, size_t len) override;
   // A receive whose fragments are handed to `consume` straight from shared memory
   // (recvReduce without a staging copy).
   bool fusesReceive(int peer) const override {
@@ -138,6 +139,7 @@ class ShmRing final : public Link {
   };
 
   ShmRing(Engine& engine, int rank, int left, int right, size_t slotBytes, int spinMicros);
+  RequestPtr post(int peer, const FrameHeader& hdr, const void* data, size_t len, bool lendable);
   bool pushSends();
   bool pullRecvs();
   // Completes lent sends whose slots the right neighbour has released.
