@@ -64,6 +64,7 @@ void RingWork::complete(std::exception_ptr error, const std::function<void()>& o
     error_ = error;
     f = future_; // null: getFuture() will complete the one it makes
   }
+  outcomeCv_.notify_all();
   if (f) {
     completeFuture(f);
   }
@@ -165,10 +166,13 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
   // too, so that after wait() the Future is complete, as with gloo (torchft chains
   // then() on get_future() after wait() and relies on it).  The Future is marked
   // complete before its callbacks run, so a callback that waits here cannot deadlock.
-  // No Future yet: a later getFuture() completes the one it makes before returning it.
+  // No Future yet: a later getFuture() completes the one it makes before returning it,
+  // once complete() has set the outcome, which it does right after the completion
+  // hooks: wait for that, so get_future().done() holds when wait() returns.
   c10::intrusive_ptr<c10::ivalue::Future> f;
   {
-    std::lock_guard<std::mutex> lk(futureMu_);
+    std::unique_lock<std::mutex> lk(futureMu_);
+    outcomeCv_.wait(lk, [&] { return outcome_ != Outcome::Pending; });
     f = future_;
   }
   if (f) {

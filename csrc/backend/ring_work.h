@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -69,6 +70,7 @@ class RingWork : public c10d::Work {
   // futureMu_ guards future_ and outcome_: getFuture() may race complete(), and the
   // Future must be completed exactly once, by whichever of them sees the other done.
   std::mutex futureMu_;
+  std::condition_variable outcomeCv_; // outcome_ left Pending (wait() waits for it)
   c10::intrusive_ptr<c10::ivalue::Future> future_; // null until getFuture()
   enum class Outcome : uint8_t { Pending, Succeeded, Failed };
   Outcome outcome_ = Outcome::Pending;
