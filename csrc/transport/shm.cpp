@@ -29,9 +29,6 @@ namespace {
 constexpr uint64_t kRegionMagic = 0x314d485347504752ULL; // "RGPGSHM1"
 constexpr uint64_t kSlots = 8;
 constexpr size_t kLine = 64;
-// A reducing receive by single copy reads the peer's bytes in pieces of this size, so
-// the reduction finds them in cache (a fraction of a core's L2).
-constexpr size_t kCmaPiece = 256 * 1024;
 
 struct RegionHeader {
   uint64_t magic;
@@ -456,8 +453,10 @@ bool ShmRing::pullRecvs() {
     const bool lent = sh.remote != 0;
     const size_t want = lent ? req.len - req.progress : std::min(slotBytes_, req.len - req.progress);
     const bool ofThisReceive = sameCollective(req.hdr, sh.frame);
+    // A descriptor needs single copy agreed, and a receive that copies: sends to a
+    // reducing receive are never lent (postSendToReducer).
     if (!ofThisReceive || sh.frame.kind != req.hdr.kind || sh.offset != req.progress || sh.length != want ||
-        (lent && cmaBytes_ == 0)) {
+        (lent && (cmaBytes_ == 0 || r.consume))) {
       std::string msg = ofThisReceive
           ? c10::str("ringpg: rank ", rank_, " received a corrupt shared-memory fragment from rank ", left_,
                      " (offset ", sh.offset, ", length ", sh.length, "; expected ", req.progress, ", ", want, ")")
@@ -467,23 +466,9 @@ bool ShmRing::pullRecvs() {
       return true;
     }
     if (lent) {
-      // Straight from the sender's buffer: into ours, or piece by piece into the
-      // stage for a reducing receive (the peer's bytes are read once either way).
+      // Straight from the sender's buffer into ours.
       std::string why;
-      bool read = true;
-      if (!r.consume) {
-        read = readLeft(req.buf + req.progress, sh.remote, want, &why);
-      } else {
-        cmaStage_.resize(std::min(kCmaPiece, want));
-        for (size_t done = 0; read && done < want; done += cmaStage_.size()) {
-          const size_t n = std::min(cmaStage_.size(), want - done);
-          read = readLeft(cmaStage_.data(), sh.remote + done, n, &why);
-          if (read) {
-            r.consume(cmaStage_.data(), req.progress + done, n);
-          }
-        }
-      }
-      if (!read) {
+      if (!readLeft(req.buf + req.progress, sh.remote, want, &why)) {
         const std::string msg = c10::str("ringpg: rank ", rank_, " could not read rank ", left_,
                                          "'s message (cross-memory attach): ", why);
         engine_.fail(msg, /*network=*/true);

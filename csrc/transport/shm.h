@@ -25,8 +25,9 @@
 // (the sender's address; no payload) and the receiver copies it straight from the
 // sender's buffer into its own: one copy instead of two.  The sender's request stays
 // pending until the receiver has released that slot, so the buffer outlives the read.
-// A receive that reduces reads the peer's bytes in cache-sized pieces and reduces
-// each from there.  Where the probe fails anywhere, every link keeps the slots.
+// Only receives that copy take descriptors: a send to a receive that reduces goes
+// through the slots (postSendToReducer), which measured faster at 2 ranks.  Where the
+// probe fails anywhere, every link keeps the slots.
 // When the group breaks (a timeout, a dead peer, abort) a lent send fails at once and
 // its buffer goes back to the caller while the receiver may be reading it; the
 // receiver's group is breaking too, and its op fails once the news arrives (the
@@ -50,7 +51,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "common/config.h"
 #include "transport/engine.h"
@@ -168,7 +168,6 @@ class ShmRing final : public Link {
   bool receivesLeft_ = false; // the left one does: fromLeft_'s slots carry from it
   size_t cmaBytes_ = 0;  // single copy from this size on (0: never; agreed at connect)
   int leftPid_ = 0;      // the left neighbour's process, which readLeft() reads
-  std::vector<char> cmaStage_; // a reducing receive's piece of the peer's bytes
   std::deque<RequestPtr> sends_;
   std::deque<Recv> recvs_;
   std::deque<Lent> lent_; // in slot order
