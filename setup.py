@@ -40,6 +40,12 @@ setup(
             include_dirs=[os.path.join(HERE, "csrc")],
             # No -std= here: cpp_extension picks the standard torch's headers need.
             extra_compile_args=["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"],
+            # Symbols from static archives stay local to the extension.  A compiler that
+            # links libstdc++ statically (a newer gcc than the system's, as one CUDA
+            # image's CXX did) would otherwise export its copy of the C++ runtime
+            # (std::locale, the iostreams), which then mixes with the libstdc++.so torch
+            # loaded: ringpg's first c10::str crashed (a stack overflow in locale code).
+            extra_link_args=["-Wl,--exclude-libs,ALL"],
         )
     ],
     cmdclass={"build_ext": BuildExtension},

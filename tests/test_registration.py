@@ -10,6 +10,7 @@ in a fresh interpreter when ringpg is pip-installed.
 """
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -49,6 +50,32 @@ def test_version_mismatch_raises_with_rebuild_command() -> None:
 )
 def test_matching_versions_pass(built_for: str, running: str) -> None:
     _loader.check_torch_version(built_for, running)
+
+
+# Symbols that only libstdc++'s own compiled sources define, never a header's template
+# instantiation.  Exported by the extension, they mean it carries a static copy of the C++
+# runtime that interposes with the libstdc++.so torch loaded: built by a compiler that
+# links libstdc++ statically, ringpg crashed at its first c10::str until setup.py kept
+# such copies local (--exclude-libs).
+_CXX_RUNTIME_SYMBOLS = (
+    "_ZNSt6locale7classicEv",  # std::locale::classic()
+    "_ZNSt8ios_base4InitC1Ev",  # std::ios_base::Init::Init()
+    "_ZNKSt7codecvtIwc11__mbstate_tE9do_lengthERS0_PKcS4_m",  # codecvt<wchar_t>::do_length
+    "__cxa_throw",
+)
+
+
+def test_extension_exports_no_copy_of_the_cxx_runtime() -> None:
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm (binutils) to list the extension's exported symbols")
+    so = _loader.load_extension().__file__
+    out = subprocess.run([nm, "-D", "--defined-only", so], capture_output=True, text=True, check=True).stdout
+    exported = {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+    assert len(exported) > 0, f"nm listed no exported symbols of {so}"
+    assert "PyInit__C" in exported, "the module's init function must be exported"
+    leaked = sorted(exported.intersection(_CXX_RUNTIME_SYMBOLS))
+    assert not leaked, f"{so} exports C++ runtime symbols {leaked}: a static libstdc++ is not kept local"
 
 
 def test_backend_name_registered() -> None:
