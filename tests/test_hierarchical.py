@@ -13,7 +13,9 @@ at world size 6, hosts emulated through ``RINGPG_HOSTID`` (harness.EMULATED_LAYO
   is not the rank, so reduce-scatter and all-gather go through the kept layout);
 * ``4+2``: hosts of 4 and 2 ranks (0, 2, 3, 5 and 1, 4): the flat ring, on a ring order
   that is not rank order, even with ``RINGPG_ALGO=hier`` (set there, so that its
-  subgroups of one host, and of one rank per host, run the hierarchical algorithms).
+  subgroups of one host, and of one rank per host, run the hierarchical algorithms);
+* ``2x3-gloo``: 2 x 3 with every link on Gloo's pairs (``RINGPG_TRANSPORT=gloo``), the
+  ops in one piece (the battery and subgroups only).
 
 Each layout's pool (``RINGPG_ONESHOT_BYTES=0``, so that every non-empty allreduce takes
 the ring path rather than the one-shot exchange; ``RINGPG_SEGMENT_BYTES=65536``, so the
@@ -118,7 +120,15 @@ LAYOUTS: tuple[tuple[str, str, str, tuple[int, int], str, Subgroups], ...] = (
     ("2x3", "hosts2x3", "auto", (2, 3), "hier", (((0, 1, 3, 4), "hier"), ((0, 1, 3), "ring"))),
     ("4+2", "hosts4+2", "hier", (2, 0), "ring",
      (((0, 1, 2, 4), "hier"), ((0, 1, 3), "ring"), ((0, 2), "hier"), ((0, 1), "hier"))),
+    ("2x3-gloo", "hosts2x3", "auto", (2, 3), "hier", (((0, 1, 3, 4), "hier"), ((0, 1, 3), "ring"))),
 )
+# Layouts whose every link is of one transport (TRANSPORT_ENVS), not the default mix of
+# shared memory within a host and ringpg's TCP between: over Gloo's pairs, the host rings
+# and the rings across hosts all run on ProcessGroupGloo's send/recv, and every op in one
+# piece on one thread (piecesFor: Gloo's pairs are moved by whoever posts on them, so a
+# second thread gains nothing).  They run the battery and the subgroups only (time).
+LAYOUT_TRANSPORT: dict[str, str] = {"2x3-gloo": "gloo"}
+LAYOUT_TASKS = ("info", "battery", "subgroups")
 # Pieces of 64 KiB: the large cases run in pieces, the rings across hosts on a second
 # thread beside the host rings (hierarchical.h), and the small ones in one.
 PIECE_BYTES = "65536"
@@ -404,12 +414,16 @@ def run(request: Any, tmp_path_factory: Any) -> dict[str, Any]:
     name, key, algo, shape, world, subgroups = request.param
     trace_dir = str(tmp_path_factory.mktemp(f"hier-trace-{key}"))
     env = ((EMULATED_HOSTS_ENV, EMULATED_LAYOUTS[key]), ("RINGPG_ALGO", algo), *ENV)
+    if name in LAYOUT_TRANSPORT:
+        env = (*env, *TRANSPORT_ENVS[LAYOUT_TRANSPORT[name]])
     if RINGPG:
         env = (*env, ("RINGPG_TRACE", trace_dir))
     results: dict[str, Any] = {}
     errors: dict[str, str] = {}
     with WorkerPool(WS, InitSpec(env=env)) as pool:
         for task, fn, args in TASKS:
+            if name in LAYOUT_TRANSPORT and task not in LAYOUT_TASKS:
+                continue
             try:
                 results[task] = pool.run(fn, subgroups if task == "subgroups" else name, timeout=120)
             except AssertionError as e:
@@ -419,9 +433,15 @@ def run(request: Any, tmp_path_factory: Any) -> dict[str, Any]:
 
 
 def result(run: dict[str, Any], task: str) -> Any:
+    if run["name"] in LAYOUT_TRANSPORT and task not in LAYOUT_TASKS:
+        pytest.skip(f"layout {run['name']} runs {', '.join(LAYOUT_TASKS)} only")
     if task in run["errors"]:
         raise AssertionError(f"task {task!r} failed on layout {run['name']}:\n{run['errors'][task]}")
     return run["results"][task]
+
+
+def expected_transport(run: dict[str, Any], members: Any) -> str:
+    return LAYOUT_TRANSPORT.get(run["name"]) or transport_expected(run["key"], members)
 
 
 def expected_algorithm(run: dict[str, Any], members: Any) -> str:
@@ -443,7 +463,7 @@ def test_layout_is_what_the_test_means(run: dict[str, Any]) -> None:
 def test_backend_reports_hosts_and_algorithm(run: dict[str, Any]) -> None:
     hosts, per_host, ring = emulated_topology(run["layout"], range(WS))
     want = {"algorithm": run["world"], "hosts": hosts, "ranks_per_host": per_host,
-            "ring_order": ring, "transport": transport_expected(run["key"], WS), "group": "0"}
+            "ring_order": ring, "transport": expected_transport(run, WS), "group": "0"}
     assert result(run, "info") == [want] * WS
 
 
@@ -468,7 +488,7 @@ def test_subgroups_match_gloo(run: dict[str, Any]) -> None:
     for i, (ranks, algorithm) in enumerate(run["subgroups"]):
         hosts, per_host, ring = emulated_topology(run["layout"], ranks)
         want = {"algorithm": algorithm, "hosts": hosts, "ranks_per_host": per_host,
-                "ring_order": ring, "transport": transport_expected(run["key"], ranks)}
+                "ring_order": ring, "transport": expected_transport(run, ranks)}
         for r in range(WS):
             info = got[r]["infos"][i]
             if r not in ranks:
@@ -498,7 +518,8 @@ def test_traces_show_the_algorithm(run: dict[str, Any]) -> None:
     on the ring on unequal ones; the subgroups' all-reduces likewise."""
     assert not run["errors"], f"traces incomplete after failed tasks: {sorted(run['errors'])}"
     sizes = {n * d.itemsize for d in DTYPES for n in allreduce_numels(WS, True) if n}
-    assert_traced(run["trace_dir"], "0", run["world"], sizes, HIER_OPS)
+    ran = HIER_OPS[:3] if run["name"] in LAYOUT_TRANSPORT else HIER_OPS  # no coalesced tasks there
+    assert_traced(run["trace_dir"], "0", run["world"], sizes, ran)
     infos = result(run, "subgroups")[0]["infos"]  # rank 0 is in every subgroup
     for (ranks, algorithm), info in zip(run["subgroups"], infos):
         gs = len(ranks)
@@ -515,6 +536,8 @@ def test_traces_show_the_pieces(run: dict[str, Any]) -> None:
     result check); on unequal hosts (the ring) no op records pieces."""
     assert not run["errors"], f"traces incomplete after failed tasks: {sorted(run['errors'])}"
     per = int(PIECE_BYTES)
+    if run["name"] in LAYOUT_TRANSPORT:  # one piece, one thread, whatever the size
+        per = 1 << 62
     want: dict[str, dict[int, set[tuple[int, int]]]] = {op: {} for op in HIER_OPS[:3]}
     for d in DTYPES:
         es = d.itemsize
@@ -531,7 +554,7 @@ def test_traces_show_the_pieces(run: dict[str, Any]) -> None:
             continue
         got = {b: traced.get(b) for b in sizes}
         assert got == sizes, (op, got, sizes)
-    if run["world"] == "hier":
+    if run["world"] == "hier" and run["name"] not in LAYOUT_TRANSPORT:
         assert {(1, 1), (16, 2)} <= set().union(*want["all_reduce"].values())  # what the test means
 
 

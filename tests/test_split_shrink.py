@@ -136,6 +136,65 @@ def test_split_group_children_match_gloo(shared_pool: WorkerPool) -> None:  # no
     assert_reports_ok(shared_pool.run(split_worker))
 
 
+# ------------------------------------------------------------- split across hosts
+
+# Issue 31 item 4: 3 emulated hosts x 2 ranks (rank r on host r % 3), the world
+# hierarchical; the children of a split recompute their topology and algorithm from their
+# own members: [0, 1, 3, 4] is 2 hosts x 2 ranks (hierarchical, shm+tcp), [2, 5] one host
+# (the ring on shm).  Every allreduce takes the ring path (no one-shot), in segments and
+# 64 KiB pieces at smoke_checks' size.
+SPLIT_HOSTS_KEY = "hosts3x2"
+SPLIT_HOSTS_ENV = (
+    (harness.EMULATED_HOSTS_ENV, harness.EMULATED_LAYOUTS[SPLIT_HOSTS_KEY]),
+    ("RINGPG_ONESHOT_BYTES", "0"), ("RINGPG_SEGMENT_BYTES", "65536"), ("RINGPG_HIER_PIECE_BYTES", "65536"),
+)
+SPLIT_PARTS = [[0, 1, 3, 4], [2, 5]]
+
+
+def _topology_of(b: Any) -> tuple[int, int, str, str]:
+    return b.hosts, b.ranks_per_host, b.allreduce_algorithm, b.transport
+
+
+def _topology_expected(members: list[int]) -> tuple[int, int, str, str]:
+    layout = harness.EMULATED_LAYOUTS[SPLIT_HOSTS_KEY]
+    hosts, per_host, _ = harness.emulated_topology(layout, members)
+    algo = "hier" if harness.hierarchical_expected(layout, members) else "ring"
+    return hosts, per_host, algo, harness.transport_expected(SPLIT_HOSTS_KEY, members)
+
+
+def split_across_hosts_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    import ringpg
+
+    chk = Checker(rank)
+    parent = ringpg.backend(groups.test)
+    chk.true("the world: 3 hosts x 2, hierarchical", _topology_of(parent) == _topology_expected(list(range(ws))),
+             str(_topology_of(parent)))
+    child = dist.split_group(groups.test, split_ranks=SPLIT_PARTS, timeout=PG_TIMEOUT)
+    members = dist.get_process_group_ranks(child)
+    ref = _gloo_groups_like(members, SPLIT_PARTS, groups.ref)
+    tag = f"split child {sorted(members)} across hosts"
+    b = ringpg.backend(child)
+    chk.true(f"{tag}: topology and algorithm", _topology_of(b) == _topology_expected(sorted(members)),
+             f"{_topology_of(b)} vs {_topology_expected(sorted(members))}")
+    smoke_checks(chk, tag, child, ref, numel=50001)
+    for g in (child, ref):
+        dist.destroy_process_group(g)
+    return finish(chk, groups.test)
+
+
+def test_split_children_across_hosts_recompute_topology_and_match_gloo(world_size: int) -> None:
+    # Six ranks, whatever the module's world size (3 hosts x 2 needs them).
+    _needs("split_group")
+    from ringpg import _features as f
+
+    if f.torch_release() < (2, 15):
+        pytest.skip("dist.split_group needs the default group bound to an accelerator before torch 2.15")
+    # What the test means: one child hierarchical, the other the ring on one host.
+    assert [_topology_expected(p)[2:] for p in SPLIT_PARTS] == [("hier", "shm+tcp"), ("ring", "shm")]
+    assert_reports_ok(harness.run_workers(split_across_hosts_worker, 6, spec=harness.InitSpec(env=SPLIT_HOSTS_ENV),
+                                          timeout=180))
+
+
 # ------------------------------------------------------------------- shrink checks
 
 
@@ -182,6 +241,7 @@ def _shrink_after_death(rank: int, ws: int, port: int, args: Any) -> dict:
                             timeout=PG_TIMEOUT)
     x = torch.ones(1024)
     dist.all_reduce(x)
+    parent_algorithm = ringpg.backend(dist.group.WORLD).allreduce_algorithm
     # Every rank is past that all_reduce before the victim dies (through the Store: a
     # rank that aborts early must not fail another's last op).
     store = dist.distributed_c10d._get_default_store()
@@ -200,6 +260,7 @@ def _shrink_after_death(rank: int, ws: int, port: int, args: Any) -> dict:
     took = time.monotonic() - t0
     survivors = [r for r in range(ws) if r != victim]
     b = ringpg.backend(new)
+    res_algo = None if b is None else (b.hosts, b.ranks_per_host, b.allreduce_algorithm)
     res: dict[str, Any] = {
         "failed": failed,
         "took": took,
@@ -207,12 +268,18 @@ def _shrink_after_death(rank: int, ws: int, port: int, args: Any) -> dict:
         "expected_rank": survivors.index(rank),
         "is_default": new is dist.group.WORLD,
         "transport": None if b is None else b.transport,
+        "parent_algorithm": parent_algorithm,
+        "topology": res_algo,
     }
     # Exact integer results, computed here from every survivor's deterministic data.
     case = "all_reduce after shrink"
     x = make_data(rank, case, (1000,), torch.int64)
     dist.all_reduce(x, group=new)
     res["all_reduce"] = torch.equal(x, sum(make_data(r, case, (1000,), torch.int64) for r in survivors))
+    case = "large all_reduce after shrink"  # many segments (RINGPG_SEGMENT_BYTES in the across-hosts case)
+    x = make_data(rank, case, (50001,), torch.int32)
+    dist.all_reduce(x, group=new)
+    res["large_all_reduce"] = torch.equal(x, sum(make_data(r, case, (50001,), torch.int32) for r in survivors))
     case = "all_gather after shrink"
     out = torch.full((3 * 333,), -99, dtype=torch.int32)
     dist.all_gather_into_tensor(out, make_data(rank, case, (333,), torch.int32), group=new)
@@ -221,21 +288,40 @@ def _shrink_after_death(rank: int, ws: int, port: int, args: Any) -> dict:
     return res
 
 
-@pytest.mark.parametrize("transport,abort_first", [("shm", False), ("tcp", False), ("gloo", False), ("shm", True)],
-                         ids=["shm-after-failure", "tcp-after-failure", "gloo-after-failure", "shm-shrink-abort"])
+# "mixed": 2 emulated hosts x 2 ranks (hierarchical); the victim leaves 2 + 1 survivors,
+# which must fall back to the flat ring (on shm+tcp), at sizes that run the ring.
+ACROSS_HOSTS_ENV = {"RINGPG_ONESHOT_BYTES": "0", "RINGPG_SEGMENT_BYTES": "65536", "RINGPG_HIER_PIECE_BYTES": "65536"}
+
+
+@pytest.mark.parametrize("transport,abort_first", [("shm", False), ("tcp", False), ("gloo", False), ("shm", True),
+                                                   ("mixed", False)],
+                         ids=["shm-after-failure", "tcp-after-failure", "gloo-after-failure", "shm-shrink-abort",
+                              "across-hosts-after-failure"])
 def test_survivors_shrink_after_a_rank_dies(transport: str, abort_first: bool, world_size: int) -> None:
     _needs("shrink_group")
     victim = 2  # not rank 0: its process hosts the Store
+    env = dict(harness.TRANSPORT_ENVS[transport])
+    if transport == "mixed":
+        env.update(ACROSS_HOSTS_ENV)
     res = harness.run_scenario(_shrink_after_death, world_size, (victim, abort_first),
                                expect={r for r in range(world_size) if r != victim},
-                               env=dict(harness.TRANSPORT_ENVS[transport]), timeout=120.0)
+                               env=env, timeout=120.0)
+    survivors = [r for r in range(world_size) if r != victim]
     for r, v in res.items():
         assert "crash" not in v, (r, v.get("crash"))
         if not abort_first:
             assert v["failed"].startswith(("DistNetworkError", "DistBackendError")), (r, v["failed"])
         assert v["rank_size"] == (v["expected_rank"], 3, v["expected_rank"], 3), (r, v)
         assert v["is_default"], (r, v)
-        # shm is the auto transport's choice; the survivors are on one host too.
-        assert v["transport"] == transport, (r, v)
-        assert v["all_reduce"] and v["all_gather"], (r, v)
+        # shm is the auto transport's choice; the survivors are on one host too (or,
+        # across hosts, shared memory within one and TCP between).
+        assert v["transport"] == harness.transport_expected(transport, survivors), (r, v)
+        if transport == "mixed":
+            layout = harness.TRANSPORT_ENVS["mixed"][0][1]
+            assert harness.emulated_topology(layout, range(world_size))[:2] == (2, 2)  # what the test means
+            assert v["parent_algorithm"] == "hier", (r, v)
+            hosts, per_host, _ = harness.emulated_topology(layout, survivors)
+            assert (hosts, per_host) == (2, 0), (hosts, per_host)  # 2 + 1: unequal hosts
+            assert v["topology"] == (hosts, per_host, "ring"), (r, v)
+        assert v["all_reduce"] and v["large_all_reduce"] and v["all_gather"], (r, v)
         assert v["took"] < 15.0, (r, v["took"])  # no wait for a timeout
