@@ -248,3 +248,23 @@ def test_fresh_tensors_for_every_op_are_checked_and_recorded(tmp_path: Path) -> 
     rows = doc["results"]
     assert len(rows) == 5 * 2 * 3 * 2
     assert all(r["fresh"] is True and r["wrong"] == 0 and r["error"] is None and r["time_us"] for r in rows), rows
+
+
+def test_workload_counts_checked_ops_and_reports_memory_and_faults() -> None:
+    """benchmarks.workload (issue 35's method), briefly: both backends run, every result is
+    checked (a wrong one makes the exit status 1), and the table, the RSS samples and the
+    page faults by thread come out."""
+    p = subprocess.run([sys.executable, "-m", "benchmarks.workload", "--seconds", "0.1", "--rss-ops", "500",
+                        "--ops", "reduce_scatter_tensor,all_gather_into_tensor"], cwd=REPO, capture_output=True,
+                       text=True, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in p.stdout.splitlines()
+            if line.startswith(("reduce_scatter_tensor", "all_gather_into_tensor"))}
+    assert set(rows) == {"reduce_scatter_tensor", "all_gather_into_tensor"}, p.stdout
+    for op, cols in rows.items():
+        assert int(cols[0]) > 50 and int(cols[1]) > 50, (op, cols)  # at least one round of 50 and the agreement
+        assert (int(cols[0]) - 51) % 51 == 0 and (int(cols[1]) - 51) % 51 == 0, (op, cols)  # whole rounds
+        assert "ringpg: main" in " ".join(cols), (op, cols)
+    rss = [line.split() for line in p.stdout.splitlines() if line.strip().startswith(("ringpg ", "gloo "))]
+    assert [r[0] for r in rss] == ["ringpg", "gloo"] and all(len(r) >= 3 for r in rss), p.stdout
+    assert "0 wrong results" in p.stdout
