@@ -110,6 +110,28 @@ def test_subgroups_with_non_members(pool: WorkerPool) -> None:
     assert_reports_ok(pool.run(subgroups_worker))
 
 
+def thread_names_worker(rank: int, ws: int, groups: Groups, args: Any) -> list[str]:
+    dist.all_reduce(torch.ones(8), group=groups.test)
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return sorted(names)
+
+
+@pytest.mark.parametrize("world_size", [4], ids=lambda ws: f"ws{ws}", scope="module")
+def test_ringpg_threads_are_named(pool: WorkerPool) -> None:
+    """top -H, perf and /proc tell ringpg's threads from the caller's: each group's engine
+    and worker, named."""
+    if backend_under_test() != "ringpg":
+        pytest.skip("ringpg's threads")
+    for rank, names in enumerate(pool.run(thread_names_worker)):
+        assert "ringpg-engine" in names and "ringpg-worker" in names, (rank, names)
+
+
 def disagreeing_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
     chk = Checker(rank)
     transport = transport_of(groups.test)

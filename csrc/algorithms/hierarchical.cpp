@@ -2,6 +2,7 @@
 
 #include "algorithms/ring.h"
 #include "algorithms/ring_plan.h"
+#include "common/host.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -82,7 +83,10 @@ class AcrossHosts {
     if (c.trace()) {
       trace_ = std::make_unique<OpTrace>();
     }
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+      nameThisThread("ringpg-across");
+      run();
+    });
   }
   ~AcrossHosts() {
     if (thread_.joinable()) {

@@ -238,7 +238,10 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   links_.ringFusedEverywhere = transportName_ == "shm";
   tracer_ = openTrace(*engine_, transport().c_str(), cfg_, groupName_, rank, size, Clock::now() + timeout);
   tracing_ = tracer_ != nullptr;
-  worker_ = std::thread([this] { workerLoop(); });
+  worker_ = std::thread([this] {
+    nameThisThread("ringpg-worker");
+    workerLoop();
+  });
   // Last, so that a constructor that throws never leaves the listener pointing at a
   // half-built backend; a failure that came before it is caught up on here.
   engine_->setFailureListener([this] { onGroupFailed(/*wakeGlooWaits=*/false); });

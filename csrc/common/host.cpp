@@ -1,8 +1,10 @@
 #include "common/host.h"
 
+#include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -116,6 +118,12 @@ std::optional<int> quotaCpusAlong(const std::string& mount, const std::string& p
     }
     rel.erase(rel.rfind('/') == std::string::npos ? 0 : rel.rfind('/'));
   }
+}
+
+void nameThisThread(const char* name) {
+  char buf[16] = {}; // the kernel keeps 15 characters and the terminator
+  std::snprintf(buf, sizeof(buf), "%s", name);
+  pthread_setname_np(pthread_self(), buf); // only a label: a failure changes nothing
 }
 
 int usableCpus() {

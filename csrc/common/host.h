@@ -34,6 +34,10 @@ inline void cpuRelax() {
 #endif
 }
 
+// Names the calling thread (at most 15 characters: the kernel's limit), so that top -H,
+// perf, py-spy and /proc/PID/task/*/comm tell ringpg's threads from the caller's.
+void nameThisThread(const char* name);
+
 // CPUs this process may run on: its affinity mask (taskset, cpusets), lowered by a
 // CFS quota on its cgroup or an ancestor (container CPU limits, systemd CPUQuota);
 // at least 1.

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/errors.h"
+#include "common/host.h"
 
 namespace ringpg {
 namespace {
@@ -141,7 +142,10 @@ Engine::Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int s
   }
   wake_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   TORCH_CHECK(wake_.valid(), "ringpg: eventfd failed: ", std::strerror(errno));
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    nameThisThread("ringpg-engine");
+    loop();
+  });
 }
 
 std::string Engine::congestionControl() const {

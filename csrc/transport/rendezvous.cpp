@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "common/errors.h"
+#include "common/host.h"
 
 namespace ringpg {
 
@@ -154,6 +155,7 @@ Mesh connectMesh(c10d::Store& store, int rank, int size, const std::string& ifna
   std::exception_ptr acceptError;
   std::atomic<bool> abandon{false}; // set when connecting failed: the acceptor gives up
   std::thread acceptor([&] {
+    nameThisThread("ringpg-accept");
     try {
       acceptPeers(listener.get(), rank, size, nonce, deadline, timeout, abandon, mesh.rx);
     } catch (...) {
