@@ -107,6 +107,14 @@ PYBIND11_MODULE(_C, m) {
       .def("shutdown", &ringpg::RingBackend::shutdown, py::call_guard<py::gil_scoped_release>(),
            "Finish the queued ops, then close the group; later ops are refused");
 #endif
+#if RINGPG_HAS_BACKEND_GET_ERROR
+  // torch's C++ Backend has the virtual getError() from 2.7, but its Python binding gains
+  // get_error() only in 2.14 (2.7 to 2.13 bind ErrorType and not the method): bound here,
+  // so a ringpg group answers it on every torch that has the virtual.  From 2.14 this
+  // shadows torch's binding, which calls the same virtual.
+  backend.def("get_error", &ringpg::RingBackend::getError,
+              "Whether the group has failed and why (ErrorType: SUCCESS, TIMEOUT, COMM_ERROR, REMOTE_ERROR)");
+#endif
 #if RINGPG_HAS_BACKEND_SPLIT
   // A backend that supports splitting gets this call from dist.new_group() on the ranks
   // outside the new group, when the default group has a bound device (NCCL must split

@@ -103,6 +103,7 @@ BACKEND_METHODS: Dict[str, Tuple[Tuple[int, int], str]] = {
     "get_reconfigure_handle": ((2, 14), _NOT_IMPLEMENTED),
     "supports_window": ((2, 14), "ringpg answers False"),
     "new_window": ((2, 14), _NOT_IMPLEMENTED),
+    # torch's own binding has it from 2.14; ringpg binds it itself from 2.7 (the C++ virtual).
     "get_error": ((2, 7), "ringpg says whether the group has failed and why"),
     "register_abort_hook": ((2, 14), "ringpg runs the hooks when the group fails or is aborted"),
     "unregister_abort_hook": ((2, 14), "ringpg removes the hook"),
