@@ -1,7 +1,6 @@
 """Worker processes: a real torch.distributed job per pool, serving tasks, never hanging.
 
-A :class:`WorkerPool` spawns ``world_size`` processes (``multiprocessing`` "spawn"
-context).  Each initialises torch.distributed once, builds a :class:`Groups` pair
+A :class:`WorkerPool` starts ``world_size`` processes (:func:`worker_context`).  Each initialises torch.distributed once, builds a :class:`Groups` pair
 (the backend under test and a gloo reference group over the same ranks), and then
 serves tasks: a task is a module-level function ``fn(rank, ws, groups, args)``
 referenced by name (so it pickles), run on every rank; its picklable return values
@@ -116,6 +115,24 @@ def _init_child(rank: int, ws: int, rdv: _Rendezvous) -> Groups:
     return Groups(test=test, ref=ref, backend=rdv.backend)
 
 
+# How workers start (RINGPG_TEST_START): "forkserver" (the default) forks each from a
+# server process that imported torch once, so a worker starts in milliseconds instead of
+# the 1-2 s of CPU an interpreter and `import torch` cost (most of a small test's time on
+# 2 cores); "spawn" starts a fresh interpreter for each.  Either way a worker's own
+# settings (InitSpec.env, a scenario's env) are applied in the worker before
+# torch.distributed starts, and torch and ringpg read them at group creation, not at
+# import.  The server inherits this process's environment when it first starts.
+START_METHOD = os.environ.get("RINGPG_TEST_START", "forkserver")
+
+
+def worker_context() -> Any:
+    """The multiprocessing context every harness worker is started with (START_METHOD)."""
+    ctx = mp.get_context(START_METHOD)
+    if START_METHOD == "forkserver":
+        ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    return ctx
+
+
 def _child_main(rank: int, ws: int, rdv: _Rendezvous, tasks: Any, results: Any) -> None:
     """Child process: initialise, then run tasks until the ``None`` sentinel."""
     try:
@@ -155,7 +172,7 @@ class WorkerPool:
         self.error_grace_s = error_grace_s
         self.spec = spec
         self.backend = backend or backend_under_test()
-        self._ctx = mp.get_context("spawn")
+        self._ctx = worker_context()
         self._procs: list[Any] = []
         self._tasks: list[Any] = []
         self._results: Any = None

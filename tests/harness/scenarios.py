@@ -14,7 +14,6 @@ The dead-peer scenario that several fault batteries share lives here too:
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -29,7 +28,7 @@ from benchmarks.backends import transport_of
 from benchmarks.launch import free_port
 
 from .backend import apply_env
-from .processes import collect_results
+from .processes import collect_results, worker_context
 
 ScenarioFn = Callable[[int, int, int, Any], dict]
 
@@ -49,7 +48,7 @@ def _scenario_child(fn: ScenarioFn, rank: int, ws: int, port: int, args: Any, ou
 def run_scenario(fn: ScenarioFn, ws: int, args: Any = None, expect: Optional[set[int]] = None,
                  timeout: float = 90.0, env: Optional[dict[str, str]] = None) -> dict[int, dict]:
     """Runs fn(rank, ws, port, args) on ws ranks (with `env` set in each); returns results of the ranks in `expect`."""
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()
     out = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_scenario_child, args=(fn, r, ws, port, args, out, env or {}), daemon=True)
