@@ -1,0 +1,125 @@
+"""Group creation at many ranks on one machine: time, sockets, threads and memory per rank.
+
+    python -m benchmarks.scale                          # 8, 16 and 32 ranks
+    python -m benchmarks.scale --world-sizes 32,64 --backends ringpg,gloo,gloo-lazy
+
+For each world size and backend, that many processes (forked from a server that imported
+torch once, so the start-up measured is the group's, not the interpreter's) each time
+``init_process_group`` (TCP rendezvous on loopback) plus a barrier, count their open
+sockets, threads and RSS, run a 1 MiB allreduce (checked), and count the sockets again.
+``gloo-lazy`` is gloo with ``TORCH_GLOO_LAZY_INIT=1`` (connections on first use), where the
+torch has it. Printed: the slowest rank's creation time and the per-rank maxima.
+Issue 33 asks for these figures; they go to benchmarks/RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import socket
+import time
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = {"ringpg": ("ringpg", {}), "gloo": ("gloo", {}), "gloo-lazy": ("gloo", {"TORCH_GLOO_LAZY_INIT": "1"})}
+
+
+def _sockets() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return n
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def _rank(rank: int, ws: int, port: int, backend: str, env: Dict[str, str], q: Any) -> None:
+    os.environ.update(env)
+    torch.set_num_threads(1)
+    if backend == "ringpg":
+        import ringpg  # noqa: F401
+    before = _sockets()
+    t0 = time.monotonic()
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws)
+    dist.barrier()
+    created = time.monotonic() - t0
+    res = {"rank": rank, "create_s": created, "sockets_created": _sockets() - before,
+           "threads": len(os.listdir("/proc/self/task")), "rss_mb": _rss_mb()}
+    x = torch.full((1 << 18,), float(rank))
+    dist.all_reduce(x)
+    res["ok"] = bool((x == ws * (ws - 1) / 2).all())
+    res["sockets_after_allreduce"] = _sockets() - before
+    dist.barrier()
+    dist.destroy_process_group()
+    q.put(res)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(ws: int, name: str, timeout: float) -> List[Dict[str, Any]]:
+    backend, env = BACKENDS[name]
+    ctx = mp.get_context(os.environ.get("SCALE_START", "forkserver"))
+    if ctx.get_start_method() == "forkserver":
+        ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank, args=(r, ws, port, backend, env, q), daemon=True) for r in range(ws)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    out = []
+    try:
+        for _ in procs:
+            out.append(q.get(timeout=max(1.0, deadline - time.monotonic())))
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world-sizes", default="8,16,32")
+    ap.add_argument("--backends", default="ringpg,gloo,gloo-lazy")
+    ap.add_argument("--timeout", type=float, default=300.0, help="per run, seconds")
+    args = ap.parse_args()
+    print(f"# group creation on loopback: torch {torch.__version__}, {os.cpu_count()} CPUs, "
+          f"load {os.getloadavg()[0]:.2f}")
+    print(f"{'ranks':>5} {'backend':<10} {'create s':>9} {'sockets':>8} {'after AR':>9} {'threads':>8} "
+          f"{'RSS MB':>7}  ok")
+    bad = 0
+    for ws in (int(w) for w in args.world_sizes.split(",")):
+        for name in args.backends.split(","):
+            try:
+                rs = run(ws, name, args.timeout)
+            except Exception as e:  # noqa: BLE001 - one failed run is a row, not the end
+                print(f"{ws:>5} {name:<10} failed: {type(e).__name__}: {e}")
+                bad += 1
+                continue
+            ok = len(rs) == ws and all(r["ok"] for r in rs)
+            bad += not ok
+            print(f"{ws:>5} {name:<10} {max(r['create_s'] for r in rs):9.2f} "
+                  f"{max(r['sockets_created'] for r in rs):8d} {max(r['sockets_after_allreduce'] for r in rs):9d} "
+                  f"{max(r['threads'] for r in rs):8d} {max(r['rss_mb'] for r in rs):7.0f}  {'yes' if ok else 'NO'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
