@@ -16,6 +16,15 @@ from typing import Dict, Mapping, Optional
 import torch
 
 
+def rss_mb() -> float:
+    """This process's resident memory (VmRSS), in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
 def usable_cores() -> int:
     """CPUs this process may run on (its affinity mask; ``os.cpu_count()`` elsewhere)."""
     try:

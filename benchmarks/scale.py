@@ -16,12 +16,14 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import socket
 import time
 from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
+
+from benchmarks.launch import free_port
+from benchmarks.machine import rss_mb
 
 BACKENDS = {"ringpg": ("ringpg", {}), "gloo": ("gloo", {}), "gloo-lazy": ("gloo", {"TORCH_GLOO_LAZY_INIT": "1"})}
 
@@ -36,14 +38,6 @@ def _sockets() -> int:
     return n
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
 def _rank(rank: int, ws: int, port: int, backend: str, env: Dict[str, str], q: Any) -> None:
     os.environ.update(env)
     torch.set_num_threads(1)
@@ -55,7 +49,7 @@ def _rank(rank: int, ws: int, port: int, backend: str, env: Dict[str, str], q: A
     dist.barrier()
     created = time.monotonic() - t0
     res = {"rank": rank, "create_s": created, "sockets_created": _sockets() - before,
-           "threads": len(os.listdir("/proc/self/task")), "rss_mb": _rss_mb()}
+           "threads": len(os.listdir("/proc/self/task")), "rss_mb": rss_mb()}
     x = torch.full((1 << 18,), float(rank))
     dist.all_reduce(x)
     res["ok"] = bool((x == ws * (ws - 1) / 2).all())
@@ -65,19 +59,13 @@ def _rank(rank: int, ws: int, port: int, backend: str, env: Dict[str, str], q: A
     q.put(res)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(ws: int, name: str, timeout: float) -> List[Dict[str, Any]]:
     backend, env = BACKENDS[name]
     ctx = mp.get_context(os.environ.get("SCALE_START", "forkserver"))
     if ctx.get_start_method() == "forkserver":
         ctx.set_forkserver_preload(["torch", "torch.distributed"])
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, ws, port, backend, env, q), daemon=True) for r in range(ws)]
     for p in procs:
         p.start()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
 import time
 from typing import Any, Dict, List
 
@@ -30,18 +29,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from benchmarks.launch import free_port
+from benchmarks.machine import rss_mb
+
 OPS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast")
 MIN_NUMEL, MAX_NUMEL = 1000, 786432
 RSS_MIN_BYTES, RSS_MAX_BYTES = 4096, 3 << 20
 ROUND = 50  # ops between the ranks' agreement on stopping
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
 
 
 def _faults_by_thread() -> Dict[str, int]:
@@ -111,28 +105,22 @@ def _worker(rank: int, ws: int, port: int, backend: str, args: Any, q: Any) -> N
     if args.rss_ops:
         rng = random.Random(args.seed + 1)
         dist.barrier()
-        res["rss"] = [(0, _rss_mb())]
+        res["rss"] = [(0, rss_mb())]
         f0 = _faults_by_thread()
         for i in range(1, args.rss_ops + 1):
             n = rng.randint(RSS_MIN_BYTES, RSS_MAX_BYTES) // 4
             res["wrong"] += not _one_op(OPS[i % len(OPS)], n // ws if i % len(OPS) == 1 else n, rank, ws)
             if i % 500 == 0:
-                res["rss"].append((i, _rss_mb()))
+                res["rss"].append((i, rss_mb()))
         res["rss_faults"] = _delta(_faults_by_thread(), f0)
     dist.destroy_process_group()
     q.put(res)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(backend: str, args: Any) -> List[Dict[str, Any]]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, args.world_size, port, backend, args, q))
              for r in range(args.world_size)]
     for p in procs:

@@ -37,6 +37,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from benchmarks.machine import rss_mb
 from harness import CheckReport, Checker, Groups, WorkerPool, assert_reports_ok, make_data
 
 SOAK_SECONDS = float(os.environ.get("RINGPG_SOAK_SECONDS", "10"))
@@ -89,14 +90,6 @@ def draw_op(rng: random.Random, index: int, largest: bool = False, name: Optiona
 
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 @dataclass
@@ -192,7 +185,7 @@ def soak(rank: int, ws: int, groups: Groups, seconds: float) -> SoakReport:
     chk = Checker(rank)
 
     def sample(when: str) -> None:
-        rep.fds[when], rep.rss_mb[when] = _fds(), _rss_mb()
+        rep.fds[when], rep.rss_mb[when] = _fds(), rss_mb()
 
     sample("start")
     pgs = [groups.test] + [dist.new_group(ranks=r, backend=groups.backend) for r in SUBGROUPS]
