@@ -14,7 +14,6 @@ Issue 33 asks for these figures; they go to benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import time
 from typing import Any, Dict, List
@@ -22,7 +21,7 @@ from typing import Any, Dict, List
 import torch
 import torch.distributed as dist
 
-from benchmarks.launch import free_port
+from benchmarks.launch import run_ranks
 from benchmarks.machine import rss_mb
 
 BACKENDS = {"ringpg": ("ringpg", {}), "gloo": ("gloo", {}), "gloo-lazy": ("gloo", {"TORCH_GLOO_LAZY_INIT": "1"})}
@@ -59,27 +58,9 @@ def _rank(rank: int, ws: int, port: int, backend: str, env: Dict[str, str], q: A
     q.put(res)
 
 
-def run(ws: int, name: str, timeout: float) -> List[Dict[str, Any]]:
+def run(ws: int, name: str, timeout: float, method: str) -> List[Dict[str, Any]]:
     backend, env = BACKENDS[name]
-    ctx = mp.get_context(os.environ.get("SCALE_START", "forkserver"))
-    if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(["torch", "torch.distributed"])
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, ws, port, backend, env, q), daemon=True) for r in range(ws)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    out = []
-    try:
-        for _ in procs:
-            out.append(q.get(timeout=max(1.0, deadline - time.monotonic())))
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    return out
+    return run_ranks(_rank, ws, (backend, env), timeout, method)
 
 
 def main() -> int:
@@ -87,6 +68,9 @@ def main() -> int:
     ap.add_argument("--world-sizes", default="8,16,32")
     ap.add_argument("--backends", default="ringpg,gloo,gloo-lazy")
     ap.add_argument("--timeout", type=float, default=300.0, help="per run, seconds")
+    ap.add_argument("--start", choices=("forkserver", "spawn"), default="forkserver",
+                    help="how ranks start: forked from a server that imported torch (default), or fresh "
+                         "interpreters (spawn: slower at many ranks, as a launcher starts them)")
     args = ap.parse_args()
     print(f"# group creation on loopback: torch {torch.__version__}, {os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.2f}")
@@ -96,7 +80,7 @@ def main() -> int:
     for ws in (int(w) for w in args.world_sizes.split(",")):
         for name in args.backends.split(","):
             try:
-                rs = run(ws, name, args.timeout)
+                rs = run(ws, name, args.timeout, args.start)
             except Exception as e:  # noqa: BLE001 - one failed run is a row, not the end
                 print(f"{ws:>5} {name:<10} failed: {type(e).__name__}: {e}")
                 bad += 1

@@ -27,9 +27,8 @@ from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from benchmarks.launch import free_port
+from benchmarks.launch import run_ranks
 from benchmarks.machine import rss_mb
 
 OPS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast")
@@ -118,16 +117,8 @@ def _worker(rank: int, ws: int, port: int, backend: str, args: Any, q: Any) -> N
 
 
 def run(backend: str, args: Any) -> List[Dict[str, Any]]:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, args.world_size, port, backend, args, q))
-             for r in range(args.world_size)]
-    for p in procs:
-        p.start()
-    out = [q.get(timeout=args.seconds * len(args.ops) * 4 + args.rss_ops * 0.2 + 120) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
+    timeout = args.seconds * len(args.ops) * 4 + args.rss_ops * 0.2 + 120
+    out = run_ranks(_worker, args.world_size, (backend, args), timeout)
     return sorted(out, key=lambda r: r["rank"])
 
 

@@ -15,7 +15,6 @@ collective their failed peer never joined, are killed).
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import queue
 import shutil
@@ -29,7 +28,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from benchmarks.launch import free_port
+from benchmarks.launch import free_port, rank_context
 
 from .backend import REFERENCE_BACKEND, apply_env, backend_under_test
 
@@ -127,10 +126,7 @@ START_METHOD = os.environ.get("RINGPG_TEST_START", "forkserver")
 
 def worker_context() -> Any:
     """The multiprocessing context every harness worker is started with (START_METHOD)."""
-    ctx = mp.get_context(START_METHOD)
-    if START_METHOD == "forkserver":
-        ctx.set_forkserver_preload(["torch", "torch.distributed"])
-    return ctx
+    return rank_context(START_METHOD)
 
 
 def _child_main(rank: int, ws: int, rdv: _Rendezvous, tasks: Any, results: Any) -> None:
