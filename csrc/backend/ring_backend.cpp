@@ -48,32 +48,38 @@ namespace {
 // (Local settings stay local: the receive window, the spin, socket buffers, the work
 // cache, the reduction ISA, congestion control; tests/test_settings_agreement.py runs a
 // group whose ranks differ in the receive window.)
+// Whether the ranks' values of a setting (one per rank) may run together.
+using Agreement = bool (*)(const std::vector<std::string>& values);
+
+bool allEqual(const std::vector<std::string>& values) {
+  return std::all_of(values.begin(), values.end(), [&](const std::string& x) { return x == values[0]; });
+}
+
+// Transports mix auto and tcp; gloo and shm only with themselves.
+bool transportsMix(const std::vector<std::string>& values) {
+  const auto all = [&](const char* v) { return std::all_of(values.begin(), values.end(), [&](auto& x) { return x == v; }); };
+  const auto any = [&](const char* v) { return std::any_of(values.begin(), values.end(), [&](auto& x) { return x == v; }); };
+  return (!any("gloo") || all("gloo")) && (!any("shm") || all("shm"));
+}
+
 struct SharedSetting {
   const char* name;  // as the user sets it
   const char* rule;  // what the error asks for
+  Agreement agrees;  // when the ranks' values may run together
   std::string value; // this rank's
 };
 
 std::vector<SharedSetting> sharedSettings(const Config& cfg, Config::Transport transport) {
+  constexpr const char* kSame = "it must be the same on every rank";
   return {
-      {"RINGPG_TRANSPORT", "gloo and shm must be set on every rank or on none", Config::transportName(transport)},
-      {"RINGPG_ALGO / ringpg.use_algorithm", "", Config::algoName(cfg.algo)},
-      {"RINGPG_SEGMENT_BYTES", "", std::to_string(cfg.segmentBytes)},
-      {"RINGPG_ONESHOT_BYTES", "", std::to_string(cfg.oneShotBytes)},
-      {"RINGPG_HIER_PIECE_BYTES", "", std::to_string(cfg.hierPieceBytes)},
-      {"RINGPG_TRACE", "set it on every rank or on none", cfg.traceDir.empty() ? "off" : "on"},
+      {"RINGPG_TRANSPORT", "gloo and shm must be set on every rank or on none", transportsMix,
+       Config::transportName(transport)},
+      {"RINGPG_ALGO / ringpg.use_algorithm", kSame, allEqual, Config::algoName(cfg.algo)},
+      {"RINGPG_SEGMENT_BYTES", kSame, allEqual, std::to_string(cfg.segmentBytes)},
+      {"RINGPG_ONESHOT_BYTES", kSame, allEqual, std::to_string(cfg.oneShotBytes)},
+      {"RINGPG_HIER_PIECE_BYTES", kSame, allEqual, std::to_string(cfg.hierPieceBytes)},
+      {"RINGPG_TRACE", "set it on every rank or on none", allEqual, cfg.traceDir.empty() ? "off" : "on"},
   };
-}
-
-// Whether `values` (one per rank) may run together: transports mix auto and tcp, every
-// other setting must be equal.
-bool settingAgrees(size_t index, const std::vector<std::string>& values) {
-  if (index == 0) { // the transport
-    const auto all = [&](const char* v) { return std::all_of(values.begin(), values.end(), [&](auto& x) { return x == v; }); };
-    const auto any = [&](const char* v) { return std::any_of(values.begin(), values.end(), [&](auto& x) { return x == v; }); };
-    return (!any("gloo") || all("gloo")) && (!any("shm") || all("shm"));
-  }
-  return std::all_of(values.begin(), values.end(), [&](auto& x) { return x == values[0]; });
 }
 
 void agreeOnSettings(c10d::Store& store, const std::string& prefix, int rank, int size, const Config& cfg,
@@ -106,15 +112,14 @@ void agreeOnSettings(c10d::Store& store, const std::string& prefix, int rank, in
   }
   std::string why;
   for (const auto i : c10::irange(mine.size())) {
-    if (settingAgrees(i, values[i])) {
+    if (mine[i].agrees(values[i])) {
       continue;
     }
     std::string listed;
     for (const auto q : c10::irange(size)) {
       listed += c10::str(q == 0 ? "" : ", ", "rank ", q, ": ", values[i][q]);
     }
-    const char* rule = *mine[i].rule != '\0' ? mine[i].rule : "it must be the same on every rank";
-    why += c10::str(why.empty() ? "" : "; and on ", mine[i].name, " (", listed, "); ", rule);
+    why += c10::str(why.empty() ? "" : "; and on ", mine[i].name, " (", listed, "); ", mine[i].rule);
   }
   if (!why.empty()) {
     // Every rank raises, so the store's host may soon be gone: leave together.

@@ -344,8 +344,11 @@ void Engine::debugSendRaw(int peer, std::string bytes) {
 }
 
 std::string Engine::goodbyeFrom(int peer) {
+  if (!anyGoodbye()) {
+    return ""; // the common case, without the lock
+  }
   std::lock_guard<std::mutex> lk(mu_);
-  return anyGoodbye() && peers_[peer].rx.closed() ? shutDownBy(peer) : std::string();
+  return peers_[peer].rx.closed() ? shutDownBy(peer) : std::string();
 }
 
 void Engine::shutdown(Deadline deadline) {

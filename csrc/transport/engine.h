@@ -96,8 +96,9 @@ class Engine {
   }
 
   // Why nothing more comes from `peer`, nor is taken by it, if it has shut its group
-  // down (its goodbye arrived), else "".  The shared-memory ring's waits ask, since
-  // their data never passes this engine (anyGoodbye first: a load, no lock).
+  // down (its goodbye arrived), else "".  The shared-memory ring's sends and waits ask,
+  // since their data never passes this engine; while no peer has said goodbye the
+  // answer is one load, no lock.
   std::string goodbyeFrom(int peer);
   bool anyGoodbye() const {
     return goodbyes_.load(std::memory_order_acquire) != 0;

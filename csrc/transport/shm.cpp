@@ -358,11 +358,9 @@ RequestPtr ShmRing::post(int peer, const FrameHeader& hdr, const void* data, siz
   req->hdr.magic = kFrameMagic;
   req->link = this;
   req->lendable = lendable;
-  if (engine_.anyGoodbye()) { // as the engine refuses a send to a peer that shut down
-    if (std::string why = engine_.goodbyeFrom(right_); !why.empty()) {
-      markFailed(*req, why, /*network=*/true);
-      return req;
-    }
+  if (std::string why = engine_.goodbyeFrom(right_); !why.empty()) { // as the engine refuses a send to a peer that shut down
+    markFailed(*req, why, /*network=*/true);
+    return req;
   }
   sends_.push_back(req);
   pushSends(); // eager: the first fragments leave now if there is room
