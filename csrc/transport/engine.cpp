@@ -318,6 +318,17 @@ void Engine::setFailureListener(std::function<void()> listener) {
   failureListener_ = std::move(listener);
 }
 
+bool Engine::awaitBroken(Deadline deadline) {
+  // Polled in short steps rather than signalled: breaking notifies cv_ only when it
+  // completes something, and this wait is rare and short.
+  while (!isBroken() && Clock::now() < deadline) {
+    std::unique_lock<std::mutex> lk(mu_); // cv_'s mutex
+    cv_.wait_until(lk, std::min(deadline, Clock::now() + std::chrono::milliseconds(2)),
+                   [&] { return !broken_.empty(); });
+  }
+  return isBroken();
+}
+
 std::string Engine::brokenReason(bool* network, BreakCause* cause) {
   std::lock_guard<std::mutex> lk(mu_); // broken_ / brokenNetwork_ / brokenCause_
   if (network) {

@@ -90,6 +90,10 @@ class Engine {
   // Empty while healthy; `network` tells whether the cause was a peer/connection failure,
   // `cause` which BreakCause it was (meaningless while healthy).
   std::string brokenReason(bool* network = nullptr, BreakCause* cause = nullptr);
+  // Waits until the engine is broken or `deadline` passes; true if broken.  For a
+  // link that saw a peer's connection fail: the peer states its cause (an Abort frame
+  // on its engine socket) before it closes, and the progress thread may be about to read it.
+  bool awaitBroken(Deadline deadline);
   // The same question without the lock, for polling loops.
   bool isBroken() const {
     return brokenFlag_.load(std::memory_order_acquire);

@@ -57,13 +57,39 @@ RequestPtr GlooLink::post(Direction dir, int peer, const FrameHeader& op, const 
     return req;
   }
   std::vector<at::Tensor> t{bytesAt(data, len)};
-  if (dir == Direction::Send) {
-    req->work = gloo_->send(t, peer, tagOf(op, nextIndex(op, peer, sent_)));
-  } else {
-    req->sourceRank = peer;
-    req->work = gloo_->recv(t, peer, tagOf(op, nextIndex(op, peer, received_)));
+  try {
+    if (dir == Direction::Send) {
+      req->work = gloo_->send(t, peer, tagOf(op, nextIndex(op, peer, sent_)));
+    } else {
+      req->sourceRank = peer;
+      req->work = gloo_->recv(t, peer, tagOf(op, nextIndex(op, peer, received_)));
+    }
+  } catch (const std::exception& e) {
+    // Gloo refuses to post on a pair that has already closed: the same loss as a wait
+    // that fails, and reported the same way.
+    failLost(*req, e.what(), Clock::now() + kCauseGrace);
   }
   return req;
+}
+
+void GlooLink::failLost(Request& req, const std::string& error, Deadline deadline) {
+  // A peer that failed first sends its Abort frame on its engine socket before it
+  // closes its Gloo pairs, so the cause is usually on its way: wait for it briefly
+  // (never past the op's deadline), so that every rank names the first failure (a
+  // mismatch, a timeout) rather than the closed pair it led to.
+  if (engine_.awaitBroken(std::min(deadline, Clock::now() + kCauseGrace))) {
+    bool network = true;
+    markFailed(req, engine_.brokenReason(&network), network);
+    return;
+  }
+  // Gloo's pair failed: the peer's process or connection is gone.  "Connection closed
+  // by peer", gloo's words, is what torchft and scripts match on; Gloo's message says
+  // which of the two it saw.
+  const std::string why = c10::str("ringpg: rank ", rank_, " lost its Gloo pair to rank ", req.peer,
+                                   ": Connection closed by peer (Gloo: ", error,
+                                   "; the peer process probably exited, crashed or was killed)");
+  engine_.fail(why, /*network=*/true); // every rank hears it at once
+  markFailed(req, why, /*network=*/true);
 }
 
 RequestPtr GlooLink::postSend(int peer, const FrameHeader& op, const void* data, size_t len) {
@@ -129,14 +155,7 @@ bool GlooLink::waitUntil(const RequestPtr& r, Deadline deadline) {
     // The registration stays with the request until the op releases it.
     return false;
   }
-  // Gloo's pair failed: the peer's process or connection is gone.  "Connection closed
-  // by peer", gloo's words, is what torchft and scripts match on; Gloo's message says
-  // which of the two it saw.
-  const std::string why = c10::str("ringpg: rank ", rank_, " lost its Gloo pair to rank ", req.peer,
-                                   ": Connection closed by peer (Gloo: ", error,
-                                   "; the peer process probably exited, crashed or was killed)");
-  engine_.fail(why, /*network=*/true); // every rank hears it at once
-  markFailed(req, why, /*network=*/true);
+  failLost(req, error, deadline);
   req.work.reset();
   return true;
 }

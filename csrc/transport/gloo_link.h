@@ -19,9 +19,10 @@
 // never combine, while the engine names the mismatch at once (a Link that does not
 // check its frames gets each op's signature checked there: OpContext::announce).
 //
-// Failures.  Control stays on ringpg's engine, which every group has: when a Gloo wait
-// fails (a lost peer) the link breaks the engine, whose Abort frames reach every rank
-// at once; when the engine breaks for any reason (a peer's abort, a timeout, abort())
+// Failures.  Control stays on ringpg's engine, which every group has: when a Gloo post
+// or wait fails (a lost peer) the link first gives the engine a moment to read the
+// peer's own Abort frame (the peer failed first and said why), else breaks the engine
+// as a lost peer, whose Abort frames reach every rank at once; when the engine breaks for any reason (a peer's abort, a timeout, abort())
 // the engine's failure listener calls abortWaits(), which wakes the wait in progress
 // and fails every later one.  A Gloo request's Work holds Gloo's buffer registration;
 // dropping the Work (when the op's requests are released, before its buffers go back
@@ -30,8 +31,10 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "transport/engine.h"
@@ -73,6 +76,12 @@ class GlooLink final : public Link {
   enum class Direction : uint8_t { Send, Recv };
   // Posts one message (an empty one completes at once: neither side posts it to Gloo).
   RequestPtr post(Direction dir, int peer, const FrameHeader& op, const void* data, size_t len);
+  // Fails `req` after Gloo reported `error` on its pair: with the engine's reason if the
+  // engine breaks by `deadline` (capped at kCauseGrace from now), else as a lost peer,
+  // breaking the engine with that.
+  void failLost(Request& req, const std::string& error, Deadline deadline);
+  // How long a lost pair waits to learn the peer's stated cause.
+  static constexpr std::chrono::milliseconds kCauseGrace{250};
   // The index of the next message of op `op` to or from `peer` in `counts`.
   uint32_t nextIndex(const FrameHeader& op, int peer, std::vector<uint32_t>& counts);
 
