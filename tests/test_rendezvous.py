@@ -204,3 +204,28 @@ def test_a_congestion_control_the_host_cannot_give_fails_group_creation(tmp_path
     assert out.returncode != 0
     assert "RINGPG_TCP_CONGESTION=no_such_cc cannot be set on this host" in out.stderr, out.stderr
     assert "available: " in out.stderr and "reno" in out.stderr, out.stderr
+
+
+def leave_together_worker(rank: int, ws: int, groups: Groups, rounds: int) -> list[str]:
+    """Round after round: a fresh group of every rank, a barrier, then every rank destroys
+    it at once (as a job's ranks do at its end).  Returns what went wrong."""
+    errors = []
+    for i in range(rounds):
+        g = dist.new_group(backend=groups.backend)
+        try:
+            dist.barrier(group=g)
+        except Exception as e:  # noqa: BLE001 - reported, and the next round goes on
+            errors.append(f"round {i}: {type(e).__name__}: {e}"[:400])
+        dist.destroy_process_group(g)
+    return errors
+
+
+@pytest.mark.parametrize("world_size", [16], ids=lambda ws: f"ws{ws}", scope="module")
+def test_ranks_that_leave_together_fail_no_one(pool: WorkerPool) -> None:
+    """Ranks that finish a barrier early shut their group down while others are still in
+    it.  Two ranks leaving together each read the other's goodbye first and send none
+    back; the one still saying its own goodbyes then reads the other's close.  That close
+    is no failure: it must not abort the group under the ranks still in the barrier (at
+    32 ranks it did, in about half of the runs)."""
+    bad = [f"rank {r}: {e}" for r, errs in enumerate(pool.run(leave_together_worker, 12)) for e in errs]
+    assert not bad, "\n".join(bad)

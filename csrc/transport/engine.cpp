@@ -363,6 +363,10 @@ std::string Engine::goodbyeFrom(int peer) {
 }
 
 void Engine::shutdown(Deadline deadline) {
+  {
+    std::lock_guard<std::mutex> lk(mu_); // leaving_ is read by the failure path under mu_
+    leaving_ = true;
+  }
   std::vector<RequestPtr> byes;
   for (const auto q : c10::irange(size_)) {
     if (q == rank_) {
@@ -576,6 +580,13 @@ std::string Engine::peerLostReason(int p, const char* how) {
 // reason is sitting, unread, in its receive buffer.
 void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<std::mutex>& lk, Completions& done) {
   Peer& P = peers_[p];
+  if (leaving_ && broken_.empty()) {
+    // This rank has finished its ops and is saying goodbye.  A peer that closes now
+    // was leaving too and skipped its goodbye to us, having read ours (or died at
+    // the very end): either way nothing here needs it any more.
+    endPeerQuietlyLocked(p, done);
+    return;
+  }
   // Already broken, the socket being read by another thread (its state is that
   // thread's), or a peer that said goodbye: there is nothing more to learn.
   if (!broken_.empty() || P.rxBusy || !P.rxFd.valid() || P.rx.closed()) {
@@ -598,6 +609,27 @@ void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<
   // again, because the group fails now (first reason wins if another thread was first).
   failLocked(reason.empty() ? peerLostReason(p, how.c_str()) : reason, done, network,
              remote ? BreakCause::Remote : BreakCause::Local);
+}
+
+void Engine::endPeerQuietlyLocked(int p, Completions& done) {
+  Peer& P = peers_[p];
+  const std::string why = shutDownBy(p);
+  // The head of the send queue may be in another thread's send() (txBusy): that
+  // thread completes or fails it when the call returns.
+  const size_t keep = P.txBusy && !P.txq.empty() ? 1 : 0;
+  while (P.txq.size() > keep) {
+    failRequest(P.txq.back(), why, done);
+    P.txq.pop_back();
+  }
+  for (auto& r : P.collPosted) failRequest(r, why, done);
+  for (auto& r : P.p2pPosted) failRequest(r, why, done);
+  P.collPosted.clear();
+  P.p2pPosted.clear();
+  if (!P.rxBusy) { // else its reader finds the connection closed itself
+    if (RequestPtr inFlight = P.rx.abandon()) {
+      failRequest(inFlight, why, done);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------

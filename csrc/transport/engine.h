@@ -115,7 +115,10 @@ class Engine {
   // corrupt or hostile peer in tests.  Never used by ringpg itself.
   void debugSendRaw(int peer, std::string bytes);
 
-  // Says goodbye to every peer (so they know the close is orderly) and stops.
+  // Says goodbye to every peer (so they know the close is orderly) and stops.  A peer
+  // whose goodbye came first gets none (it reads nothing more); and from here on a
+  // peer that closes without one is taken as leaving too: two ranks that shut down
+  // together each hear the other's goodbye, so neither sends the other one.
   void shutdown(Deadline deadline);
 
  private:
@@ -185,6 +188,9 @@ class Engine {
   // The connection to p failed (`how`): reads what p still had in flight for the
   // real cause and fails the group with it (see the definition).
   void failLostPeerLocked(int p, const std::string& how, std::unique_lock<std::mutex>& lk, Completions& done);
+  // While leaving: peer p's connection closed; fails what still waits on p (the
+  // goodbye to it) and stops reading it, without breaking the engine.
+  void endPeerQuietlyLocked(int p, Completions& done);
   void broadcastAbortLocked();
 
   const int rank_;
@@ -209,6 +215,9 @@ class Engine {
   bool haveCurrent_ = false;
   FrameHeader currentOp_; // valid when haveCurrent_; key = its sequence number
   bool stop_ = false;
+  // shutdown() has begun: this rank has finished its ops and is saying goodbye, so a
+  // peer that closes now is leaving too, not lost (endPeerQuietlyLocked).
+  bool leaving_ = false;
   std::function<void()> failureListener_;
   std::thread thread_;
 };
