@@ -19,9 +19,11 @@ import os
 import shlex
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
+from harness.processes import worker_context
 
 _C = pytest.importorskip("ringpg._C")
 
@@ -150,18 +152,52 @@ def test_unsupported_pairs_are_refused() -> None:
         _C.reduce_kernel("BAND", a, a, a)
 
 
+def _isa_in_fresh_process(setting: str, out: Any) -> None:
+    """In a process that has not loaded ringpg yet: what RINGPG_REDUCE_ISA=setting gives."""
+    os.environ["RINGPG_REDUCE_ISA"] = setting
+    try:
+        import ringpg._C as c
+
+        out.put((setting, True, c.reduce_isa()))
+    except Exception as e:  # noqa: BLE001 - the refusal is what the test reads
+        out.put((setting, False, str(e)))
+
+
+def _isas_chosen(settings: list[str]) -> dict[str, tuple[bool, str]]:
+    """RINGPG_REDUCE_ISA is read once per process, so each setting needs a process of
+    its own: forked from the harness's server, which has torch loaded and not ringpg
+    (milliseconds each, where a fresh interpreter costs seconds), or, under emulation
+    (RINGPG_TEST_PYTHON), interpreters started together."""
+    if os.environ.get("RINGPG_TEST_PYTHON"):
+        probe = "import ringpg._C as c; print(c.reduce_isa())"
+        procs = {s: subprocess.Popen([*_python_cmd(), "-c", probe], env=dict(os.environ, RINGPG_REDUCE_ISA=s),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for s in settings}
+        got = {}
+        for s, p in procs.items():
+            stdout, stderr = p.communicate(timeout=300)
+            got[s] = (p.returncode == 0, stdout.strip() if p.returncode == 0 else stderr)
+        return got
+    ctx = worker_context()
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_isa_in_fresh_process, args=(s, q)) for s in settings]
+    for p in procs:
+        p.start()
+    try:
+        return {s: (ok, what) for s, ok, what in (q.get(timeout=120) for _ in procs)}
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+
+
 def test_reduce_isa_setting_pins_a_copy_or_is_refused() -> None:
     """RINGPG_REDUCE_ISA picks the copy ringpg dispatches to; one the CPU cannot run is
     refused with the choices, at the first use (a group's creation)."""
-    probe = "import ringpg._C as c; print(c.reduce_isa())"
+    got = _isas_chosen([*_C.reduce_isas(), "sse9"])
     for isa in _C.reduce_isas():
-        env = dict(os.environ, RINGPG_REDUCE_ISA=isa)
-        out = subprocess.run([*_python_cmd(), "-c", probe], env=env, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0 and out.stdout.strip() == isa, out.stderr
-    env = dict(os.environ, RINGPG_REDUCE_ISA="sse9")
-    out = subprocess.run([*_python_cmd(), "-c", probe], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode != 0 and "RINGPG_REDUCE_ISA=sse9 cannot run on this CPU" in out.stderr, out.stderr
-    assert "baseline" in out.stderr
+        assert got[isa] == (True, isa), (isa, got[isa])
+    ok, why = got["sse9"]
+    assert not ok and "RINGPG_REDUCE_ISA=sse9 cannot run on this CPU" in why, why
+    assert "baseline" in why
 
 
 def test_copies_found_for_this_cpu() -> None:
