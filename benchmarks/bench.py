@@ -10,7 +10,7 @@ Run from the repository root::
 
 How a number is made (details in ``benchmarks/data.py`` and ``benchmarks/timing.py``):
 
-* The launcher starts ``ws`` ranks (multiprocessing spawn, tcp:// rendezvous on
+* The launcher starts ``ws`` ranks (forked from a server that imported torch once, ``--start``; tcp:// rendezvous on
   127.0.0.1 with a free port; under ``--emulate`` one network namespace per rank (per host with ``--hosts``), see
   ``benchmarks/netns.py``).  The default group is gloo; every backend gets its own group
   over the same ranks (``dist.new_group(backend=...)``).
@@ -66,7 +66,7 @@ from benchmarks.backends import (  # noqa: E402
 )
 from benchmarks.cases import OPS, Case, canonical_dtype, canonical_op, check_cases, sweep_cases  # noqa: E402
 from benchmarks.data import CaseBuffers  # noqa: E402
-from benchmarks.launch import die_with_parent, free_port, torchrun_env  # noqa: E402
+from benchmarks.launch import add_start_argument, die_with_parent, free_port, rank_context, torchrun_env  # noqa: E402
 from benchmarks.machine import default_threads, format_facts, machine_facts  # noqa: E402
 from benchmarks.peers import Conductor, default_peers_dir, peer_results, start_peers, summary  # noqa: E402
 from benchmarks.table import Progress, TableFormatter, emit  # noqa: E402
@@ -269,7 +269,7 @@ def ring_ceiling(probe: Optional[Dict[str, Any]]) -> Optional[float]:
     return probe.get("ring_slowest_GBps") if probe else None
 
 
-def _spawn_target(cfg: Dict[str, Any], rank: int) -> None:
+def _rank_target(cfg: Dict[str, Any], rank: int) -> None:
     """multiprocessing entry point of one rank."""
     try:
         code = run_worker(WorkerConfig(**cfg), rank)
@@ -376,14 +376,15 @@ def _end_all(ranks: List[_Rank]) -> None:
         r.reap()
 
 
-def launch_spawn(cfg: WorkerConfig, timeout_s: float, stall_s: float,
+def launch_local(cfg: WorkerConfig, method: str, timeout_s: float, stall_s: float,
                  step: Optional[Callable[[], bool]] = None) -> Tuple[List[Optional[int]], str]:
-    """Start ``cfg.world_size`` ranks with multiprocessing spawn and supervise them."""
-    ctx = mp.get_context("spawn")
+    """Start ``cfg.world_size`` ranks as processes of this launcher (``method``:
+    benchmarks.launch.rank_context) and supervise them."""
+    ctx = rank_context(method)
     ranks = []
     try:
         for r in range(cfg.world_size):
-            p = ctx.Process(target=_spawn_target, args=(asdict(cfg), r), name=f"bench-rank{r}")
+            p = ctx.Process(target=_rank_target, args=(asdict(cfg), r), name=f"bench-rank{r}")
             p.start()
             ranks.append(_Rank(p))
     except BaseException:
@@ -410,12 +411,12 @@ def launch_with_peers(cfg: WorkerConfig, args: argparse.Namespace, events: List[
             print(f"# peer {job.peer.name} (ws={cfg.world_size}): {job.describe()}", flush=True)
         events.append({"kind": "peers", "world_size": cfg.world_size, "peers": summary(jobs, skipped)})
         if not jobs:
-            return launch_spawn(cfg, args.timeout, args.stall_timeout)
+            return launch_local(cfg, args.start, args.timeout, args.stall_timeout)
         conductor = Conductor(jobs, cfg.cases, Path(tmpdir) / f"gate-ws{cfg.world_size}", cfg.world_size,
                               cfg.result_path, args.peer_timeout)
         cfg.peers = [job.peer.name for job in jobs]
         cfg.gate_dir = str(conductor.gate_dir)
-        return launch_spawn(cfg, args.timeout, args.stall_timeout, step=conductor.step)
+        return launch_local(cfg, args.start, args.timeout, args.stall_timeout, step=conductor.step)
     finally:
         for job in jobs:
             job.stop()
@@ -696,6 +697,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g.add_argument("--no-save", action="store_true", help="write no files unless a path is given")
     g.add_argument("--quiet", action="store_true", help="no progress line on stderr")
     g = ap.add_argument_group("limits")
+    add_start_argument(g)
     g.add_argument("--timeout", type=float, default=None,
                    help="seconds per world size before all ranks are ended (default 3 h; --check 300)")
     g.add_argument("--stall-timeout", type=float, default=None,
@@ -902,7 +904,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             elif args.peers:
                 codes, problem = launch_with_peers(cfg, args, events, peer_notes, tmpdir)
             else:
-                codes, problem = launch_spawn(cfg, args.timeout, args.stall_timeout)
+                codes, problem = launch_local(cfg, args.start, args.timeout, args.stall_timeout)
             got = read_events(result_path)
             running = None
             events.extend(got)

@@ -20,9 +20,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def _parent_of(pid: int) -> Optional[int]:
+    """The parent of process ``pid`` (Linux /proc), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])  # the field after the state
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def die_with_parent(expected_parent: Optional[int] = None) -> None:
-    """Linux: have the kernel SIGKILL this process when its launcher dies, so that ranks
-    never outlive a killed benchmark (they would sit in collectives until the timeout)."""
+    """Linux: have the kernel SIGKILL this process when its parent dies, so that ranks
+    never outlive a killed benchmark (they would sit in collectives until the timeout).
+    The parent is the launcher (``expected_parent``), or the forkserver it started
+    (rank_context), which exits when the launcher does."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -33,8 +44,12 @@ def die_with_parent(expected_parent: Optional[int] = None) -> None:
         libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
     except (OSError, AttributeError):
         return
-    if expected_parent is not None and os.getppid() != expected_parent:
-        os._exit(1)  # the launcher died before prctl took effect
+    parent = os.getppid()
+    if expected_parent is not None and expected_parent not in (parent, _parent_of(parent)):
+        # The launcher died before prctl took effect.
+        print(f"rank process {os.getpid()}: its launcher {expected_parent} is gone; exiting", file=sys.stderr,
+              flush=True)
+        os._exit(1)
 
 
 def torchrun_env() -> Optional[Tuple[int, int]]:
@@ -52,6 +67,16 @@ def rank_context(method: str) -> Any:
     if method == "forkserver":
         ctx.set_forkserver_preload(["torch", "torch.distributed"])
     return ctx
+
+
+START_METHODS = ("forkserver", "spawn")
+
+
+def add_start_argument(ap: Any) -> None:
+    """The ``--start`` option of the launchers that run local ranks (rank_context)."""
+    ap.add_argument("--start", choices=START_METHODS, default="forkserver",
+                    help="how local ranks start: forked from a server that imported torch once (default), or "
+                         "fresh interpreters (spawn: seconds of CPU per rank, as a launcher starts them)")
 
 
 def run_ranks(target: Callable[..., None], world_size: int, args: Tuple[Any, ...], timeout: float,

@@ -21,7 +21,7 @@ from typing import Any, Dict, List
 import torch
 import torch.distributed as dist
 
-from benchmarks.launch import run_ranks
+from benchmarks.launch import add_start_argument, run_ranks
 from benchmarks.machine import rss_mb
 
 BACKENDS = {"ringpg": ("ringpg", {}), "gloo": ("gloo", {}), "gloo-lazy": ("gloo", {"TORCH_GLOO_LAZY_INIT": "1"})}
@@ -68,9 +68,7 @@ def main() -> int:
     ap.add_argument("--world-sizes", default="8,16,32")
     ap.add_argument("--backends", default="ringpg,gloo,gloo-lazy")
     ap.add_argument("--timeout", type=float, default=300.0, help="per run, seconds")
-    ap.add_argument("--start", choices=("forkserver", "spawn"), default="forkserver",
-                    help="how ranks start: forked from a server that imported torch (default), or fresh "
-                         "interpreters (spawn: slower at many ranks, as a launcher starts them)")
+    add_start_argument(ap)
     args = ap.parse_args()
     print(f"# group creation on loopback: torch {torch.__version__}, {os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.2f}")

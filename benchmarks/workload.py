@@ -28,7 +28,7 @@ from typing import Any, Dict, List
 import torch
 import torch.distributed as dist
 
-from benchmarks.launch import run_ranks
+from benchmarks.launch import add_start_argument, run_ranks
 from benchmarks.machine import rss_mb
 
 OPS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast")
@@ -118,7 +118,7 @@ def _worker(rank: int, ws: int, port: int, backend: str, args: Any, q: Any) -> N
 
 def run(backend: str, args: Any) -> List[Dict[str, Any]]:
     timeout = args.seconds * len(args.ops) * 4 + args.rss_ops * 0.2 + 120
-    out = run_ranks(_worker, args.world_size, (backend, args), timeout)
+    out = run_ranks(_worker, args.world_size, (backend, args), timeout, args.start)
     return sorted(out, key=lambda r: r["rank"])
 
 
@@ -134,6 +134,7 @@ def main() -> int:
     ap.add_argument("--rss-ops", type=int, default=4000, help="ops of the memory phase (0: none)")
     ap.add_argument("--backends", default="ringpg,gloo")
     ap.add_argument("--seed", type=int, default=0)
+    add_start_argument(ap)
     args = ap.parse_args()
     args.ops = [o for o in args.ops.split(",") if o]
     os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
