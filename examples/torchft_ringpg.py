@@ -7,15 +7,16 @@ What it does: starts torchft's lighthouse (the quorum service, shipped in torchf
 compiled module) in this process, then three replica groups of one rank each, as
 processes.  Each trains the same small model on its own data; every step its
 gradients are averaged across the replicas by ``manager.allreduce``, which runs on a
-``ringpg.torchft.ProcessGroupRingpg``.  In step 5, once the step's quorum has formed,
-replica 2 SIGKILLs itself.  The survivors' allreduce fails at once (ringpg sees the closed connections), torchft
-discards that step (``should_commit`` is False), the lighthouse forms a new quorum
-without the dead replica, torchft calls ``configure()`` on the ringpg group with a
-new store prefix and world size 2, and training goes on.  A replacement replica 2 is
-started two seconds later; it joins the next quorum, fetches the current weights from
-a survivor (torchft's checkpoint transport, over HTTP) and trains with them.  At the
-end every replica prints its step, the replicas it trained with, and a checksum of its
-weights: they agree.
+``ringpg.torchft.ProcessGroupRingpg``.  In step 5 (or the first step after it whose
+quorum holds all three), once the step's quorum has formed, replica 2 SIGKILLs
+itself.  The survivors' allreduce fails at once (ringpg sees the closed
+connections), torchft discards that step (``should_commit`` is False), the lighthouse
+forms a new quorum without the dead replica (after 3 s of missed heartbeats), torchft
+calls ``configure()`` on the ringpg group with a new store prefix and world size 2,
+and training goes on.  A replacement replica 2 is started two seconds later; it joins
+the next quorum, fetches the current weights from a survivor (torchft's checkpoint
+transport, over HTTP) and trains with them.  At the end every replica prints its
+step, the replicas it trained with, and a checksum of its weights: they agree.
 
 Options: ``--steps N`` (default 15), ``--kill-at N`` (default 5), ``--no-restart``.
 """
@@ -28,10 +29,11 @@ import signal
 import sys
 import time
 from datetime import timedelta
+from typing import Any, Optional
 
 
 def replica(replica_id: int, lighthouse: str, steps: int, kill_at: int, final_replicas: int,
-            out: "mp.Queue") -> None:
+            out: "mp.Queue", start: "Optional[Any]" = None) -> None:
     import torch
     from torch import nn, optim
     from torch.distributed import TCPStore
@@ -60,13 +62,18 @@ def replica(replica_id: int, lighthouse: str, steps: int, kill_at: int, final_re
         rank=0,
         world_size=1,
         lighthouse_addr=lighthouse,
-        timeout=timedelta(seconds=5),
-        quorum_timeout=timedelta(seconds=30),
+        # Generous: a loaded 2-core machine (CI) can stall a step for seconds.  A dead
+        # replica is still noticed at once: ringpg fails the allreduce on the closed
+        # connections, whatever the timeout.
+        timeout=timedelta(seconds=30),
+        quorum_timeout=timedelta(seconds=120),
     )
     optimizer = OptimizerWrapper(manager, inner)
     gen = torch.Generator().manual_seed(100 + replica_id)  # each replica: its own data
     target = torch.randn(32, 1, generator=torch.Generator().manual_seed(1))
     last_n = 0
+    if start is not None:
+        start.wait(timeout=300)  # the first three replicas begin together, so all are in the first quorum
 
     # Every replica of a quorum sees the same step and participant count, so they all
     # stop at the same step: `steps` done, and (with a replacement) three replicas again.
@@ -75,10 +82,11 @@ def replica(replica_id: int, lighthouse: str, steps: int, kill_at: int, final_re
         optimizer.zero_grad()  # starts the quorum (reconfiguring the ringpg group if it changed)
         loss = nn.functional.mse_loss(model(x), x @ target)
         loss.backward()
-        if replica_id == 2 and kill_at >= 0 and manager.current_step() == kill_at:
-            manager.wait_quorum()  # this step's quorum includes us: the others' allreduce will fail
-            print(f"replica {replica_id}: killing myself in step {kill_at}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if replica_id == 2 and kill_at >= 0 and manager.current_step() >= kill_at:
+            manager.wait_quorum()
+            if manager.num_participants() == 3:  # in this step's quorum with both others: their allreduce fails
+                print(f"replica {replica_id}: killing myself in step {manager.current_step()}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
         for w in [manager.allreduce(p.grad) for p in model.parameters()]:  # averaged over replicas
             w.wait()
         committed = manager.should_commit()  # False after a failed allreduce: the step is redone
@@ -110,17 +118,19 @@ def main() -> int:
     # Quorums need two replicas; a dead replica leaves the quorum after missing
     # heartbeats for a second.
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=1000,
-                                  heartbeat_timeout_ms=1000)
+                                  heartbeat_timeout_ms=3000)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
 
-    def start(i: int, kill_at: int) -> mp.Process:
-        p = ctx.Process(target=replica, args=(i, lighthouse.address(), args.steps, kill_at, expect, out))
+    together = ctx.Barrier(3)
+
+    def start(i: int, kill_at: int, barrier: Optional[Any] = None) -> mp.Process:
+        p = ctx.Process(target=replica, args=(i, lighthouse.address(), args.steps, kill_at, expect, out, barrier))
         p.start()
         return p
 
     expect = 2 if args.no_restart or args.kill_at < 0 else 3  # replicas at the end
-    procs = [start(i, args.kill_at) for i in range(3)]
+    procs = [start(i, args.kill_at, together) for i in range(3)]
     if not args.no_restart and args.kill_at >= 0:
         procs[2].join(timeout=120)
         print(f"launcher: replica 2 exited ({procs[2].exitcode}); starting a replacement in 2 s", flush=True)

@@ -560,3 +560,35 @@ def test_torchft_conventions_with_ranks_as_threads(transport: str) -> None:
                 and "Timed out" in v["cause"]):
             bad.append(f"rank {r} frozen peer: {v}")
     assert not bad, "\n".join(bad)
+
+
+# --- torchft's Manager end to end (issue 31 item 5) -----------------------------------
+# examples/torchft_ringpg.py as a user runs it: torchft's lighthouse, three replica groups
+# of one rank, the ringpg group under torchft's Manager; replica 2 SIGKILLs itself inside a
+# step's quorum (the first from step 3 on that holds all three), the survivors discard
+# that step, reconfigure to two, and a replacement joins, heals from a survivor and trains
+# on.  Fewer steps than the example's default; its timeouts allow for a loaded machine.
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "torchft_ringpg.py")
+
+
+@pytest.mark.timeout(280)
+def test_manager_survives_a_killed_replica_and_all_end_with_equal_weights() -> None:
+    _torchft()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, EXAMPLE, "--steps", "8", "--kill-at", "3"], capture_output=True,
+                       text=True, timeout=240, env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, f"the example failed (exit {p.returncode}):\n{out[-4000:]}"
+    # The kill happened inside a step's quorum, and the survivors threw that step away.
+    assert re.search(r"replica 2: killing myself in step ([3-9]|\d\d)\b", out), out[-4000:]
+    assert "launcher: replica 2 exited (-9)" in out, out[-4000:]
+    discarded = [line for line in out.splitlines() if "DISCARDED" in line]
+    assert discarded, f"no survivor discarded the step of the kill:\n{out[-4000:]}"
+    # torchft's errored() is the ringpg failure, as torchft matches it.
+    assert any(re.search(TORCHFT_ERROR_RE + "|aborted", line) for line in discarded), discarded
+    # Three replicas (two survivors and the replacement) finished the same step with equal weights.
+    finished = re.findall(r"replica (\d): finished at step (\d+) with (\d) replicas, weights checksum (\S+)", out)
+    assert sorted(r for r, *_ in finished) == ["0", "1", "2"], out[-4000:]
+    assert len({step for _, step, _, _ in finished}) == 1 and all(n == "3" for _, _, n, _ in finished), finished
+    assert len({c for *_, c in finished}) == 1, f"weights differ: {finished}"
+    assert "all replicas agree" in out
