@@ -23,7 +23,7 @@ RINGPG_WITH_PLOTS=${RINGPG_WITH_PLOTS:-1} bash scripts/setup.sh
 # aarch64: the reduction kernels (baseline, NEON and SVE copies) cross-compiled, in
 # seconds (plus an apt-get install of the cross compiler where it is missing and this
 # runs as root; skipped, saying so, where it cannot be had).  The full cross-build and
-# emulated run take longer than CI can spare: `bash scripts/test_aarch64.sh` (README).
+# emulated run take longer than CI can spare: `bash scripts/test_aarch64.sh` (docs/support.md).
 # RINGPG_SKIP_AARCH64=1 skips it.
 if [ "${RINGPG_SKIP_AARCH64:-0}" != 1 ]; then
   bash scripts/test_aarch64.sh --compile-only-kernels

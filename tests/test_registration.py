@@ -142,7 +142,7 @@ def test_backend_returns_the_groups_ringbackend_and_none_for_others() -> None:
 
 def test_features_follow_the_torch_release() -> None:
     """ringpg.features(), compiled from csrc/common/torch_compat.h, agrees with the
-    releases that _features.FEATURES (README's feature table) names."""
+    releases that _features.FEATURES (docs/support.md's feature table) names."""
     running = _features.torch_release()
     assert ringpg.features() == {name: running >= f.since for name, f in _features.FEATURES.items()}
 

@@ -95,7 +95,7 @@ AUTO_SHM_SPIN_US = 100  # Config::kAutoShmSpinMicros
 
 
 def expected_spin_us(env: tuple[tuple[str, str], ...], transport: str, ws: int, rank: int) -> int:
-    """README's rule for RINGPG_SPIN_US: a set value everywhere; auto spins only on ranks
+    """The documented rule for RINGPG_SPIN_US (docs/configuration.md): a set value everywhere; auto spins only on ranks
     with a shared-memory link, and only when their host's ranks do not outnumber this
     process's CPUs."""
     given = dict(env).get("RINGPG_SPIN_US", os.environ.get("RINGPG_SPIN_US", "auto"))
@@ -226,7 +226,7 @@ def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world
 
 
 def expected_copy(env: tuple[tuple[str, str], ...], transport: str, ws: int) -> list[str]:
-    """README's rule for ``same_host_copy``: none on a rank without a shared-memory link;
+    """The documented rule for ``same_host_copy``: none on a rank without a shared-memory link;
     else single copy ("cma") unless RINGPG_CMA_BYTES=0 or the kernel refuses a read."""
     settings = dict(env)
     if transport in ("tcp", "gloo"):

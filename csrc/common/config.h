@@ -1,4 +1,4 @@
-// Tuning knobs, read once from RINGPG_* environment variables (documented in README).
+// Tuning knobs, read once from RINGPG_* environment variables (documented in docs/configuration.md).
 #pragma once
 
 #include <cstddef>

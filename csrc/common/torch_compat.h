@@ -5,7 +5,7 @@
 // release's headers (torch/include/torch/csrc/distributed/c10d/{Backend,Work,Types}.hpp).
 //
 // What a difference means for a user (a feature present or absent on their torch) is
-// in README.md's feature table and in ringpg.features() (python/ringpg/_features.py),
+// in docs/support.md's feature table and in ringpg.features() (python/ringpg/_features.py),
 // which reads the RINGPG_HAS_* values below through ringpg._C.torch_compat().
 #pragma once
 

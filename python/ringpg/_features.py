@@ -1,4 +1,4 @@
-"""What ringpg can do on the running torch: the feature table of README.md, in code.
+"""What ringpg can do on the running torch: the feature table of docs/support.md, in code.
 
 ringpg builds against every torch from 2.6 on; some of what it offers rides on c10d
 APIs that a torch release introduced (csrc/common/torch_compat.h says which).  On an
@@ -30,7 +30,7 @@ class Feature:
     before: str             # what ringpg does on an older torch
 
 
-# ringpg's features that depend on the torch it is built for (README: "Supported torch").
+# ringpg's features that depend on the torch it is built for (docs/support.md: "Torch releases").
 FEATURES: Dict[str, Feature] = {
     "abort_shutdown": Feature(
         (2, 7), "backend_abort_shutdown",
@@ -148,7 +148,7 @@ def missing_backend_attribute(obj: Any, attr: str) -> Any:
     since, note = known
     raise FeatureUnavailable(
         f"ringpg: RingBackend.{attr} is not available with torch {torch.__version__}: torch's c10d Backend "
-        f"has it from torch {_fmt(since)} on ({note}). See 'Supported torch' in ringpg's README."
+        f"has it from torch {_fmt(since)} on ({note}). See docs/support.md in ringpg's repository."
     )
 
 

@@ -79,7 +79,7 @@ def emulated_topology(layout: str, members: Sequence[int]) -> tuple[int, int, li
 
 
 def hierarchical_expected(layout: str, members: Sequence[int], algo: str = "auto") -> bool:
-    """Whether ringpg runs a group of ``members`` under ``layout`` hierarchically (README,
+    """Whether ringpg runs a group of ``members`` under ``layout`` hierarchically (docs/configuration.md,
     RINGPG_ALGO): ``auto`` where several hosts hold the same number (> 1) of its ranks,
     ``hier`` wherever they hold equal numbers, ``ring`` never."""
     hosts, per_host, _ = emulated_topology(layout, members)
@@ -160,7 +160,7 @@ ONESHOT_BYTES_DEFAULT = 262144  # README: RINGPG_ONESHOT_BYTES
 
 def oneshot_limit_bytes(world_size: int) -> int:
     """A size (bytes) every allreduce past which runs the ring, not the one-shot exchange:
-    ``RINGPG_ONESHOT_BYTES`` x (world size - 1), at or above README's limit (the knob
+    ``RINGPG_ONESHOT_BYTES`` x (world size - 1), at or above the documented limit (the knob
     divided by world size - 1, and in groups across hosts by the ranks a host holds too)."""
     per_peer = int(os.environ.get("RINGPG_ONESHOT_BYTES", ONESHOT_BYTES_DEFAULT))
     return per_peer * (world_size - 1)
