@@ -8,6 +8,7 @@ machines with and without a GPU.  The torch version it was compiled against is
 recorded in ``ringpg/_build_config.py`` and checked at import time, because
 c10d's Backend/Work layouts change between torch releases.
 """
+
 from __future__ import annotations
 
 import glob

@@ -7,6 +7,7 @@ transport and algorithm (:class:`Spec`).  The helpers on live groups
 (:func:`transport_of`, :func:`algorithm_of`, :func:`global_rank`) serve the tests as well
 as the benchmarks.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -74,8 +75,9 @@ def expand_specs(specs: Sequence[str], transports: Sequence[str] = (), algos: Se
     out: List[str] = []
     for spec in specs:
         sp = split_spec(spec)
-        ts: Sequence[Optional[str]] = transports if sp.name == "ringpg" and sp.transport is None and transports \
-            else [sp.transport]
+        ts: Sequence[Optional[str]] = (
+            transports if sp.name == "ringpg" and sp.transport is None and transports else [sp.transport]
+        )
         als: Sequence[Optional[str]] = algos if sp.name == "ringpg" and sp.algo is None and algos else [sp.algo]
         out += [sp._replace(transport=t, algo=a).text() for t in ts for a in als]
     return out
@@ -100,8 +102,9 @@ def backend_status(spec: str, device: str) -> Tuple[bool, str]:
     """(usable, description) for a ``--backends`` entry on this machine, without creating a group."""
     name, transport, algo = split_spec(spec)
     if (transport is not None or algo is not None) and name != "ringpg":
-        return False, (f"{spec!r}: only ringpg takes a transport or an algorithm "
-                       "(ringpg@tcp, ringpg/ring, ringpg@tcp/hier)")
+        return False, (
+            f"{spec!r}: only ringpg takes a transport or an algorithm (ringpg@tcp, ringpg/ring, ringpg@tcp/hier)"
+        )
     try:
         if name == "gloo":
             return dist.is_gloo_available(), "built into torch"

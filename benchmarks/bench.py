@@ -28,6 +28,7 @@ Rank 0 (the launcher when it starts the ranks itself) prints the machine facts f
 then the TCP ceiling probe, then one table per world size while it runs, with a
 progress line on stderr.  Results go to ``benchmarks/results/`` (CSV, JSON, PNG).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,8 @@ from benchmarks.backends import (  # noqa: E402
     ensure_registered,
     expand_specs,
     new_group_of,
-    split_spec,
     pick_baseline,
+    split_spec,
     transport_of,
     unique_labels,
 )
@@ -91,13 +92,13 @@ class WorkerConfig:
     """Everything a rank needs; JSON-serializable (netns ranks read it from a file)."""
 
     world_size: int
-    init_method: str                      # tcp://addr:port, or env:// under torchrun
+    init_method: str  # tcp://addr:port, or env:// under torchrun
     master_addr: str
     backends: List[str]
     labels: List[str]
     baseline: str
     device: str
-    cases: List[Tuple[str, str, int]]     # (op, dtype, numel)
+    cases: List[Tuple[str, str, int]]  # (op, dtype, numel)
     policy: Dict[str, Any]
     op_timeout_s: float
     probe: bool
@@ -175,8 +176,11 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
 
     # Table columns: a backend each, or with paired dtypes a backend:dtype each.
     pairs = cfg.pair_dtypes
-    columns = {f"{lb}:{dt}": (lb, dt) for lb in cfg.labels for dt in pairs} if pairs else \
-        {lb: (lb, None) for lb in cfg.labels}
+    columns = (
+        {f"{lb}:{dt}": (lb, dt) for lb in cfg.labels for dt in pairs}
+        if pairs
+        else {lb: (lb, None) for lb in cfg.labels}
+    )
     baseline = f"{cfg.baseline}:{pairs[0]}" if pairs else cfg.baseline
     col_groups = {col: groups[lb] for col, (lb, _) in columns.items()}
 
@@ -206,11 +210,21 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
             via = "".join(f" {label}:transport={t}" for label, t in transports.items())
             via += "".join(f" {label}:algo={a}" for label, a in algorithms.items())
             peers = f" peers={','.join(cfg.peers)}" if cfg.peers else ""
-            emit(f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)}{peers} "
-                   f"baseline={baseline} threads/rank={cfg.threads} batch={policy.batch} timing={timing}"
-                   f"{' fresh' if cfg.fresh else ''}{' pinned' if cfg.pin else ''}{via}", progress)
-            record({"kind": "transports", "world_size": ws, "transports": transports, "algorithms": algorithms,
-                    "timing": timing})
+            emit(
+                f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)}{peers} "
+                f"baseline={baseline} threads/rank={cfg.threads} batch={policy.batch} timing={timing}"
+                f"{' fresh' if cfg.fresh else ''}{' pinned' if cfg.pin else ''}{via}",
+                progress,
+            )
+            record(
+                {
+                    "kind": "transports",
+                    "world_size": ws,
+                    "transports": transports,
+                    "algorithms": algorithms,
+                    "timing": timing,
+                }
+            )
             emit(table.header(), progress)
         previous_op = None
         for i, (op, dtype, numel) in enumerate(cfg.cases):
@@ -218,8 +232,9 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
             if rank == 0:
                 if previous_op is not None and op != previous_op:
                     emit("#", progress)
-                progress.update(f"[{cfg.progress_offset + i + 1}/{cfg.progress_total or len(cfg.cases)}] "
-                                f"{case.describe()}")
+                progress.update(
+                    f"[{cfg.progress_offset + i + 1}/{cfg.progress_total or len(cfg.cases)}] {case.describe()}"
+                )
             previous_op = op
             if gate is not None:
                 gate.readline()  # "go": the peers of the case before (or of this one) are done
@@ -320,8 +335,14 @@ class _Rank:
             pass
 
 
-def supervise(ranks: List[_Rank], timeout_s: float, stall_s: float, events_path: str,
-              grace_s: float = 15.0, step: Optional[Callable[[], bool]] = None) -> Tuple[List[Optional[int]], str]:
+def supervise(
+    ranks: List[_Rank],
+    timeout_s: float,
+    stall_s: float,
+    events_path: str,
+    grace_s: float = 15.0,
+    step: Optional[Callable[[], bool]] = None,
+) -> Tuple[List[Optional[int]], str]:
     """Wait for all ranks; bounded.  When one fails, the others get ``grace_s`` to finish
     (they would otherwise sit in a collective until the group timeout) and are then
     ended; everyone is ended after ``timeout_s``, or when rank 0 has reported nothing
@@ -345,13 +366,16 @@ def supervise(ranks: List[_Rank], timeout_s: float, stall_s: float, events_path:
             if size != last_size:
                 last_size, last_change = size, now
             elif now - last_change > stall_s:
-                problem = (f"no progress for {stall_s:.0f} s (a collective hangs?); ranks ended "
-                           f"(raise --stall-timeout for very slow cases)")
+                problem = (
+                    f"no progress for {stall_s:.0f} s (a collective hangs?); ranks ended "
+                    f"(raise --stall-timeout for very slow cases)"
+                )
                 break
             if failed_at is None and any(c not in (None, 0, 1) for c in codes):
                 failed_at = now
-                problem = "a rank failed: " + ", ".join(f"rank {i} exit {c}" for i, c in enumerate(codes)
-                                                        if c not in (None, 0, 1))
+                problem = "a rank failed: " + ", ".join(
+                    f"rank {i} exit {c}" for i, c in enumerate(codes) if c not in (None, 0, 1)
+                )
             if now > deadline or (failed_at is not None and now > failed_at + grace_s):
                 if now > deadline:
                     problem = f"timed out after {timeout_s:.0f} s" + (f"; {problem}" if problem else "")
@@ -376,8 +400,9 @@ def _end_all(ranks: List[_Rank]) -> None:
         r.reap()
 
 
-def launch_local(cfg: WorkerConfig, method: str, timeout_s: float, stall_s: float,
-                 step: Optional[Callable[[], bool]] = None) -> Tuple[List[Optional[int]], str]:
+def launch_local(
+    cfg: WorkerConfig, method: str, timeout_s: float, stall_s: float, step: Optional[Callable[[], bool]] = None
+) -> Tuple[List[Optional[int]], str]:
     """Start ``cfg.world_size`` ranks as processes of this launcher (``method``:
     benchmarks.launch.rank_context) and supervise them."""
     ctx = rank_context(method)
@@ -393,13 +418,22 @@ def launch_local(cfg: WorkerConfig, method: str, timeout_s: float, stall_s: floa
     return supervise(ranks, timeout_s, stall_s, cfg.result_path, step=step)
 
 
-def launch_with_peers(cfg: WorkerConfig, args: argparse.Namespace, events: List[Dict[str, Any]],
-                      notes: set, tmpdir: str) -> Tuple[List[Optional[int]], str]:
+def launch_with_peers(
+    cfg: WorkerConfig, args: argparse.Namespace, events: List[Dict[str, Any]], notes: set, tmpdir: str
+) -> Tuple[List[Optional[int]], str]:
     """Start the MPI peers of ``--peers`` for this world size, then the ranks, taking turns
     with them case by case (:class:`benchmarks.peers.Conductor`); stop the peers after.
     A peer that is missing or does not start is left out with its reason, printed once."""
-    jobs, skipped = start_peers(args.peers, Path(args.peers_dir), cfg.world_size, cfg.cases, cfg.policy,
-                                args.fresh, args.pin == "core", Path(tmpdir))
+    jobs, skipped = start_peers(
+        args.peers,
+        Path(args.peers_dir),
+        cfg.world_size,
+        cfg.cases,
+        cfg.policy,
+        args.fresh,
+        args.pin == "core",
+        Path(tmpdir),
+    )
     conductor: Optional[Conductor] = None
     try:
         for name, why in skipped.items():
@@ -412,8 +446,14 @@ def launch_with_peers(cfg: WorkerConfig, args: argparse.Namespace, events: List[
         events.append({"kind": "peers", "world_size": cfg.world_size, "peers": summary(jobs, skipped)})
         if not jobs:
             return launch_local(cfg, args.start, args.timeout, args.stall_timeout)
-        conductor = Conductor(jobs, cfg.cases, Path(tmpdir) / f"gate-ws{cfg.world_size}", cfg.world_size,
-                              cfg.result_path, args.peer_timeout)
+        conductor = Conductor(
+            jobs,
+            cfg.cases,
+            Path(tmpdir) / f"gate-ws{cfg.world_size}",
+            cfg.world_size,
+            cfg.result_path,
+            args.peer_timeout,
+        )
         cfg.peers = [job.peer.name for job in jobs]
         cfg.gate_dir = str(conductor.gate_dir)
         return launch_local(cfg, args.start, args.timeout, args.stall_timeout, step=conductor.step)
@@ -424,8 +464,9 @@ def launch_with_peers(cfg: WorkerConfig, args: argparse.Namespace, events: List[
             conductor.close()
 
 
-def launch_netns(cfg: WorkerConfig, cluster: netns.EmulatedCluster, timeout_s: float, stall_s: float,
-                 tmpdir: str) -> Tuple[List[Optional[int]], str]:
+def launch_netns(
+    cfg: WorkerConfig, cluster: netns.EmulatedCluster, timeout_s: float, stall_s: float, tmpdir: str
+) -> Tuple[List[Optional[int]], str]:
     """Start one rank per namespace with ``ip netns exec NS python -m benchmarks.bench``."""
     import subprocess
 
@@ -438,8 +479,15 @@ def launch_netns(cfg: WorkerConfig, cluster: netns.EmulatedCluster, timeout_s: f
             env = dict(os.environ)
             env.update(cluster.env(r))
             env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
-            cmd = cluster.exec_prefix(r) + [sys.executable, "-m", "benchmarks.bench",
-                                            "--_worker", cfg_path, "--_rank", str(r)]
+            cmd = cluster.exec_prefix(r) + [
+                sys.executable,
+                "-m",
+                "benchmarks.bench",
+                "--_worker",
+                cfg_path,
+                "--_rank",
+                str(r),
+            ]
             ranks.append(_Rank(subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env)))
     except BaseException:
         _end_all(ranks)
@@ -479,8 +527,9 @@ def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
         w.writerows(rows)
 
 
-def write_plot(rows: List[Dict[str, Any]], path: Path, probe: Optional[Dict[str, float]],
-               link_GBps: Optional[float], title: str) -> Optional[str]:
+def write_plot(
+    rows: List[Dict[str, Any]], path: Path, probe: Optional[Dict[str, float]], link_GBps: Optional[float], title: str
+) -> Optional[str]:
     """busbw vs size (log x), one subplot per op (a row per dtype), one line per backend
     and world size.  Returns an explanation instead when matplotlib is missing."""
     try:
@@ -502,7 +551,7 @@ def write_plot(rows: List[Dict[str, Any]], path: Path, probe: Optional[Dict[str,
     nrows = -(-len(panels) // ncols)
     fig, axes_grid = plt.subplots(nrows, ncols, figsize=(5.0 * ncols, 3.6 * nrows), squeeze=False)
     axes = [ax for row in axes_grid for ax in row]
-    for ax in axes[len(panels):]:
+    for ax in axes[len(panels) :]:
         ax.set_visible(False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ["-", "--", ":", "-."]
@@ -511,16 +560,28 @@ def write_plot(rows: List[Dict[str, Any]], path: Path, probe: Optional[Dict[str,
         ax = axes[k]
         for wi, ws in enumerate(sizes_ws):
             for bi, be in enumerate(backends):
-                pts = sorted((r["size_bytes"], r["busbw_GBps"]) for r in rows
-                             if r["op"] == op and r["dtype"] == dt and r["world_size"] == ws
-                             and r["backend"] == be and r["busbw_GBps"] and r["size_bytes"] > 0)
+                pts = sorted(
+                    (r["size_bytes"], r["busbw_GBps"])
+                    for r in rows
+                    if r["op"] == op
+                    and r["dtype"] == dt
+                    and r["world_size"] == ws
+                    and r["backend"] == be
+                    and r["busbw_GBps"]
+                    and r["size_bytes"] > 0
+                )
                 if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors[wi % len(colors)],
-                            linestyle=styles[bi % len(styles)], marker=markers[bi % len(markers)],
-                            markersize=3, label=f"{be} n={ws}")
+                    ax.plot(
+                        [p[0] for p in pts],
+                        [p[1] for p in pts],
+                        color=colors[wi % len(colors)],
+                        linestyle=styles[bi % len(styles)],
+                        marker=markers[bi % len(markers)],
+                        markersize=3,
+                        label=f"{be} n={ws}",
+                    )
         if probe:
-            ax.axhline(probe["one_direction_GBps"], color="gray", linestyle=":", linewidth=1,
-                       label="TCP one direction")
+            ax.axhline(probe["one_direction_GBps"], color="gray", linestyle=":", linewidth=1, label="TCP one direction")
         if link_GBps:
             ax.axhline(link_GBps, color="red", linestyle=":", linewidth=1, label="link rate")
         ax.set_xscale("log", base=2)
@@ -541,8 +602,13 @@ def write_plot(rows: List[Dict[str, Any]], path: Path, probe: Optional[Dict[str,
     return None
 
 
-def finalize(args: argparse.Namespace, facts: Dict[str, str], events: List[Dict[str, Any]],
-             link_GBps: Optional[float], launch_problems: List[str]) -> int:
+def finalize(
+    args: argparse.Namespace,
+    facts: Dict[str, str],
+    events: List[Dict[str, Any]],
+    link_GBps: Optional[float],
+    launch_problems: List[str],
+) -> int:
     """Write CSV/JSON/PNG, print the summary; return the exit status (the MPI peers'
     wrong elements and failures are reported, but they are not ringpg's: no failure)."""
     rows = [row for e in events if e.get("kind") == "case" for row in e["rows"]]
@@ -569,36 +635,57 @@ def finalize(args: argparse.Namespace, facts: Dict[str, str], events: List[Dict[
     if paths["json"]:
         paths["json"].parent.mkdir(parents=True, exist_ok=True)
         with open(paths["json"], "w") as f:
-            json.dump({"machine": facts, "argv": sys.argv, "probe": probe, "link_GBps": link_GBps,
-                       "world_sizes_completed": sorted(done), "timing": timing, "transports": transports,
-                       "algorithms": algorithms, "fresh": args.fresh, "peers": peers,
-                       "problems": launch_problems,
-                       "results": rows}, f, indent=1)
+            json.dump(
+                {
+                    "machine": facts,
+                    "argv": sys.argv,
+                    "probe": probe,
+                    "link_GBps": link_GBps,
+                    "world_sizes_completed": sorted(done),
+                    "timing": timing,
+                    "transports": transports,
+                    "algorithms": algorithms,
+                    "fresh": args.fresh,
+                    "peers": peers,
+                    "problems": launch_problems,
+                    "results": rows,
+                },
+                f,
+                indent=1,
+            )
         print(f"# json: {paths['json']}")
     if paths["csv"]:
         write_csv(rows, paths["csv"])
         print(f"# csv:  {paths['csv']}")
     if paths["plot"]:
-        why = write_plot(rows, paths["plot"], probe, link_GBps,
-                         f"busbw vs size - {facts.get('cpu', '')}, torch {torch.__version__}")
+        why = write_plot(
+            rows, paths["plot"], probe, link_GBps, f"busbw vs size - {facts.get('cpu', '')}, torch {torch.__version__}"
+        )
         print(f"# {why}" if why else f"# plot: {paths['plot']}")
-    n_cases = len({(r['world_size'], r['op'], r['dtype'], r['count']) for r in rows})
-    print(f"# {n_cases} cases, {len(wrong)} results with wrong elements, {len(errors)} failed ops, "
-          f"{len(launch_problems)} launch problems")
+    n_cases = len({(r["world_size"], r["op"], r["dtype"], r["count"]) for r in rows})
+    print(
+        f"# {n_cases} cases, {len(wrong)} results with wrong elements, {len(errors)} failed ops, "
+        f"{len(launch_problems)} launch problems"
+    )
     for r in wrong[:20]:
-        print(f"#   WRONG {r['backend']}: {r['op']} {r['dtype']} count={r['count']} ws={r['world_size']}: "
-              f"{r['wrong']} wrong elements")
+        print(
+            f"#   WRONG {r['backend']}: {r['op']} {r['dtype']} count={r['count']} ws={r['world_size']}: "
+            f"{r['wrong']} wrong elements"
+        )
     for r in errors[:20]:
-        print(f"#   ERROR {r['backend']}: {r['op']} {r['dtype']} count={r['count']} ws={r['world_size']}: "
-              f"{r['error']}")
+        print(f"#   ERROR {r['backend']}: {r['op']} {r['dtype']} count={r['count']} ws={r['world_size']}: {r['error']}")
     for p in launch_problems:
         print(f"#   LAUNCH {p}")
     if peers:
-        print(f"# MPI peers: {len(peer_wrong)} results with wrong elements, {len(peer_errors)} failed ops "
-              "(reported, not counted as failures)")
+        print(
+            f"# MPI peers: {len(peer_wrong)} results with wrong elements, {len(peer_errors)} failed ops "
+            "(reported, not counted as failures)"
+        )
         for r in (peer_wrong + peer_errors)[:20]:
-            print(f"#   PEER {r['backend']}: {r['op']} {r['dtype']} count={r['count']} ws={r['world_size']}: "
-                  + (f"{r['wrong']} wrong elements" if r["wrong"] else str(r["error"])))
+            print(
+                f"#   PEER {r['backend']}: {r['op']} {r['dtype']} count={r['count']} ws={r['world_size']}: "
+                + (f"{r['wrong']} wrong elements" if r["wrong"] else str(r["error"]))
+            )
     ok = not wrong and not errors and not launch_problems
     if args.check:
         print("# check: " + ("PASSED" if ok else "FAILED"))
@@ -616,79 +703,140 @@ def _csv_list(text: str) -> List[str]:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench", description=__doc__.split("\n\n")[0],
+        prog="python -m benchmarks.bench",
+        description=__doc__.split("\n\n")[0],
         epilog="Columns: size(B) count(elements) type op redop, then per backend time(us) algbw(GB/s) "
-               "busbw(GB/s) #wrong [%%link %%probe], then baseline-time/backend-time per non-baseline backend.",
+        "busbw(GB/s) #wrong [%%link %%probe], then baseline-time/backend-time per non-baseline backend.",
     )
     g = ap.add_argument_group("what to measure")
-    g.add_argument("--backends", default="ringpg,gloo",
-                   help="comma list of backends measured side by side (default ringpg,gloo; nccl is added "
-                        "with --device cuda where there is a GPU per rank). Use gloo,gloo to validate the tool without ringpg; "
-                        "ringpg[@transport][/algo] pins ringpg's transport (ringpg.use_transport) and "
-                        "algorithm (ringpg.use_algorithm) per column: ringpg@gloo, ringpg/ring, ringpg@tcp/hier")
-    g.add_argument("--transports", default=None, metavar="LIST",
-                   help="the transport axis: each 'ringpg' of --backends becomes one column per transport "
-                        "(e.g. --transports tcp,gloo: ringpg@tcp,ringpg@gloo; auto, shm, tcp, gloo)")
-    g.add_argument("--algos", default=None, metavar="LIST",
-                   help="the algorithm axis: each ringpg column naming no algorithm becomes one column per "
-                        "algorithm (e.g. --algos hier,ring: ringpg/hier,ringpg/ring; auto, ring, hier)")
+    g.add_argument(
+        "--backends",
+        default="ringpg,gloo",
+        help="comma list of backends measured side by side (default ringpg,gloo; nccl is added "
+        "with --device cuda where there is a GPU per rank). Use gloo,gloo to validate the tool without ringpg; "
+        "ringpg[@transport][/algo] pins ringpg's transport (ringpg.use_transport) and "
+        "algorithm (ringpg.use_algorithm) per column: ringpg@gloo, ringpg/ring, ringpg@tcp/hier",
+    )
+    g.add_argument(
+        "--transports",
+        default=None,
+        metavar="LIST",
+        help="the transport axis: each 'ringpg' of --backends becomes one column per transport "
+        "(e.g. --transports tcp,gloo: ringpg@tcp,ringpg@gloo; auto, shm, tcp, gloo)",
+    )
+    g.add_argument(
+        "--algos",
+        default=None,
+        metavar="LIST",
+        help="the algorithm axis: each ringpg column naming no algorithm becomes one column per "
+        "algorithm (e.g. --algos hier,ring: ringpg/hier,ringpg/ring; auto, ring, hier)",
+    )
     g.add_argument("--baseline", default="gloo", help="label the ratio column divides by (default gloo)")
     g.add_argument("--ops", default=",".join(OPS), help="comma list (aliases ar,rs,ag,bc,a2a)")
     g.add_argument("--dtypes", default="float32,bfloat16")
-    g.add_argument("--pair-dtypes", action="store_true",
-                   help="measure the dtypes side by side in each case (alternating, same size in bytes) "
-                        "instead of one sweep after another; columns become backend:dtype and the ratio is "
-                        "against the baseline backend's first dtype (e.g. --backends ringpg --dtypes "
-                        "float32,bfloat16: bf16 busbw / fp32 busbw)")
+    g.add_argument(
+        "--pair-dtypes",
+        action="store_true",
+        help="measure the dtypes side by side in each case (alternating, same size in bytes) "
+        "instead of one sweep after another; columns become backend:dtype and the ratio is "
+        "against the baseline backend's first dtype (e.g. --backends ringpg --dtypes "
+        "float32,bfloat16: bf16 busbw / fp32 busbw)",
+    )
     g.add_argument("--world-sizes", default=None, help="comma list (default 2,3,4,8; --check: 2,3)")
     g.add_argument("--min-bytes", default="1KiB")
     g.add_argument("--max-bytes", default="256MiB")
     g.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    g.add_argument("--untraced", default="",
-                   help="comma list of ringpg labels whose tracing is switched off, to measure RINGPG_TRACE's cost "
-                        "in the same processes: RINGPG_TRACE=/tmp/t ... --backends ringpg,ringpg --untraced "
-                        "'ringpg#2' --baseline 'ringpg#2' (ratio = untraced time / traced time)")
-    g.add_argument("--fresh", action="store_true",
-                   help="new input and output tensors for every op, as user code makes them: the input before "
-                        "the barrier (untimed), the output (torch.empty; np.empty for MPI peers) inside the timed "
-                        "region, right before the op")
-    g.add_argument("--pin", choices=["none", "core"], default="none",
-                   help="none (default): no rank of any backend or peer is bound to a CPU; core: every rank of "
-                        "the bench and of each MPI peer is bound to one CPU, round robin")
-    g.add_argument("--check", action="store_true",
-                   help="correctness only: 1 KiB..64 KiB plus odd counts, few iterations, exit 1 on any "
-                        "wrong element (what CI runs)")
+    g.add_argument(
+        "--untraced",
+        default="",
+        help="comma list of ringpg labels whose tracing is switched off, to measure RINGPG_TRACE's cost "
+        "in the same processes: RINGPG_TRACE=/tmp/t ... --backends ringpg,ringpg --untraced "
+        "'ringpg#2' --baseline 'ringpg#2' (ratio = untraced time / traced time)",
+    )
+    g.add_argument(
+        "--fresh",
+        action="store_true",
+        help="new input and output tensors for every op, as user code makes them: the input before "
+        "the barrier (untimed), the output (torch.empty; np.empty for MPI peers) inside the timed "
+        "region, right before the op",
+    )
+    g.add_argument(
+        "--pin",
+        choices=["none", "core"],
+        default="none",
+        help="none (default): no rank of any backend or peer is bound to a CPU; core: every rank of "
+        "the bench and of each MPI peer is bound to one CPU, round robin",
+    )
+    g.add_argument(
+        "--check",
+        action="store_true",
+        help="correctness only: 1 KiB..64 KiB plus odd counts, few iterations, exit 1 on any "
+        "wrong element (what CI runs)",
+    )
     g = ap.add_argument_group("iterations")
     g.add_argument("--warmup", type=int, default=None, help="warm-up rounds per case (default 2; --check 1)")
     g.add_argument("--iters-min", type=int, default=None, help="default 3 (--check: 2)")
     g.add_argument("--iters-max", type=int, default=None, help="default 100 (--check: 2)")
     g.add_argument("--case-time", type=float, default=0.75, help="target seconds of timed rounds per case")
-    g.add_argument("--batch", type=int, default=1,
-                   help="ops per timed iteration (default 1: each op after a barrier of its backend; N > 1: "
-                        "N ops back to back, time = total / N, the nccl-tests loop); outputs are checked in "
-                        "untimed rounds either way")
+    g.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="ops per timed iteration (default 1: each op after a barrier of its backend; N > 1: "
+        "N ops back to back, time = total / N, the nccl-tests loop); outputs are checked in "
+        "untimed rounds either way",
+    )
     g = ap.add_argument_group("MPI peers")
-    g.add_argument("--peers", default="", help="comma list of MPI peers (venvs DIR/NAME made by "
-                   "scripts/install_peers.sh: mpich, ompi, impi) measured between the cases; a missing one is "
-                   "skipped with its reason; adds their columns and each backend's ratio to the best peer")
-    g.add_argument("--peers-dir", default=None,
-                   help="where the peers' venvs are (default $RINGPG_PEERS_DIR, else ~/.cache/ringpg-peers)")
-    g.add_argument("--peer-timeout", type=float, default=300.0,
-                   help="seconds a peer may take for one case before it is ended and dropped (default 300)")
+    g.add_argument(
+        "--peers",
+        default="",
+        help="comma list of MPI peers (venvs DIR/NAME made by "
+        "scripts/install_peers.sh: mpich, ompi, impi) measured between the cases; a missing one is "
+        "skipped with its reason; adds their columns and each backend's ratio to the best peer",
+    )
+    g.add_argument(
+        "--peers-dir",
+        default=None,
+        help="where the peers' venvs are (default $RINGPG_PEERS_DIR, else ~/.cache/ringpg-peers)",
+    )
+    g.add_argument(
+        "--peer-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a peer may take for one case before it is ended and dropped (default 300)",
+    )
     g = ap.add_argument_group("ceiling and network")
-    g.add_argument("--probe", dest="probe", action="store_true", default=None,
-                   help="raw TCP throughput probe between rank 0 and 1 (default: on, off with --check)")
+    g.add_argument(
+        "--probe",
+        dest="probe",
+        action="store_true",
+        default=None,
+        help="raw TCP throughput probe between rank 0 and 1 (default: on, off with --check)",
+    )
     g.add_argument("--no-probe", dest="probe", action="store_false")
     g.add_argument("--probe-seconds", type=float, default=1.0)
-    g.add_argument("--emulate", metavar="RATE", default=None,
-                   help="emulated cluster: each rank in its own network namespace, links shaped to RATE "
-                        "(tc notation: 1gbit, 100mbit, 10gbit). Needs root and iproute2; skipped otherwise")
-    g.add_argument("--hosts", type=int, default=None, metavar="H",
-                   help="with --emulate: H emulated hosts (network namespaces), rank r on host r %% H, the "
-                        "ranks of a host sharing its link and its memory (default: one host per rank)")
-    g.add_argument("--mtu", type=int, default=1500,
-                   help="MTU of the emulated links (default 1500: TCP goodput <= 95.6%% of the rate; "
-                        "9000, jumbo frames: <= 99.3%%)")
+    g.add_argument(
+        "--emulate",
+        metavar="RATE",
+        default=None,
+        help="emulated cluster: each rank in its own network namespace, links shaped to RATE "
+        "(tc notation: 1gbit, 100mbit, 10gbit). Needs root and iproute2; skipped otherwise",
+    )
+    g.add_argument(
+        "--hosts",
+        type=int,
+        default=None,
+        metavar="H",
+        help="with --emulate: H emulated hosts (network namespaces), rank r on host r %% H, the "
+        "ranks of a host sharing its link and its memory (default: one host per rank)",
+    )
+    g.add_argument(
+        "--mtu",
+        type=int,
+        default=1500,
+        help="MTU of the emulated links (default 1500: TCP goodput <= 95.6%% of the rate; "
+        "9000, jumbo frames: <= 99.3%%)",
+    )
     g = ap.add_argument_group("output")
     g.add_argument("--csv", default=None, help="CSV path (default benchmarks/results/bench-<time>.csv)")
     g.add_argument("--json", default=None, help="JSON path (default benchmarks/results/bench-<time>.json)")
@@ -698,12 +846,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g.add_argument("--quiet", action="store_true", help="no progress line on stderr")
     g = ap.add_argument_group("limits")
     add_start_argument(g)
-    g.add_argument("--timeout", type=float, default=None,
-                   help="seconds per world size before all ranks are ended (default 3 h; --check 300)")
-    g.add_argument("--stall-timeout", type=float, default=None,
-                   help="end the ranks when no case finished for this many seconds (default 900; --check 120)")
-    g.add_argument("--op-timeout", type=float, default=None,
-                   help="process-group timeout in seconds (default 300; --check 60)")
+    g.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per world size before all ranks are ended (default 3 h; --check 300)",
+    )
+    g.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=None,
+        help="end the ranks when no case finished for this many seconds (default 900; --check 120)",
+    )
+    g.add_argument(
+        "--op-timeout", type=float, default=None, help="process-group timeout in seconds (default 300; --check 60)"
+    )
     g.add_argument("--threads", type=int, default=None, help="torch intra-op threads per rank (default cores/ws)")
     ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -727,8 +884,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         ap.error("--pair-dtypes needs two or more --dtypes, and no --check")
     if args.batch < 1 or (args.check and args.batch != 1):
         ap.error("--batch must be >= 1, and 1 with --check (every op is verified)")
-    args.backends = expand_specs(_csv_list(args.backends), _csv_list(args.transports or ""),
-                                 _csv_list(args.algos or ""))
+    args.backends = expand_specs(
+        _csv_list(args.backends), _csv_list(args.transports or ""), _csv_list(args.algos or "")
+    )
     if args.device == "cuda":
         if not torch.cuda.is_available():
             ap.error("--device cuda but torch.cuda.is_available() is False")
@@ -748,8 +906,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             ap.error("--peers runs MPI peers on this host's CPUs: not with --emulate, --device cuda or --pair-dtypes")
         clash = [p for p in args.peers if p in labels or not p.replace("-", "").replace("_", "").isalnum()]
         if clash:
-            ap.error(f"--peers: {', '.join(clash)}: a peer's name must be a plain name unlike any backend label "
-                     f"({','.join(labels)})")
+            ap.error(
+                f"--peers: {', '.join(clash)}: a peer's name must be a plain name unlike any backend label "
+                f"({','.join(labels)})"
+            )
     for lb in args.untraced:
         if lb not in labels or not lb.startswith("ringpg"):
             ap.error(f"--untraced {lb!r} is not a ringpg label of --backends (labels: {','.join(labels)})")
@@ -780,8 +940,10 @@ def build_cases(args: argparse.Namespace, ws: int) -> Tuple[List[Case], Optional
         limit = int(avail * 0.75) // (MEMORY_FACTOR * ws)
         kept = [c for c in cases if c.size_bytes <= limit]
         if len(kept) < len(cases):
-            return kept, (f"ws={ws}: skipped sizes above {format_bytes(limit)} "
-                          f"(~{MEMORY_FACTOR}x size per rank would exceed 75% of available memory)")
+            return kept, (
+                f"ws={ws}: skipped sizes above {format_bytes(limit)} "
+                f"(~{MEMORY_FACTOR}x size per rank would exceed 75% of available memory)"
+            )
     return cases, None
 
 
@@ -796,23 +958,51 @@ def _mem_available() -> Optional[int]:
     return None
 
 
-def _config(args: argparse.Namespace, ws: int, cases: List[Case], init_method: str, master_addr: str,
-            result_path: str, probe: bool, probe_path: str, link_GBps: Optional[float],
-            offset: int, total: int, extra_env: Dict[str, str]) -> WorkerConfig:
+def _config(
+    args: argparse.Namespace,
+    ws: int,
+    cases: List[Case],
+    init_method: str,
+    master_addr: str,
+    result_path: str,
+    probe: bool,
+    probe_path: str,
+    link_GBps: Optional[float],
+    offset: int,
+    total: int,
+    extra_env: Dict[str, str],
+) -> WorkerConfig:
     labels = unique_labels(args.backends)
     return WorkerConfig(
-        world_size=ws, init_method=init_method, master_addr=master_addr, backends=list(args.backends),
-        labels=labels, baseline=pick_baseline(labels, args.baseline), device=args.device,
+        world_size=ws,
+        init_method=init_method,
+        master_addr=master_addr,
+        backends=list(args.backends),
+        labels=labels,
+        baseline=pick_baseline(labels, args.baseline),
+        device=args.device,
         cases=[(c.op, c.dtype, c.numel) for c in cases],
-        policy=asdict(IterationPolicy(args.warmup, args.iters_min, args.iters_max, args.case_time, args.batch,
-                                     verify_timed=args.check)),
-        op_timeout_s=args.op_timeout, probe=probe, probe_seconds=args.probe_seconds, probe_path=probe_path,
-        link_GBps=link_GBps, result_path=result_path,
-        threads=args.threads or default_threads(ws), progress=not args.quiet,
-        progress_offset=offset, progress_total=total, extra_env=extra_env,
+        policy=asdict(
+            IterationPolicy(
+                args.warmup, args.iters_min, args.iters_max, args.case_time, args.batch, verify_timed=args.check
+            )
+        ),
+        op_timeout_s=args.op_timeout,
+        probe=probe,
+        probe_seconds=args.probe_seconds,
+        probe_path=probe_path,
+        link_GBps=link_GBps,
+        result_path=result_path,
+        threads=args.threads or default_threads(ws),
+        progress=not args.quiet,
+        progress_offset=offset,
+        progress_total=total,
+        extra_env=extra_env,
         launcher_pid=None if torchrun_env() else os.getpid(),
         pair_dtypes=list(args.dtypes) if args.pair_dtypes else [],
-        untraced=list(args.untraced), fresh=args.fresh, pin=args.pin == "core",
+        untraced=list(args.untraced),
+        fresh=args.fresh,
+        pin=args.pin == "core",
     )
 
 
@@ -823,8 +1013,14 @@ def check_backends(args: argparse.Namespace) -> Tuple[Dict[str, str], Optional[s
         ok, desc = backend_status(name, args.device)
         info[name] = desc if ok else f"UNAVAILABLE ({desc})"
         if not ok:
-            hint = (" -- build it with `pip install --no-build-isolation -e .`, or validate the tool "
-                    "with --backends gloo,gloo") if split_spec(name)[0] == "ringpg" else ""
+            hint = (
+                (
+                    " -- build it with `pip install --no-build-isolation -e .`, or validate the tool "
+                    "with --backends gloo,gloo"
+                )
+                if split_spec(name)[0] == "ringpg"
+                else ""
+            )
             return info, f"backend {name!r} is not usable: {desc}{hint}"
     return info, None
 
@@ -896,8 +1092,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             else:
                 addr, port = "127.0.0.1", free_port()
                 path = "loopback"
-            cfg = _config(args, ws, cases, f"tcp://{addr}:{port}", addr, result_path, probe_pending, path,
-                          link_GBps, offset, total, {})
+            cfg = _config(
+                args,
+                ws,
+                cases,
+                f"tcp://{addr}:{port}",
+                addr,
+                result_path,
+                probe_pending,
+                path,
+                link_GBps,
+                offset,
+                total,
+                {},
+            )
             cfg.ceiling_GBps = ceiling
             if cluster is not None:
                 codes, problem = launch_netns(cfg, cluster, args.timeout, args.stall_timeout, tmpdir)
@@ -939,6 +1147,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _interrupt_on_signals() -> None:
     """SIGTERM/SIGHUP behave like Ctrl-C in the launcher: ranks are ended, the emulated
     network is torn down, and the results measured so far are still written."""
+
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -954,8 +1163,9 @@ def main_torchrun(args: argparse.Namespace, rank: int, ws: int) -> int:
     args.peers = []
     if rank == 0:
         info, problem = check_backends(args)
-        facts = machine_facts(info, args.device, {"network": f"torchrun env:// (MASTER_ADDR="
-                                                               f"{os.environ.get('MASTER_ADDR', '?')})"})
+        facts = machine_facts(
+            info, args.device, {"network": f"torchrun env:// (MASTER_ADDR={os.environ.get('MASTER_ADDR', '?')})"}
+        )
         print(format_facts(facts), flush=True)
         if problem:
             print(f"# ERROR: {problem}", flush=True)
@@ -964,8 +1174,20 @@ def main_torchrun(args: argparse.Namespace, rank: int, ws: int) -> int:
         print(f"# note: {note}")
     fd, result_path = tempfile.mkstemp(prefix="ringpg-bench-", suffix=".jsonl")
     os.close(fd)
-    cfg = _config(args, ws, cases, "env://", os.environ.get("MASTER_ADDR", "127.0.0.1"), result_path,
-                  args.probe, "torchrun rendezvous address", None, 0, len(cases), {})
+    cfg = _config(
+        args,
+        ws,
+        cases,
+        "env://",
+        os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        result_path,
+        args.probe,
+        "torchrun rendezvous address",
+        None,
+        0,
+        len(cases),
+        {},
+    )
     try:
         status = run_worker(cfg, rank)
         if rank != 0:

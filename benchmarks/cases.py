@@ -8,6 +8,7 @@
   the nccl-tests factors (allreduce 2(n-1)/n; reduce_scatter, all_gather, all_to_all
   (n-1)/n; broadcast 1).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,13 +35,19 @@ OPS: Tuple[str, ...] = (
 
 #: Short aliases accepted on the command line.
 OP_ALIASES: Dict[str, str] = {
-    "ar": "all_reduce", "allreduce": "all_reduce",
-    "rs": "reduce_scatter_tensor", "reduce_scatter": "reduce_scatter_tensor",
+    "ar": "all_reduce",
+    "allreduce": "all_reduce",
+    "rs": "reduce_scatter_tensor",
+    "reduce_scatter": "reduce_scatter_tensor",
     "reducescatter": "reduce_scatter_tensor",
-    "ag": "all_gather_into_tensor", "all_gather": "all_gather_into_tensor",
+    "ag": "all_gather_into_tensor",
+    "all_gather": "all_gather_into_tensor",
     "allgather": "all_gather_into_tensor",
-    "bc": "broadcast", "bcast": "broadcast",
-    "a2a": "all_to_all_single", "all_to_all": "all_to_all_single", "alltoall": "all_to_all_single",
+    "bc": "broadcast",
+    "bcast": "broadcast",
+    "a2a": "all_to_all_single",
+    "all_to_all": "all_to_all_single",
+    "alltoall": "all_to_all_single",
 }
 
 #: Reduction op column (nccl-tests prints "none" for non-reducing collectives).
@@ -60,10 +67,18 @@ DTYPES: Dict[str, torch.dtype] = {
 }
 
 DTYPE_ALIASES: Dict[str, str] = {
-    "f32": "float32", "float": "float32", "fp32": "float32",
-    "bf16": "bfloat16", "f16": "float16", "fp16": "float16", "half": "float16",
-    "f64": "float64", "double": "float64", "fp64": "float64",
+    "f32": "float32",
+    "float": "float32",
+    "fp32": "float32",
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "f64": "float64",
+    "double": "float64",
+    "fp64": "float64",
 }
+
 
 def dtype_itemsize(dtype: str) -> int:
     """Bytes per element of the dtype named ``dtype`` (a key of :data:`DTYPES`)."""
@@ -137,8 +152,9 @@ def bus_factor(op: str, world_size: int) -> float:
     raise ValueError(op)
 
 
-def sweep_cases(ops: Sequence[str], dtypes: Sequence[str], world_size: int,
-                min_bytes: int, max_bytes: int) -> List[Case]:
+def sweep_cases(
+    ops: Sequence[str], dtypes: Sequence[str], world_size: int, min_bytes: int, max_bytes: int
+) -> List[Case]:
     """Power-of-two sizes from ``min_bytes`` to ``max_bytes`` for every op and dtype.
 
     For the chunked ops the element count is rounded down to a multiple of the world size
@@ -164,8 +180,7 @@ def sweep_cases(ops: Sequence[str], dtypes: Sequence[str], world_size: int,
     return cases
 
 
-def check_cases(ops: Sequence[str], dtypes: Sequence[str], world_size: int,
-                max_bytes: int = 64 << 10) -> List[Case]:
+def check_cases(ops: Sequence[str], dtypes: Sequence[str], world_size: int, max_bytes: int = 64 << 10) -> List[Case]:
     """The ``--check`` set: 1 KiB .. ``max_bytes`` plus odd counts (0, 1, n-1, n+1, 1000, ~1M).
 
     For the chunked ops the odd counts are per-rank counts (total = count * n); for

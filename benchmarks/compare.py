@@ -17,6 +17,7 @@ elements against the exact expected result, both times and the speedup (gloo tim
 ringpg time).  Every rank exits 1 if any result disagrees or any op fails, so torchrun
 fails too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,16 +51,20 @@ DEFAULT_OPS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="torchrun --nproc-per-node N benchmarks/compare.py",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="torchrun --nproc-per-node N benchmarks/compare.py", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--size", default="16MiB", help="full buffer size per op (nccl-tests convention)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--ops", default=",".join(DEFAULT_OPS), help="comma list (aliases ar,rs,ag,bc,a2a)")
     ap.add_argument("--iters", type=int, default=5, help="timed iterations per backend")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=120.0, help="process-group timeout, seconds")
-    ap.add_argument("--backend", default="ringpg",
-                    help="backend under test for the default group (default ringpg; gloo validates the script)")
+    ap.add_argument(
+        "--backend",
+        default="ringpg",
+        help="backend under test for the default group (default ringpg; gloo validates the script)",
+    )
     args = ap.parse_args(argv)
     try:
         args.ops = [canonical_op(o) for o in args.ops.split(",") if o.strip()]
@@ -74,8 +79,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     env = torchrun_env()
     if env is None:
-        print("compare.py needs ranks from torchrun: torchrun --nproc-per-node 4 benchmarks/compare.py",
-              file=sys.stderr)
+        print(
+            "compare.py needs ranks from torchrun: torchrun --nproc-per-node 4 benchmarks/compare.py", file=sys.stderr
+        )
         return 2
     rank, ws = env
     torch.set_num_threads(default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", ws))))
@@ -86,11 +92,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             explicit = ensure_registered(args.backend)
         except (ImportError, RuntimeError) as e:
             if rank == 0:
-                print(f"compare.py: backend {args.backend!r} is not available ({e}); build and install it "
-                      "with `pip install --no-build-isolation -e .` from the repository root", file=sys.stderr)
+                print(
+                    f"compare.py: backend {args.backend!r} is not available ({e}); build and install it "
+                    "with `pip install --no-build-isolation -e .` from the repository root",
+                    file=sys.stderr,
+                )
             return 2
-        how = ("imported explicitly: the entry point did not register it" if explicit
-               else "registered by its torch.backends entry point, no import")
+        how = (
+            "imported explicitly: the entry point did not register it"
+            if explicit
+            else "registered by its torch.backends entry point, no import"
+        )
     timeout = datetime.timedelta(seconds=args.timeout)
     dist.init_process_group(backend=args.backend, timeout=timeout)
     gloo = dist.new_group(backend="gloo", timeout=timeout)
@@ -108,8 +120,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             numel = max(ws, numel // ws * ws)
         case = Case(op, args.dtype, numel, ws)
         bufs = CaseBuffers(case, rank, torch.device("cpu"))
-        results.append(measure_case(bufs, groups, gloo, policy, cross_check=True, baseline="gloo",
-                                      shared_clock=shared_clock))
+        results.append(
+            measure_case(bufs, groups, gloo, policy, cross_check=True, baseline="gloo", shared_clock=shared_clock)
+        )
         del bufs
 
     failed = False
@@ -134,16 +147,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return f"{r.busbw_GBps:.3f}" if r.busbw_GBps is not None else "-"
 
         speed = f"{g.time_us / t.time_us:.2f}x" if t.time_us and g.time_us else "-"
-        lines.append(f"{res.case.op:<24} {'yes' if equal else 'NO':>6} {f'{t.wrong}/{g.wrong}':>8} "
-                     f"{us(t):>13} {us(g):>11} {speed:>8} {bw(t):>13} {bw(g):>11}")
+        lines.append(
+            f"{res.case.op:<24} {'yes' if equal else 'NO':>6} {f'{t.wrong}/{g.wrong}':>8} "
+            f"{us(t):>13} {us(g):>11} {speed:>8} {bw(t):>13} {bw(g):>11}"
+        )
         for r in (t, g):
             if r.error:
                 lines.append(f"#   ! {r.label}: {r.error}")
             elif r.differs_from_baseline and r.label == under_test:
                 lines.append(f"#   ! {r.label}: {r.differs_from_baseline} elements differ from gloo's result")
-    lines.append("# equal: bit-identical to gloo's result on the same integer-valued inputs; #wrong: "
-                 f"elements differing from the exact expected result ({under_test}/gloo); "
-                 "speedup = gloo time / " + under_test + " time")
+    lines.append(
+        "# equal: bit-identical to gloo's result on the same integer-valued inputs; #wrong: "
+        f"elements differing from the exact expected result ({under_test}/gloo); "
+        "speedup = gloo time / " + under_test + " time"
+    )
     lines.append("# RESULT: " + ("FAILED - results disagree" if failed else "OK - results agree"))
     if rank == 0:
         print("\n".join(lines), flush=True)

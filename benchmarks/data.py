@@ -10,6 +10,7 @@
   result is either bit-exact or wrong.  This expected output is what gloo's result on the
   same inputs is; checking gloo against it too makes gloo's own ``#wrong`` meaningful.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Tuple

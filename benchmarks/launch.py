@@ -3,6 +3,7 @@ env, and local ranks as processes of one launcher (rank_context, run_ranks).
 
 Shared by the benchmark launchers and the test harness (``tests/harness``).
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -47,8 +48,9 @@ def die_with_parent(expected_parent: Optional[int] = None) -> None:
     parent = os.getppid()
     if expected_parent is not None and expected_parent not in (parent, _parent_of(parent)):
         # The launcher died before prctl took effect.
-        print(f"rank process {os.getpid()}: its launcher {expected_parent} is gone; exiting", file=sys.stderr,
-              flush=True)
+        print(
+            f"rank process {os.getpid()}: its launcher {expected_parent} is gone; exiting", file=sys.stderr, flush=True
+        )
         os._exit(1)
 
 
@@ -74,13 +76,18 @@ START_METHODS = ("forkserver", "spawn")
 
 def add_start_argument(ap: Any) -> None:
     """The ``--start`` option of the launchers that run local ranks (rank_context)."""
-    ap.add_argument("--start", choices=START_METHODS, default="forkserver",
-                    help="how local ranks start: forked from a server that imported torch once (default), or "
-                         "fresh interpreters (spawn: seconds of CPU per rank, as a launcher starts them)")
+    ap.add_argument(
+        "--start",
+        choices=START_METHODS,
+        default="forkserver",
+        help="how local ranks start: forked from a server that imported torch once (default), or "
+        "fresh interpreters (spawn: seconds of CPU per rank, as a launcher starts them)",
+    )
 
 
-def run_ranks(target: Callable[..., None], world_size: int, args: Tuple[Any, ...], timeout: float,
-              method: str = "spawn") -> List[Any]:
+def run_ranks(
+    target: Callable[..., None], world_size: int, args: Tuple[Any, ...], timeout: float, method: str = "spawn"
+) -> List[Any]:
     """Runs ``target(rank, world_size, port, *args, queue)`` in ``world_size`` processes
     (a fresh rendezvous port) and returns the one item each puts on ``queue``, in arrival
     order.  Nothing outlives the call: past ``timeout`` seconds the ``queue.Empty`` is
@@ -88,8 +95,7 @@ def run_ranks(target: Callable[..., None], world_size: int, args: Tuple[Any, ...
     ctx = rank_context(method)
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=target, args=(r, world_size, port, *args, q), daemon=True)
-             for r in range(world_size)]
+    procs = [ctx.Process(target=target, args=(r, world_size, port, *args, q), daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout

@@ -5,6 +5,7 @@ process may use, CPU, memory, kernel, torch, the backends and their state, the h
 TCP congestion control, the load (a warning when other processes compete for the
 cores) and every ``RINGPG_*`` setting.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -48,8 +49,9 @@ def default_tcp_congestion() -> str:
         return "unknown"
 
 
-def machine_facts(backends: Mapping[str, str], device: str, extra: Optional[Mapping[str, str]] = None
-                  ) -> Dict[str, str]:
+def machine_facts(
+    backends: Mapping[str, str], device: str, extra: Optional[Mapping[str, str]] = None
+) -> Dict[str, str]:
     """Facts printed first by every run: nproc, CPU, memory, torch, backends."""
     model = "unknown"
     try:

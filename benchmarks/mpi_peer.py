@@ -19,10 +19,10 @@ as the bench's all_reduce), reduce_scatter_tensor -> ``MPI_Reduce_scatter_block`
 all_gather_into_tensor -> ``MPI_Allgather``, all_to_all_single -> ``MPI_Alltoall``
 (out of place, as torch's), broadcast -> ``MPI_Bcast`` from rank 0.
 """
+
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import traceback
@@ -166,9 +166,17 @@ def main(argv: List[str]) -> int:
     out = open(control / "results", "w") if rank == 0 else None
     import mpi4py
 
-    _send(out, {"kind": "ready", "world_size": ws, "shared_clock": bool(ids[0]) and len(set(ids)) == 1,
-                "library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split(",")[0].split()),
-                "mpi4py": mpi4py.__version__, "numpy": np.__version__})
+    _send(
+        out,
+        {
+            "kind": "ready",
+            "world_size": ws,
+            "shared_clock": bool(ids[0]) and len(set(ids)) == 1,
+            "library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split(",")[0].split()),
+            "mpi4py": mpi4py.__version__,
+            "numpy": np.__version__,
+        },
+    )
     policy = IterationPolicy(**cfg["policy"])
     while True:
         words = commands.readline().split()  # blocks without spinning until the launcher writes

@@ -24,6 +24,7 @@ Usable stand-alone for manual experiments::
 
     python -m benchmarks.netns --ranks 2 --rate 1gbit --selftest
 """
+
 from __future__ import annotations
 
 import argparse
@@ -170,9 +171,18 @@ class EmulatedCluster:
     memory as ringpg sees it (shared-memory links between them).
     """
 
-    def __init__(self, ranks: int, rate_bps: int, *, subnet: str = DEFAULT_SUBNET,
-                 burst_bytes: Optional[int] = None, latency_ms: int = 50,
-                 shape_download: bool = True, mtu: int = 1500, hosts: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        ranks: int,
+        rate_bps: int,
+        *,
+        subnet: str = DEFAULT_SUBNET,
+        burst_bytes: Optional[int] = None,
+        latency_ms: int = 50,
+        shape_download: bool = True,
+        mtu: int = 1500,
+        hosts: Optional[int] = None,
+    ) -> None:
         if not 1 <= ranks <= 250:
             raise ValueError("1..250 ranks")
         if hosts is not None and not 1 <= hosts <= ranks:
@@ -227,17 +237,18 @@ class EmulatedCluster:
     def env(self, r: int) -> Dict[str, str]:
         """Environment for rank ``r``: interface names for gloo and ringpg, rendezvous address."""
         net = self.rank(r)
-        return {"GLOO_SOCKET_IFNAME": net.ifname, "RINGPG_SOCKET_IFNAME": net.ifname,
-                "MASTER_ADDR": self.master_addr}
+        return {"GLOO_SOCKET_IFNAME": net.ifname, "RINGPG_SOCKET_IFNAME": net.ifname, "MASTER_ADDR": self.master_addr}
 
     def describe(self) -> str:
         from .units import format_rate  # local import keeps this module usable alone
 
         layout = f"{self.hosts} hosts (rank r on host r % {self.hosts}), " if self.hosts else ""
-        return (f"{layout}{self.namespaces} namespaces {self.prefix}r*, veth links to bridge {self.bridge_ns}/br0, "
-                f"{self.subnet}.0/24, tbf {format_rate(self.rate_bps)} burst {self.burst_bytes} B "
-                f"latency {self.latency_ms} ms, mtu {self.mtu}, "
-                f"{'both directions' if self.shape_download else 'egress only'}")
+        return (
+            f"{layout}{self.namespaces} namespaces {self.prefix}r*, veth links to bridge {self.bridge_ns}/br0, "
+            f"{self.subnet}.0/24, tbf {format_rate(self.rate_bps)} burst {self.burst_bytes} B "
+            f"latency {self.latency_ms} ms, mtu {self.mtu}, "
+            f"{'both directions' if self.shape_download else 'egress only'}"
+        )
 
     # -- lifecycle -------------------------------------------------------------------
     def up(self) -> "EmulatedCluster":
@@ -252,16 +263,45 @@ class EmulatedCluster:
             print(f"# netns: removed namespaces left by killed earlier runs: {', '.join(stale)}", file=sys.stderr)
         try:
             self._add_ns(self.bridge_ns)
-            _run(["ip", "-n", self.bridge_ns, "link", "add", "br0", "type", "bridge",
-                  "forward_delay", "0", "stp_state", "0"])
+            _run(
+                [
+                    "ip",
+                    "-n",
+                    self.bridge_ns,
+                    "link",
+                    "add",
+                    "br0",
+                    "type",
+                    "bridge",
+                    "forward_delay",
+                    "0",
+                    "stp_state",
+                    "0",
+                ]
+            )
             _run(["ip", "-n", self.bridge_ns, "link", "set", "br0", "mtu", str(self.mtu), "up"])
             for h in range(self.namespaces):
                 net = self.rank(h)  # rank h is the first on host h
                 port = f"port{h}"
                 self._add_ns(net.netns)
                 _run(["ip", "-n", net.netns, "link", "set", "lo", "up"])
-                _run(["ip", "-n", net.netns, "link", "add", net.ifname, "type", "veth",
-                      "peer", "name", port, "netns", self.bridge_ns])
+                _run(
+                    [
+                        "ip",
+                        "-n",
+                        net.netns,
+                        "link",
+                        "add",
+                        net.ifname,
+                        "type",
+                        "veth",
+                        "peer",
+                        "name",
+                        port,
+                        "netns",
+                        self.bridge_ns,
+                    ]
+                )
                 _run(["ip", "-n", net.netns, "addr", "add", f"{net.addr}/24", "dev", net.ifname])
                 _run(["ip", "-n", net.netns, "link", "set", net.ifname, "mtu", str(self.mtu), "up"])
                 _run(["ip", "-n", self.bridge_ns, "link", "set", port, "master", "br0"])
@@ -281,9 +321,25 @@ class EmulatedCluster:
         self._created.append(name)
 
     def _shape(self, ns: str, dev: str) -> None:
-        _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
-              "rate", f"{self.rate_bps}bit", "burst", str(self.burst_bytes),
-              "latency", f"{self.latency_ms}ms"])
+        _run(
+            [
+                "tc",
+                "-n",
+                ns,
+                "qdisc",
+                "add",
+                "dev",
+                dev,
+                "root",
+                "tbf",
+                "rate",
+                f"{self.rate_bps}bit",
+                "burst",
+                str(self.burst_bytes),
+                "latency",
+                f"{self.latency_ms}ms",
+            ]
+        )
 
     @staticmethod
     def _keep_flow_order(ns: str, dev: str) -> None:
@@ -299,9 +355,18 @@ class EmulatedCluster:
         cpus = os.cpu_count() or 1
         mask = f"{(1 << cpus) - 1:x}"
         # sysfs wants comma-separated 32-bit words, most significant first.
-        words = [mask[max(0, i - 8):i] for i in range(len(mask), 0, -8)][::-1]
-        _run(["ip", "netns", "exec", ns, "sh", "-c",
-              f"for q in /sys/class/net/{dev}/queues/rx-*; do echo {','.join(words)} > $q/rps_cpus; done"])
+        words = [mask[max(0, i - 8) : i] for i in range(len(mask), 0, -8)][::-1]
+        _run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "sh",
+                "-c",
+                f"for q in /sys/class/net/{dev}/queues/rx-*; do echo {','.join(words)} > $q/rps_cpus; done",
+            ]
+        )
 
     def down(self) -> None:
         """Remove everything this cluster created (idempotent, never raises)."""
@@ -330,13 +395,17 @@ class EmulatedCluster:
 def _selftest(cluster: EmulatedCluster, seconds: float) -> float:
     """Stream from rank 1 to rank 0 over the emulated link; return GB/s measured."""
     port = 29999
-    recv = ("import socket,time;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
-            f"s.bind(('{cluster.master_addr}',{port}));s.listen(1);c,_=s.accept();b=bytearray(1<<20);"
-            "n=0;t=None\nwhile True:\n k=c.recv_into(b)\n if not k: break\n t=t or time.perf_counter();n+=k\n"
-            "print(n/(time.perf_counter()-t)/1e9)")
-    send = ("import socket,time\nfor _ in range(100):\n try: s=socket.create_connection("
-            f"('{cluster.master_addr}',{port}));break\n except OSError: time.sleep(0.05)\n"
-            f"d=bytes(1<<20);e=time.perf_counter()+{seconds}\nwhile time.perf_counter()<e: s.sendall(d)\ns.close()")
+    recv = (
+        "import socket,time;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+        f"s.bind(('{cluster.master_addr}',{port}));s.listen(1);c,_=s.accept();b=bytearray(1<<20);"
+        "n=0;t=None\nwhile True:\n k=c.recv_into(b)\n if not k: break\n t=t or time.perf_counter();n+=k\n"
+        "print(n/(time.perf_counter()-t)/1e9)"
+    )
+    send = (
+        "import socket,time\nfor _ in range(100):\n try: s=socket.create_connection("
+        f"('{cluster.master_addr}',{port}));break\n except OSError: time.sleep(0.05)\n"
+        f"d=bytes(1<<20);e=time.perf_counter()+{seconds}\nwhile time.perf_counter()<e: s.sendall(d)\ns.close()"
+    )
     rx = subprocess.Popen(cluster.exec_prefix(0) + [sys.executable, "-c", recv], stdout=subprocess.PIPE, text=True)
     time.sleep(0.3)
     tx = subprocess.Popen(cluster.exec_prefix(1) + [sys.executable, "-c", send])
@@ -378,5 +447,6 @@ if __name__ == "__main__":
     if __package__ in (None, ""):
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         from benchmarks.netns import main as _main  # noqa: E402
+
         sys.exit(_main())
     sys.exit(main())

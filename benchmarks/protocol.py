@@ -16,6 +16,7 @@ ranks do.  Everything that decides that lives here, once:
 * **Clocks** (:func:`clock_identity`): processes with equal identities read one
   monotonic clock, so an op can be timed from the last rank's start to the last rank's end.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,8 +61,7 @@ def base_pattern() -> np.ndarray:
     global _base
     if _base is None:
         with np.errstate(over="ignore"):
-            h = (np.arange(PATTERN_PERIOD, dtype=np.uint64) + np.uint64(_PATTERN_SEED)) \
-                * np.uint64(0x9E3779B97F4A7C15)
+            h = (np.arange(PATTERN_PERIOD, dtype=np.uint64) + np.uint64(_PATTERN_SEED)) * np.uint64(0x9E3779B97F4A7C15)
             h ^= h >> np.uint64(31)
             h *= np.uint64(0xBF58476D1CE4E5B9)
             h ^= h >> np.uint64(29)
@@ -135,7 +135,7 @@ def assemble(pieces: Tuple[Piece, ...], world_size: int, dtype: "np.dtype | type
         src = period(p.source, world_size)
         shift = p.start % src.size
         # The periodic extension from `start`: the period rotated, then repeated.
-        out[at:at + p.length] = np.resize(np.concatenate((src[shift:], src[:shift])) if shift else src, p.length)
+        out[at : at + p.length] = np.resize(np.concatenate((src[shift:], src[:shift])) if shift else src, p.length)
         at += p.length
     return out
 

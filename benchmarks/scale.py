@@ -11,6 +11,7 @@ sockets, threads and RSS, run a 1 MiB allreduce (checked), and count the sockets
 torch has it. Printed: the slowest rank's creation time and the per-rank maxima.
 Issue 33 asks for these figures; they go to benchmarks/RESULTS.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,13 @@ def _rank(rank: int, ws: int, port: int, backend: str, env: Dict[str, str], q: A
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws)
     dist.barrier()
     created = time.monotonic() - t0
-    res = {"rank": rank, "create_s": created, "sockets_created": _sockets() - before,
-           "threads": len(os.listdir("/proc/self/task")), "rss_mb": rss_mb()}
+    res = {
+        "rank": rank,
+        "create_s": created,
+        "sockets_created": _sockets() - before,
+        "threads": len(os.listdir("/proc/self/task")),
+        "rss_mb": rss_mb(),
+    }
     x = torch.full((1 << 18,), float(rank))
     dist.all_reduce(x)
     res["ok"] = bool((x == ws * (ws - 1) / 2).all())
@@ -70,10 +76,12 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="per run, seconds")
     add_start_argument(ap)
     args = ap.parse_args()
-    print(f"# group creation on loopback: torch {torch.__version__}, {os.cpu_count()} CPUs, "
-          f"load {os.getloadavg()[0]:.2f}")
-    print(f"{'ranks':>5} {'backend':<10} {'create s':>9} {'sockets':>8} {'after AR':>9} {'threads':>8} "
-          f"{'RSS MB':>7}  ok")
+    print(
+        f"# group creation on loopback: torch {torch.__version__}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"{'ranks':>5} {'backend':<10} {'create s':>9} {'sockets':>8} {'after AR':>9} {'threads':>8} {'RSS MB':>7}  ok"
+    )
     bad = 0
     for ws in (int(w) for w in args.world_sizes.split(",")):
         for name in args.backends.split(","):
@@ -85,9 +93,11 @@ def main() -> int:
                 continue
             ok = len(rs) == ws and all(r["ok"] for r in rs)
             bad += not ok
-            print(f"{ws:>5} {name:<10} {max(r['create_s'] for r in rs):9.2f} "
-                  f"{max(r['sockets_created'] for r in rs):8d} {max(r['sockets_after_allreduce'] for r in rs):9d} "
-                  f"{max(r['threads'] for r in rs):8d} {max(r['rss_mb'] for r in rs):7.0f}  {'yes' if ok else 'NO'}")
+            print(
+                f"{ws:>5} {name:<10} {max(r['create_s'] for r in rs):9.2f} "
+                f"{max(r['sockets_created'] for r in rs):8d} {max(r['sockets_after_allreduce'] for r in rs):9d} "
+                f"{max(r['threads'] for r in rs):8d} {max(r['rss_mb'] for r in rs):7.0f}  {'yes' if ok else 'NO'}"
+            )
     return 1 if bad else 0
 
 

@@ -7,6 +7,7 @@ the TCP ring ceiling), then baseline time / backend time per other backend (name
 (``--peers``) their columns follow the backends' and each backend besides the baseline gets
 one more ratio: the best peer's time / its time, naming that peer (``ringpg/best-peer``).
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,8 +21,14 @@ class TableFormatter:
     [busbw/link [busbw/ring probe]] | ratio per non-baseline backend (= baseline time / backend time, which is
     also backend busbw / baseline busbw)."""
 
-    def __init__(self, labels: Sequence[str], baseline: str, link_GBps: Optional[float] = None,
-                 ceiling_GBps: Optional[float] = None, peers: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        labels: Sequence[str],
+        baseline: str,
+        link_GBps: Optional[float] = None,
+        ceiling_GBps: Optional[float] = None,
+        peers: Sequence[str] = (),
+    ) -> None:
         self.labels = list(labels) + [p for p in peers if p not in labels]
         self.baseline = baseline
         self.peers = list(peers)
@@ -44,14 +51,16 @@ class TableFormatter:
     def header(self) -> str:
         left = f"{'':>12} {'':>12} {'':>9} {'':>22} {'':>5}"
         groups = "".join(f"  {lb:^{self.bw}}" for lb in self.labels)
-        ratio_names = "".join(f" {n:>{w}}" for n, w in zip(self.ratio_names + self.peer_ratio_names,
-                                                          self.ratio_widths))
+        ratio_names = "".join(f" {n:>{w}}" for n, w in zip(self.ratio_names + self.peer_ratio_names, self.ratio_widths))
         l1 = f"#{left[1:]}{groups}{'  busbw ratio' if self.others else ''}"
         col = f"  {'time':>9} {'algbw':>8} {'busbw':>8} {'#wrong':>7}" + self._extra("%link", "%probe")
         unit = f"  {'(us)':>9} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}" + self._extra("", "")
         l2 = f"#{'size':>11} {'count':>12} {'type':>9} {'op':>22} {'redop':>5}" + col * len(self.labels) + ratio_names
-        l3 = f"#{'(B)':>11} {'(elements)':>12} {'':>9} {'':>22} {'':>5}" + unit * len(self.labels) + \
-            "".join(f" {'(=time ratio)':>{w}}" for w in self.ratio_widths)
+        l3 = (
+            f"#{'(B)':>11} {'(elements)':>12} {'':>9} {'':>22} {'':>5}"
+            + unit * len(self.labels)
+            + "".join(f" {'(=time ratio)':>{w}}" for w in self.ratio_widths)
+        )
         return "\n".join([l1, l2, l3])
 
     def row(self, res: CaseResult) -> str:
@@ -67,8 +76,9 @@ class TableFormatter:
                 continue
             s += f"  {r.time_us:>9.1f} {r.algbw_GBps or 0:>8.3f} {r.busbw_GBps or 0:>8.3f} {r.wrong:>7}"
             busbw = r.busbw_GBps or 0
-            s += self._extra(f"{busbw / self.link:.1%}" if self.link else "",
-                             f"{busbw / self.ceiling:.1%}" if self.ceiling else "")
+            s += self._extra(
+                f"{busbw / self.link:.1%}" if self.link else "", f"{busbw / self.ceiling:.1%}" if self.ceiling else ""
+            )
         base = res.backends.get(self.baseline)
         for lb, w in zip(self.others, self.ratio_widths):
             r = res.backends.get(lb)
@@ -77,7 +87,7 @@ class TableFormatter:
             else:
                 s += f" {'-':>{w}}"
         best = _best(res.backends, self.peers)
-        for lb, w in zip(self.others, self.ratio_widths[len(self.others):]):
+        for lb, w in zip(self.others, self.ratio_widths[len(self.others) :]):
             r = res.backends.get(lb)
             if best and r and r.time_us and r.error is None:
                 s += f" {f'{(best.time_us or 0) / r.time_us:.2f}x {best.label}':>{w}}"

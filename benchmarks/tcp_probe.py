@@ -5,6 +5,7 @@ one socket); :func:`tcp_ring_probe` has every rank stream to the next at once, t
 steady state of a ring, whose pace is its slowest link's.  :func:`format_probe` gives
 the lines printed next to the table.
 """
+
 from __future__ import annotations
 
 import socket
@@ -48,8 +49,9 @@ def _drain(sock: socket.socket, buf: bytearray) -> float:
     return total / (end - start) if start is not None and end > start else 0.0
 
 
-def tcp_probe(rank: int, bind_addr: str, group: Any, seconds: float = 1.0,
-              chunk_bytes: int = 1 << 20) -> Optional[Dict[str, float]]:
+def tcp_probe(
+    rank: int, bind_addr: str, group: Any, seconds: float = 1.0, chunk_bytes: int = 1 << 20
+) -> Optional[Dict[str, float]]:
     """Raw TCP throughput between ranks 0 and 1 over the path the backends use.
 
     Collective over ``group`` (gloo; every rank calls it; ranks >= 2 only wait).  Phase 1:
@@ -111,8 +113,12 @@ def tcp_probe(rank: int, bind_addr: str, group: Any, seconds: float = 1.0,
     if rank != 0 or error[0] > 0:
         return None
     one, a, b = (float(x) / 1e9 for x in results)
-    return {"one_direction_GBps": one, "both_directions_each_GBps": (a + b) / 2,
-            "both_directions_total_GBps": a + b, "seconds_per_phase": seconds}
+    return {
+        "one_direction_GBps": one,
+        "both_directions_each_GBps": (a + b) / 2,
+        "both_directions_total_GBps": a + b,
+        "seconds_per_phase": seconds,
+    }
 
 
 def _local_address_towards(addr: str) -> str:
@@ -122,8 +128,9 @@ def _local_address_towards(addr: str) -> str:
         return str(s.getsockname()[0])
 
 
-def tcp_ring_probe(rank: int, master_addr: str, group: Any, seconds: float = 1.0,
-                   chunk_bytes: int = 1 << 20) -> Optional[Dict[str, float]]:
+def tcp_ring_probe(
+    rank: int, master_addr: str, group: Any, seconds: float = 1.0, chunk_bytes: int = 1 << 20
+) -> Optional[Dict[str, float]]:
     """Raw TCP ring: every rank streams to rank + 1 and drains rank - 1, all at once.
 
     The ceiling of a ring collective on this path: all links busy in the same direction,
@@ -177,17 +184,23 @@ def format_probe(probe: Optional[Mapping[str, float]], path: str, link_GBps: Opt
     """The ceiling lines printed next to the table."""
     if not probe:
         return "# TCP ceiling probe: not run"
-    s = (f"# TCP ceiling ({path}, raw sockets, rank 0 <-> rank 1): "
-         f"one direction {probe['one_direction_GBps']:.3f} GB/s; "
-         f"both directions on one socket {probe['both_directions_each_GBps']:.3f} GB/s each way "
-         f"({probe['both_directions_total_GBps']:.3f} GB/s total)")
+    s = (
+        f"# TCP ceiling ({path}, raw sockets, rank 0 <-> rank 1): "
+        f"one direction {probe['one_direction_GBps']:.3f} GB/s; "
+        f"both directions on one socket {probe['both_directions_each_GBps']:.3f} GB/s each way "
+        f"({probe['both_directions_total_GBps']:.3f} GB/s total)"
+    )
     if "ring_slowest_GBps" in probe:
-        s += (f"\n# TCP ring ceiling (every rank streams to the next at once): slowest link "
-              f"{probe['ring_slowest_GBps']:.3f} GB/s, mean {probe['ring_mean_GBps']:.3f} GB/s")
+        s += (
+            f"\n# TCP ring ceiling (every rank streams to the next at once): slowest link "
+            f"{probe['ring_slowest_GBps']:.3f} GB/s, mean {probe['ring_mean_GBps']:.3f} GB/s"
+        )
     if link_GBps:
-        s += (f"\n# emulated link rate {link_GBps:.4f} GB/s per direction; probe reaches "
-              f"{probe['one_direction_GBps'] / link_GBps:.0%} one way, "
-              f"{probe['both_directions_each_GBps'] / link_GBps:.0%} each way both ways")
+        s += (
+            f"\n# emulated link rate {link_GBps:.4f} GB/s per direction; probe reaches "
+            f"{probe['one_direction_GBps'] / link_GBps:.0%} one way, "
+            f"{probe['both_directions_each_GBps'] / link_GBps:.0%} each way both ways"
+        )
         if "ring_slowest_GBps" in probe:
             s += f", {probe['ring_slowest_GBps'] / link_GBps:.1%} on the slowest link of a ring"
     return s

@@ -13,6 +13,7 @@
 * **Figures** (:class:`CaseResult`, :class:`BackendResult`): time, algbw and busbw
   (:func:`benchmarks.cases.bus_factor`) and wrong elements per backend, agreed over ranks.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from benchmarks.backends import one_line
 from benchmarks.cases import Case, bus_factor
 from benchmarks.data import CaseBuffers, count_diff
+
 # IterationPolicy and clock_identity are torch-free, shared with the MPI peers; offered here too.
 from benchmarks.protocol import IterationPolicy, clock_identity  # noqa: F401
 
@@ -35,16 +37,16 @@ class BackendResult:
     """One backend's figures for one case (times already reduced with MAX over ranks)."""
 
     label: str
-    time_us: Optional[float] = None     # median over iterations
+    time_us: Optional[float] = None  # median over iterations
     time_min_us: Optional[float] = None
     time_max_us: Optional[float] = None
     algbw_GBps: Optional[float] = None
     busbw_GBps: Optional[float] = None
-    wrong: int = 0                      # summed over ranks (worst iteration of each rank)
+    wrong: int = 0  # summed over ranks (worst iteration of each rank)
     iters: int = 0
     differs_from_baseline: Optional[int] = None  # only with cross_check
     error: Optional[str] = None
-    skipped: Optional[str] = None       # why this backend did not run the case (an MPI peer's missing dtype)
+    skipped: Optional[str] = None  # why this backend did not run the case (an MPI peer's missing dtype)
 
 
 @dataclass
@@ -56,17 +58,22 @@ class CaseResult:
     # Per-label case where the labels ran different dtypes of one size (--pair-dtypes).
     variants: Dict[str, Case] = field(default_factory=dict)
 
-    def to_records(self, link_GBps: Optional[float] = None,
-                   ceiling_GBps: Optional[float] = None) -> List[Dict[str, Any]]:
+    def to_records(
+        self, link_GBps: Optional[float] = None, ceiling_GBps: Optional[float] = None
+    ) -> List[Dict[str, Any]]:
         """Flat rows (one per backend) for CSV/JSON; with an emulated link, busbw as a
         fraction of its rate and of the TCP ring ceiling the probe measured on it."""
         rows = []
         for label, r in self.backends.items():
             case = self.variants.get(label, self.case)
             row: Dict[str, Any] = {
-                "world_size": case.world_size, "op": case.op, "dtype": case.dtype,
-                "size_bytes": case.size_bytes, "count": case.numel,
-                "redop": case.redop, "backend": label,
+                "world_size": case.world_size,
+                "op": case.op,
+                "dtype": case.dtype,
+                "size_bytes": case.size_bytes,
+                "count": case.numel,
+                "redop": case.redop,
+                "backend": label,
             }
             fields = asdict(r)
             fields.pop("label")
@@ -114,10 +121,17 @@ def _barrier(group: Any, device: torch.device) -> None:
     dist.barrier(group=group, device_ids=[device.index or 0] if device.type == "cuda" else None)
 
 
-def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Mapping[str, Any], ref_group: Any,
-                 policy: IterationPolicy, *, sync: Callable[[], None] = lambda: None,
-                 cross_check: bool = False, baseline: Optional[str] = None,
-                 shared_clock: bool) -> CaseResult:
+def measure_case(
+    bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]],
+    groups: Mapping[str, Any],
+    ref_group: Any,
+    policy: IterationPolicy,
+    *,
+    sync: Callable[[], None] = lambda: None,
+    cross_check: bool = False,
+    baseline: Optional[str] = None,
+    shared_clock: bool,
+) -> CaseResult:
     """Time ``bufs.case`` on every backend of ``groups``, alternating, and verify results.
 
     ``bufs`` may also map each label of ``groups`` to its own buffers: cases of one size
@@ -133,8 +147,9 @@ def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Ma
     labels = list(groups)
     per: Mapping[str, CaseBuffers] = bufs if isinstance(bufs, Mapping) else {lb: bufs for lb in labels}
     case = per[labels[0]].case
-    assert all(b.case.size_bytes == case.size_bytes and b.case.op == case.op for b in per.values()), \
+    assert all(b.case.size_bytes == case.size_bytes and b.case.op == case.op for b in per.values()), (
         "paired cases must have one op and one size in bytes (list the widest dtype first)"
+    )
     failed: Dict[str, str] = {}
     wrong = {lb: 0 for lb in labels}
     spans: Dict[str, List[Tuple[int, int, int]]] = {lb: [] for lb in labels}
@@ -169,7 +184,7 @@ def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Ma
 
     rounds = 0
     last_round_s = 0.0
-    for w in range(policy.warmup):
+    for _ in range(policy.warmup):
         t = time.perf_counter()
         one_round(rounds, timed=False, verify=True, snapshot=cross_check and rounds == 0)
         rounds += 1
@@ -177,7 +192,7 @@ def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Ma
         if policy.warmup_done(last_round_s):
             break
     iters = policy.timed_iterations(rounds, last_round_s)
-    for i in range(iters):
+    for _ in range(iters):
         one_round(rounds, timed=True, verify=policy.verify_timed, snapshot=cross_check and rounds == 0)
         rounds += 1
     if not policy.verify_timed:
@@ -192,7 +207,6 @@ def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Ma
         if lb not in failed and len(spans[lb]) == iters:
             smat[k] = torch.tensor(spans[lb], dtype=torch.int64)
     dist.all_reduce(smat, op=dist.ReduceOp.MAX, group=ref_group)
-    tmat = op_times_ns(smat, policy.batch, shared_clock)
     diffs: Optional[List[float]] = None
     if cross_check:
         base = baseline if baseline in snapshots else None
@@ -208,16 +222,24 @@ def measure_case(bufs: Union[CaseBuffers, Mapping[str, CaseBuffers]], groups: Ma
 
     result = CaseResult(case, variants={lb: b.case for lb, b in per.items()} if isinstance(bufs, Mapping) else {})
     for k, lb in enumerate(labels):
-        r = backend_result(lb, case, smat[k], int(wrong_sum[k]), policy.batch, shared_clock,
-                           error=failed.get(lb, "failed on another rank") if flags[k] > 0 else None)
+        r = backend_result(
+            lb,
+            case,
+            smat[k],
+            int(wrong_sum[k]),
+            policy.batch,
+            shared_clock,
+            error=failed.get(lb, "failed on another rank") if flags[k] > 0 else None,
+        )
         if diffs is not None and diffs[k] >= 0:
             r.differs_from_baseline = int(diffs[k])
         result.backends[lb] = r
     return result
 
 
-def backend_result(label: str, case: Case, spans: torch.Tensor, wrong: int, batch: int, shared_clock: bool,
-                   error: Optional[str] = None) -> BackendResult:
+def backend_result(
+    label: str, case: Case, spans: torch.Tensor, wrong: int, batch: int, shared_clock: bool, error: Optional[str] = None
+) -> BackendResult:
     """One backend's figures for ``case`` from its timed iterations' ``spans`` (``iters x (start, end,
     end - start)`` in ns, already reduced with MAX over ranks; :func:`op_times_ns`): the median,
     min and max time per op, algbw and busbw (:func:`benchmarks.cases.bus_factor`).  The bench's

@@ -13,6 +13,7 @@ median over iterations.  busbw = size / time x 2(N-1)/N (nccl-tests).  The data 
 integer-valued, and the result of each backend is checked exactly once per size.
 Speed is reported, never asserted.  Needs the torchft extra (``pip install 'ringpg[torchft]'``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,15 +41,16 @@ def _sizes(lo: int, hi: int) -> list[int]:
 def _rank(rank: int, ws: int, port: int, sizes: list[int], budget_s: float, out: Any) -> None:
     import torch
     import torch.distributed as dist
+    from ringpg.torchft import ProcessGroupRingpg
     from torch.distributed.distributed_c10d import AllreduceOptions, BarrierOptions, ReduceOp
     from torchft.process_group import ProcessGroupGloo
 
-    from ringpg.torchft import ProcessGroupRingpg
-
     torch.set_num_threads(1)
     addr = f"localhost:{port}"
-    groups = {"ringpg": ProcessGroupRingpg(timeout=timedelta(seconds=120)),
-              "gloo": ProcessGroupGloo(timeout=timedelta(seconds=120))}
+    groups = {
+        "ringpg": ProcessGroupRingpg(timeout=timedelta(seconds=120)),
+        "gloo": ProcessGroupGloo(timeout=timedelta(seconds=120)),
+    }
     for name, pg in groups.items():
         pg.configure(f"{addr}/{name}", "0", rank, ws)
     store = dist.TCPStore("localhost", port, is_master=False, wait_for_workers=False)
@@ -106,8 +108,11 @@ def run(ws: int, sizes: list[int], budget_s: float) -> list[dict[str, Any]]:
         for name in ("ringpg", "gloo"):
             per_iter = zip(*(per_rank[r][k]["times"][name] for r in range(ws)))
             sec = statistics.median(max(x) for x in per_iter)
-            row[name] = (sec, size / sec * bus_factor("all_reduce", ws) / 1e9,
-                         sum(per_rank[r][k]["wrong"][name] for r in range(ws)))
+            row[name] = (
+                sec,
+                size / sec * bus_factor("all_reduce", ws) / 1e9,
+                sum(per_rank[r][k]["wrong"][name] for r in range(ws)),
+            )
         rows.append(row)
     return rows
 
@@ -123,17 +128,24 @@ def main() -> int:
     import torch
     import torchft  # noqa: F401 - fail here, not in the ranks, without the extra
 
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} {os.cpu_count()} CPUs, torch {torch.__version__}, "
-          f"load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{'N':>2} {'size':>7} {'ringpg ms':>10} {'gloo ms':>9} {'ringpg busbw':>13} {'gloo busbw':>11} "
-          f"{'ratio':>6}  wrong(r/g)")
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    print(
+        f"{'N':>2} {'size':>7} {'ringpg ms':>10} {'gloo ms':>9} {'ringpg busbw':>13} {'gloo busbw':>11} "
+        f"{'ratio':>6}  wrong(r/g)"
+    )
     ok = True
     for ws in [int(x) for x in args.world_sizes.split(",")]:
         for row in run(ws, sizes, args.budget):
             (rt, rb, rw), (gt, gb, gw) = row["ringpg"], row["gloo"]
             ok &= rw == 0 and gw == 0
-            print(f"{ws:>2} {format_bytes(row['size']):>7} {rt * 1e3:>10.2f} {gt * 1e3:>9.2f} "
-                  f"{rb:>9.2f} GB/s {gb:>6.2f} GB/s {rb / gb:>5.2f}x  {rw}/{gw}", flush=True)
+            print(
+                f"{ws:>2} {format_bytes(row['size']):>7} {rt * 1e3:>10.2f} {gt * 1e3:>9.2f} "
+                f"{rb:>9.2f} GB/s {gb:>6.2f} GB/s {rb / gb:>5.2f}x  {rw}/{gw}",
+                flush=True,
+            )
     print(f"# load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0 if ok else 1
 

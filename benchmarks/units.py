@@ -3,14 +3,24 @@
 Parsing and printing only, with no torch import, so that ``netns.py`` can use it
 when it runs on its own.
 """
+
 from __future__ import annotations
 
 import re
 from typing import Dict
 
 _UNITS: Dict[str, int] = {
-    "": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
-    "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
 }
 
 

@@ -17,6 +17,7 @@ reports which of the process's threads took the minor page faults (ringpg's are 
 A backend runs in processes of its own (RSS is per process), ringpg first, then gloo, with
 the same seeds. Where the figures go: benchmarks/RESULTS.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,8 @@ def _faults_by_thread() -> Dict[str, int]:
                 stat = f.read()
         except OSError:
             continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
         key = "main" if tid == str(os.getpid()) else name
         out[key] = out.get(key, 0) + int(fields[7])  # field 10 of stat: minflt
     return out
@@ -73,7 +74,7 @@ def _one_op(op: str, n: int, rank: int, ws: int) -> bool:
         x = torch.full((n,), float(rank + 1))
         out = torch.empty(n * ws)
         dist.all_gather_into_tensor(out, x)
-        return all(bool((out[r * n:(r + 1) * n] == r + 1).all()) for r in range(ws))
+        return all(bool((out[r * n : (r + 1) * n] == r + 1).all()) for r in range(ws))
     x = torch.full((n,), float(rank + 1)) if rank == 0 else torch.empty(n)
     dist.broadcast(x, src=0)
     return bool((x == 1).all())
@@ -99,8 +100,7 @@ def _worker(rank: int, ws: int, port: int, backend: str, args: Any, q: Any) -> N
             done += 1
             if stop.item():
                 break
-        res["ops"][op] = {"ops": done, "seconds": time.monotonic() - t0,
-                          "faults": _delta(_faults_by_thread(), f0)}
+        res["ops"][op] = {"ops": done, "seconds": time.monotonic() - t0, "faults": _delta(_faults_by_thread(), f0)}
     if args.rss_ops:
         rng = random.Random(args.seed + 1)
         dist.barrier()
@@ -138,18 +138,24 @@ def main() -> int:
     args = ap.parse_args()
     args.ops = [o for o in args.ops.split(",") if o]
     os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
-    print(f"# fresh tensors every op: world size {args.world_size}, {args.seconds:g} s per op, "
-          f"{MIN_NUMEL}-{MAX_NUMEL} float32 elements; load {os.getloadavg()[0]:.2f}; torch {torch.__version__}")
+    print(
+        f"# fresh tensors every op: world size {args.world_size}, {args.seconds:g} s per op, "
+        f"{MIN_NUMEL}-{MAX_NUMEL} float32 elements; load {os.getloadavg()[0]:.2f}; torch {torch.__version__}"
+    )
     results = {b: run(b, args) for b in args.backends.split(",")}
     wrong = sum(r["wrong"] for rs in results.values() for r in rs)
-    print(f"\n{'op':<24}" + "".join(f"{b + ' ops':>14}" for b in results) + "   ratio   page faults of rank 1 by thread")
+    print(
+        f"\n{'op':<24}" + "".join(f"{b + ' ops':>14}" for b in results) + "   ratio   page faults of rank 1 by thread"
+    )
     for op in args.ops:
         counts = [rs[0]["ops"][op]["ops"] for rs in results.values()]
         ratio = counts[0] / counts[1] if len(counts) > 1 and counts[1] else float("nan")
         faults = " | ".join(f"{b}: {_top(rs[1 % len(rs)]['ops'][op]['faults'])}" for b, rs in results.items())
         print(f"{op:<24}" + "".join(f"{c:>14}" for c in counts) + f"   {ratio:5.2f}x  {faults}")
     if args.rss_ops:
-        print(f"\nRSS of rank {1 % args.world_size} (MB) over {args.rss_ops} synchronous ops on fresh 4 KiB-3 MiB tensors:")
+        print(
+            f"\nRSS of rank {1 % args.world_size} (MB) over {args.rss_ops} synchronous ops on fresh 4 KiB-3 MiB tensors:"
+        )
         for b, rs in results.items():
             r1 = rs[1 % len(rs)]
             print(f"  {b:<8}" + " ".join(f"{mb:7.0f}" for _, mb in r1["rss"]) + f"   faults: {_top(r1['rss_faults'])}")

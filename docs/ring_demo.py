@@ -5,12 +5,12 @@
 
 Rank r contributes 100 * (r + 1) + i at element i, so the sums are easy to check by hand.
 """
+
 import argparse
 
+import ringpg  # noqa: F401  (registers the backend)
 import torch
 import torch.distributed as dist
-
-import ringpg  # noqa: F401  (registers the backend)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--numel", type=int, default=9)

@@ -20,6 +20,7 @@ step, the replicas it trained with, and a checksum of its weights: they agree.
 
 Options: ``--steps N`` (default 15), ``--kill-at N`` (default 5), ``--no-restart``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,15 +33,21 @@ from datetime import timedelta
 from typing import Any, Optional
 
 
-def replica(replica_id: int, lighthouse: str, steps: int, kill_at: int, final_replicas: int,
-            out: "mp.Queue", start: "Optional[Any]" = None) -> None:
+def replica(
+    replica_id: int,
+    lighthouse: str,
+    steps: int,
+    kill_at: int,
+    final_replicas: int,
+    out: "mp.Queue",
+    start: "Optional[Any]" = None,
+) -> None:
     import torch
+    from ringpg.torchft import ProcessGroupRingpg
     from torch import nn, optim
     from torch.distributed import TCPStore
     from torchft import Manager
     from torchft.optim import OptimizerWrapper
-
-    from ringpg.torchft import ProcessGroupRingpg
 
     torch.set_num_threads(1)
     torch.manual_seed(0)  # same initial weights everywhere (a joining replica heals anyway)
@@ -94,9 +101,11 @@ def replica(replica_id: int, lighthouse: str, steps: int, kill_at: int, final_re
             inner.step()
         n = manager.num_participants()
         if not committed or n != last_n or manager.current_step() % 5 == 0:
-            print(f"replica {replica_id}: step {manager.current_step():2d} loss {loss.item():8.4f} "
-                  f"replicas {n} {'committed' if committed else 'DISCARDED: ' + repr(manager.errored())}",
-                  flush=True)
+            print(
+                f"replica {replica_id}: step {manager.current_step():2d} loss {loss.item():8.4f} "
+                f"replicas {n} {'committed' if committed else 'DISCARDED: ' + repr(manager.errored())}",
+                flush=True,
+            )
         last_n = n
         time.sleep(0.2)  # the rest of a real step's work
 
@@ -117,8 +126,7 @@ def main() -> int:
 
     # Quorums need two replicas; a dead replica leaves the quorum after missing
     # heartbeats for a second.
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=1000,
-                                  heartbeat_timeout_ms=3000)
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=1000, heartbeat_timeout_ms=3000)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
 

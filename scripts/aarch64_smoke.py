@@ -15,6 +15,7 @@ results must be equal bit for bit too.
 
 Prints one line per rank (checks, failures, seconds) and exits 1 on any failure.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,12 +28,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 for path in (os.path.join(ROOT, "python"), ROOT, os.path.join(ROOT, "tests")):
     sys.path.insert(0, path)
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
 import ringpg  # noqa: E402
 import ringpg._C  # noqa: E402
-from benchmarks.backends import transport_of  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 from harness import Checker, data_kind, dtype_name, make_random_float, rank_block  # noqa: E402
 from surface_utils import (  # noqa: E402
     BITWISE_OPS,
@@ -44,6 +43,8 @@ from surface_utils import (  # noqa: E402
     ref_reduce,
     small_ints,
 )
+
+from benchmarks.backends import transport_of  # noqa: E402
 
 # Per-rank block sizes: one element, a short vector with a tail, and a buffer that the
 # ring moves in several segments (RINGPG_SEGMENT_BYTES, set small by the launcher).
@@ -113,7 +114,10 @@ def main() -> int:
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     want = os.environ.get("RINGPG_TRANSPORT", "auto")
     dist.init_process_group(
-        "ringpg", rank=rank, world_size=ws, init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+        "ringpg",
+        rank=rank,
+        world_size=ws,
+        init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
         timeout=timedelta(seconds=600),
     )
     ref = dist.new_group(backend="gloo")

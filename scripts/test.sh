@@ -17,6 +17,8 @@ fi
 if command -v ccache >/dev/null && [ -d /usr/lib/ccache ]; then
   export PATH="/usr/lib/ccache:$PATH" CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1 TORCH_NO_COMPILER_WRAPPER=1
 fi
+# Style first (seconds): ruff and clang-format, pinned (scripts/lint.sh).
+bash scripts/lint.sh
 # The suite's optional extras too (torchft by default in setup.sh; matplotlib for the
 # trace's --png test), so that their tests run rather than skip.
 RINGPG_WITH_PLOTS=${RINGPG_WITH_PLOTS:-1} bash scripts/setup.sh

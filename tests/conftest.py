@@ -18,6 +18,7 @@
   stack traces, whose symbolization takes torch 2 s or more on a 2-core machine and
   would blur how fast the fault tests' failures surface.
 """
+
 from __future__ import annotations
 
 import atexit

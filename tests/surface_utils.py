@@ -17,6 +17,7 @@ Builds on :mod:`harness` (worker pools, deterministic data, gloo references,
 What gloo lacks (for runs that substitute it for ringpg) is in the one registry,
 :mod:`harness.gloo_gaps`.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
@@ -24,11 +25,10 @@ from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
 import pytest
 import torch
 import torch.distributed as dist
-
 from harness import (
     DTYPES,
-    CheckReport,
     Checker,
+    CheckReport,
     WorkerPool,
     case_seed,
     divide_by_world,
@@ -41,8 +41,16 @@ T = TypeVar("T")
 BITWISE_OPS: tuple[str, ...] = ("BAND", "BOR", "BXOR")
 # Integer dtypes ringpg reduces but gloo has no kernel (or transport) for.
 WIDE_INT_DTYPES: tuple[torch.dtype, ...] = (torch.int16, torch.uint16, torch.uint32, torch.uint64)
-INT_DTYPES: tuple[torch.dtype, ...] = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
-                                       torch.uint16, torch.uint32, torch.uint64)
+INT_DTYPES: tuple[torch.dtype, ...] = (
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+)
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # Dtypes that non-reducing collectives must move as raw bytes.
 RAW_DTYPES: tuple[torch.dtype, ...] = (
@@ -188,7 +196,15 @@ def local_reduce(stack: torch.Tensor, op: str) -> torch.Tensor:
 
 UNSIGNED_AS_SIGNED = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 
-BOOL_AS_UINT8 = {"SUM": "MAX", "MAX": "MAX", "BOR": "MAX", "MIN": "MIN", "PRODUCT": "MIN", "BAND": "MIN", "BXOR": "BXOR"}
+BOOL_AS_UINT8 = {
+    "SUM": "MAX",
+    "MAX": "MAX",
+    "BOR": "MAX",
+    "MIN": "MIN",
+    "PRODUCT": "MIN",
+    "BAND": "MIN",
+    "BXOR": "BXOR",
+}
 
 
 def ref_reduce(x: torch.Tensor, op: str, ref_group: Any) -> torch.Tensor:
@@ -257,7 +273,6 @@ def finish(chk: Checker, group: Any, restart_on_failure: bool = False) -> CheckR
         dist.all_reduce(probe, group=group)
     except Exception as e:  # noqa: BLE001
         raise BrokenGroupError(
-            f"{len(chk.failures)} failed checks, after which the group no longer works "
-            f"({error_text(e, 200)}):\n{lines}"
+            f"{len(chk.failures)} failed checks, after which the group no longer works ({error_text(e, 200)}):\n{lines}"
         ) from None
     return chk.report()

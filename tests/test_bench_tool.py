@@ -12,6 +12,7 @@ in one table), whose ``ringpg[@transport][/algo]`` specs a unit test parses.
 Both placements put every rank under one kernel, so both must time ops from the last
 rank's start (the JSON's ``timing``).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,15 +28,34 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _bench(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "benchmarks.bench", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", *args], cwd=cwd, capture_output=True, text=True, timeout=240
+    )
 
 
 def test_pair_dtypes_measures_each_dtype_at_the_same_byte_size(tmp_path: Path) -> None:
     out = tmp_path / "pair.json"
-    p = _bench("--backends", "ringpg,gloo", "--pair-dtypes", "--dtypes", "float32,bfloat16", "--ops", "ar,rs",
-               "--world-sizes", "2", "--min-bytes", "1KiB", "--max-bytes", "64KiB", "--no-probe", "--quiet",
-               "--iters-max", "3", "--json", str(out))
+    p = _bench(
+        "--backends",
+        "ringpg,gloo",
+        "--pair-dtypes",
+        "--dtypes",
+        "float32,bfloat16",
+        "--ops",
+        "ar,rs",
+        "--world-sizes",
+        "2",
+        "--min-bytes",
+        "1KiB",
+        "--max-bytes",
+        "64KiB",
+        "--no-probe",
+        "--quiet",
+        "--iters-max",
+        "3",
+        "--json",
+        str(out),
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
     # Ranks on one kernel share a clock: ops are timed from the last rank's start.
@@ -62,9 +82,27 @@ def test_pair_dtypes_refuses_what_it_cannot_pair(extra: list) -> None:
 
 def test_emulated_rows_report_link_and_probe_fractions(tmp_path: Path) -> None:
     out = tmp_path / "emu.json"
-    p = _bench("--emulate", "1gbit", "--world-sizes", "2,3", "--ops", "ar", "--dtypes", "float32",
-               "--min-bytes", "64KiB", "--max-bytes", "128KiB", "--probe-seconds", "0.5", "--iters-max", "3",
-               "--quiet", "--json", str(out))
+    p = _bench(
+        "--emulate",
+        "1gbit",
+        "--world-sizes",
+        "2,3",
+        "--ops",
+        "ar",
+        "--dtypes",
+        "float32",
+        "--min-bytes",
+        "64KiB",
+        "--max-bytes",
+        "128KiB",
+        "--probe-seconds",
+        "0.5",
+        "--iters-max",
+        "3",
+        "--quiet",
+        "--json",
+        str(out),
+    )
     if "emulation skipped" in p.stdout:
         pytest.skip(p.stdout.strip().splitlines()[-1])
     assert p.returncode == 0, p.stdout + p.stderr
@@ -89,8 +127,22 @@ def _check_on_two_hosts(tmp_path: Path, *args: str) -> tuple[subprocess.Complete
     1 Gbit, MTU 9000) with ``args``: its output and JSON document, every record checked
     clean (no wrong element, no error); skips where the emulation cannot run."""
     out = tmp_path / "hosts.json"
-    p = _bench("--check", "--emulate", "1gbit", "--hosts", "2", "--mtu", "9000", "--world-sizes", "4", *args,
-               "--no-probe", "--quiet", "--json", str(out))
+    p = _bench(
+        "--check",
+        "--emulate",
+        "1gbit",
+        "--hosts",
+        "2",
+        "--mtu",
+        "9000",
+        "--world-sizes",
+        "4",
+        *args,
+        "--no-probe",
+        "--quiet",
+        "--json",
+        str(out),
+    )
     if "emulation skipped" in p.stdout:
         pytest.skip(p.stdout.strip().splitlines()[-1])
     assert p.returncode == 0, p.stdout + p.stderr
@@ -105,8 +157,17 @@ def test_emulated_hosts_run_shared_memory_within_and_tcp_between(tmp_path: Path)
     (ranks 0, 2 on one, 1, 3 on the other), ringpg on the --transports axis: auto runs
     'shm+tcp' (its ring runs host by host, shared memory within a host), tcp runs 'tcp',
     and both match gloo on every checked case (--check compares every element)."""
-    _, doc = _check_on_two_hosts(tmp_path, "--ops", "ar,rs,ag,bc", "--dtypes", "float32,bfloat16",
-                                 "--backends", "ringpg,gloo", "--transports", "auto,tcp")
+    _, doc = _check_on_two_hosts(
+        tmp_path,
+        "--ops",
+        "ar,rs,ag,bc",
+        "--dtypes",
+        "float32,bfloat16",
+        "--backends",
+        "ringpg,gloo",
+        "--transports",
+        "auto,tcp",
+    )
     assert doc["transports"] == {"4": {"ringpg@auto": "shm+tcp", "ringpg@tcp": "tcp"}}, doc["transports"]
     assert {r["backend"] for r in doc["results"]} == {"ringpg@auto", "ringpg@tcp", "gloo"}
 
@@ -118,7 +179,10 @@ def test_emulated_hosts_compare_hierarchical_flat_ring_and_gloo_in_one_run(tmp_p
     p, doc = _check_on_two_hosts(tmp_path, "--ops", "ar,rs,ag", "--dtypes", "float32", "--algos", "hier,ring")
     assert doc["algorithms"] == {"4": {"ringpg/hier": "hier", "ringpg/ring": "ring"}}, doc["algorithms"]
     assert {(r["backend"], r["algorithm"]) for r in doc["results"]} == {
-        ("ringpg/hier", "hier"), ("ringpg/ring", "ring"), ("gloo", None)}
+        ("ringpg/hier", "hier"),
+        ("ringpg/ring", "ring"),
+        ("gloo", None),
+    }
     header = next(line for line in p.stdout.splitlines() if "busbw ratio" in line)
     assert "ringpg/hier" in header and "ringpg/ring" in header and "gloo" in header, header
     assert "(ringpg/hier)/gloo" in p.stdout and "(ringpg/ring)/gloo" in p.stdout, p.stdout
@@ -140,7 +204,13 @@ def test_backend_specs_name_transport_and_algorithm() -> None:
     # Each axis multiplies the ringpg entries that do not name that part already.
     assert expand_specs(["ringpg", "gloo"], algos=["hier", "ring"]) == ["ringpg/hier", "ringpg/ring", "gloo"]
     assert expand_specs(["ringpg", "ringpg@gloo/ring", "gloo"], ["auto", "tcp"], ["hier", "ring"]) == [
-        "ringpg@auto/hier", "ringpg@auto/ring", "ringpg@tcp/hier", "ringpg@tcp/ring", "ringpg@gloo/ring", "gloo"]
+        "ringpg@auto/hier",
+        "ringpg@auto/ring",
+        "ringpg@tcp/hier",
+        "ringpg@tcp/ring",
+        "ringpg@gloo/ring",
+        "gloo",
+    ]
     assert parse_args(["--algos", "hier,ring"]).backends == ["ringpg/hier", "ringpg/ring", "gloo"]
     assert parse_args(["--backends", "ringpg@tcp,gloo", "--algos", "ring"]).backends == ["ringpg@tcp/ring", "gloo"]
     # Only ringpg takes a transport or an algorithm, and only one it knows.
@@ -169,7 +239,9 @@ def test_emulated_links_deliver_each_flow_in_order() -> None:
         ends += [(cl.bridge_ns, f"port{r}") for r in range(2)]
         for ns, dev in ends:
             cat = f"cat /sys/class/net/{dev}/queues/rx-*/rps_cpus"
-            out = subprocess.run(["ip", "netns", "exec", ns, "sh", "-c", cat], capture_output=True, text=True, timeout=30)
+            out = subprocess.run(
+                ["ip", "netns", "exec", ns, "sh", "-c", cat], capture_output=True, text=True, timeout=30
+            )
             assert out.returncode == 0, out.stderr
             masks = [int(line.replace(",", ""), 16) for line in out.stdout.split()]
             every_cpu = (1 << (os.cpu_count() or 1)) - 1
@@ -178,8 +250,19 @@ def test_emulated_links_deliver_each_flow_in_order() -> None:
 
 def _tiny(*args: str) -> list:
     """A sweep of two ranks at 1..4 KiB, few iterations, no probe."""
-    return ["--world-sizes", "2", "--min-bytes", "1KiB", "--max-bytes", "4KiB", "--iters-max", "3", "--no-probe",
-            "--quiet", *args]
+    return [
+        "--world-sizes",
+        "2",
+        "--min-bytes",
+        "1KiB",
+        "--max-bytes",
+        "4KiB",
+        "--iters-max",
+        "3",
+        "--no-probe",
+        "--quiet",
+        *args,
+    ]
 
 
 def test_missing_and_broken_peers_are_skipped_with_their_reasons_and_the_table_still_comes(tmp_path: Path) -> None:
@@ -191,8 +274,20 @@ def test_missing_and_broken_peers_are_skipped_with_their_reasons_and_the_table_s
     (broken / "mpiexec").write_text("#!/bin/sh\necho 'mpiexec: no hosts to run on' >&2\nexit 3\n")
     (broken / "mpiexec").chmod(0o755)
     out = tmp_path / "missing.json"
-    p = _bench(*_tiny("--ops", "ar", "--dtypes", "float32", "--peers", "nosuchmpi,broken", "--peers-dir",
-                      str(tmp_path), "--json", str(out)))
+    p = _bench(
+        *_tiny(
+            "--ops",
+            "ar",
+            "--dtypes",
+            "float32",
+            "--peers",
+            "nosuchmpi,broken",
+            "--peers-dir",
+            str(tmp_path),
+            "--json",
+            str(out),
+        )
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     skips = {line.split()[2]: line for line in p.stdout.splitlines() if line.startswith("# peer ")}
     assert set(skips) == {"nosuchmpi", "broken"} and all("skipped" in s for s in skips.values()), p.stdout
@@ -254,12 +349,29 @@ def test_workload_counts_checked_ops_and_reports_memory_and_faults() -> None:
     """benchmarks.workload (issue 35's method), briefly: both backends run, every result is
     checked (a wrong one makes the exit status 1), and the table, the RSS samples and the
     page faults by thread come out."""
-    p = subprocess.run([sys.executable, "-m", "benchmarks.workload", "--seconds", "0.1", "--rss-ops", "500",
-                        "--ops", "reduce_scatter_tensor,all_gather_into_tensor"], cwd=REPO, capture_output=True,
-                       text=True, timeout=180)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.workload",
+            "--seconds",
+            "0.1",
+            "--rss-ops",
+            "500",
+            "--ops",
+            "reduce_scatter_tensor,all_gather_into_tensor",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
-    rows = {line.split()[0]: line.split()[1:] for line in p.stdout.splitlines()
-            if line.startswith(("reduce_scatter_tensor", "all_gather_into_tensor"))}
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in p.stdout.splitlines()
+        if line.startswith(("reduce_scatter_tensor", "all_gather_into_tensor"))
+    }
     assert set(rows) == {"reduce_scatter_tensor", "all_gather_into_tensor"}, p.stdout
     for op, cols in rows.items():
         assert int(cols[0]) > 50 and int(cols[1]) > 50, (op, cols)  # at least one round of 50 and the agreement

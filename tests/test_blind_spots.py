@@ -23,20 +23,21 @@ Every test runs on both transports (shared memory, and TCP through
 ``RINGPG_TRANSPORT=tcp``) except the TCP-only point 3.  Data are small integers or
 random bits, so every comparison is exact.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
 import pytest
+import test_collectives
+import test_surface_collectives
+import test_surface_reduce_ops
 import torch
 import torch.distributed as dist
-
-from benchmarks.backends import global_rank, transport_of
 from harness import (
     TRANSPORT_ENVS,
-    transport_expected,
-    CheckReport,
     Checker,
+    CheckReport,
     Groups,
     InitSpec,
     TaskFn,
@@ -44,6 +45,7 @@ from harness import (
     assert_reports_ok,
     backend_under_test,
     dtype_name,
+    hier_pieces,
     known_gap,
     make_data,
     oneshot_limit_bytes,
@@ -53,14 +55,13 @@ from harness import (
     run_workers,
     sentinel_like,
     skip_case,
-    hier_pieces,
     traced_algorithms,
     traced_pieces,
+    transport_expected,
 )
-import test_collectives
-import test_surface_collectives
-import test_surface_reduce_ops
 from surface_utils import BITWISE_OPS, finish, guarded, random_raw, ref_reduce, small_complex, small_ints
+
+from benchmarks.backends import global_rank, transport_of
 
 TRANSPORTS = tuple(TRANSPORT_ENVS)
 
@@ -75,9 +76,11 @@ def bpool(world_size: int, transport: str) -> Iterator[WorkerPool]:
 
 def on_transports(*transports: str) -> Callable[[Any], Any]:
     """Parametrize a test over world sizes 2 and 3 and the given transports (module scope)."""
+
     def mark(fn: Any) -> Any:
         fn = pytest.mark.parametrize("transport", transports, scope="module")(fn)
         return pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}", scope="module")(fn)
+
     return mark
 
 
@@ -103,7 +106,9 @@ UNCHANGED_DTYPES = (torch.int64, torch.float32, torch.uint8)
 UNCHANGED_SHAPES: tuple[tuple[int, ...], ...] = ((1,), (1000,), (3, 43691))
 
 
-def check_unchanged(chk: Checker, case: str, tensors: Optional[list[torch.Tensor]], kept: Optional[list[torch.Tensor]]) -> None:
+def check_unchanged(
+    chk: Checker, case: str, tensors: Optional[list[torch.Tensor]], kept: Optional[list[torch.Tensor]]
+) -> None:
     """Every tensor in ``tensors`` still equals its clone in ``kept``."""
     for i, (t, k) in enumerate(zip(tensors or [], kept or [])):
         chk.equal(f"{case} [input {i} unchanged]", t, k)
@@ -320,8 +325,11 @@ def world_size_8_worker(rank: int, ws: int, groups: Groups, transport: str) -> C
     chk = Checker(rank)
     check_transport(chk, groups, transport)
     mixed = transport == "mixed"
-    chk.true("the big all_reduce is past the one-shot limit",
-             WS8_RING_NUMEL * 4 > oneshot_limit_bytes(ws), f"limit {oneshot_limit_bytes(ws)} B")
+    chk.true(
+        "the big all_reduce is past the one-shot limit",
+        WS8_RING_NUMEL * 4 > oneshot_limit_bytes(ws),
+        f"limit {oneshot_limit_bytes(ws)} B",
+    )
     for dtype in WS8_MIXED_DTYPES if mixed else (torch.int32,):
         d = dtype_name(dtype)
         for op in WS8_MIXED_OPS if mixed else ("SUM", "MAX"):
@@ -337,7 +345,11 @@ def world_size_8_worker(rank: int, ws: int, groups: Groups, transport: str) -> C
                 case = f"reduce_scatter_tensor op={op} dtype={d} ws={ws} numel={block * ws} {transport}"
                 x = make_data(rank, case, (block * ws,), dtype)
                 inp, out = x.clone(), sentinel_like((block,), dtype)
-                guarded(chk, case, lambda: dist.reduce_scatter_tensor(out, inp, op=getattr(dist.ReduceOp, op), group=groups.test))
+                guarded(
+                    chk,
+                    case,
+                    lambda: dist.reduce_scatter_tensor(out, inp, op=getattr(dist.ReduceOp, op), group=groups.test),
+                )
                 chk.equal(case, out, ref_reduce_scatter(x, op, groups.ref))
                 chk.equal(f"{case} [input unchanged]", inp, x)
         for block in WS8_BLOCKS:
@@ -384,8 +396,11 @@ def assert_ws8_pieces(trace_dir: str) -> None:
     """The traces of "mixed" (2 hosts x 4 ranks): every big all_reduce, reduce-scatter and
     all-gather moved in as many pieces as RINGPG_HIER_PIECE_BYTES gives, on two threads
     (issue 31 item 1: a silent fall-back to one piece would pass every result check)."""
-    want: dict[str, dict[int, set[tuple[int, int]]]] = {"all_reduce": {}, "reduce_scatter_tensor": {},
-                                                        "all_gather_into_tensor": {}}
+    want: dict[str, dict[int, set[tuple[int, int]]]] = {
+        "all_reduce": {},
+        "reduce_scatter_tensor": {},
+        "all_gather_into_tensor": {},
+    }
     for dtype in WS8_MIXED_DTYPES:
         es = dtype.itemsize
         want["all_reduce"][WS8_RING_NUMEL * es] = {hier_pieces(WS8_RING_NUMEL * es, WS8_RING_NUMEL, WS8_PIECE_BYTES)}

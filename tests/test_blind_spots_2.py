@@ -26,6 +26,7 @@
 
 Everything runs on both transports (shared memory, and TCP via ``RINGPG_TRANSPORT=tcp``).
 """
+
 from __future__ import annotations
 
 import os
@@ -39,15 +40,11 @@ from typing import Any, Callable
 import pytest
 import torch
 import torch.distributed as dist
-
-from benchmarks.backends import global_rank, transport_of
 from harness import (
     TRANSPORT_ENVS,
-    transport_expected,
-    CheckReport,
     Checker,
+    CheckReport,
     Groups,
-    InitSpec,
     WorkerPool,
     assert_reports_ok,
     backend_under_test,
@@ -60,9 +57,12 @@ from harness import (
     ref_all_reduce,
     run_scenario,
     sentinel_like,
+    transport_expected,
 )
 from surface_utils import ref_reduce, small_complex
 from test_blind_spots import a2a_split, bpool, check_transport  # noqa: F401  (bpool: fixture)
+
+from benchmarks.backends import global_rank, transport_of
 
 TRANSPORTS = tuple(TRANSPORT_ENVS)
 TYPED = ("DistBackendError", "DistNetworkError")
@@ -71,9 +71,11 @@ ringpg_only = pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringp
 
 def on(world_sizes: tuple[int, ...]) -> Callable[[Any], Any]:
     """Parametrize over world sizes and both transports (module scope, for ``bpool``)."""
+
     def mark(fn: Any) -> Any:
         fn = pytest.mark.parametrize("transport", TRANSPORTS, scope="module")(fn)
         return pytest.mark.parametrize("world_size", world_sizes, ids=lambda ws: f"ws{ws}", scope="module")(fn)
+
     return mark
 
 
@@ -107,7 +109,9 @@ def bad_call(case: str, rank: int, ws: int, g: Any, x: torch.Tensor) -> None:
     if case == "all_gather_into_tensor":
         dist.all_gather_into_tensor(torch.empty(4 * ws + bad), x, group=g)
     elif case == "reduce_scatter_tensor":
-        dist.reduce_scatter_tensor(torch.empty(2 if bad else 4), make_data(rank, case, (4 * ws,), torch.float32), group=g)
+        dist.reduce_scatter_tensor(
+            torch.empty(2 if bad else 4), make_data(rank, case, (4 * ws,), torch.float32), group=g
+        )
     else:  # broadcast / reduce: root ws - 1 (not rank 0, not BAD_RANK at ws 3), 7 on BAD_RANK
         _root_call(g, case, x, 7 if bad else ws - 1)
 
@@ -124,9 +128,15 @@ def bad_input_worker(rank: int, ws: int, groups: Groups, args: tuple[str, str]) 
     fresh = dist.new_group(backend=groups.backend)
     z = y0.clone()
     dist.all_reduce(z, group=fresh)
-    return {"transport": transport_of(g), "first": first, "after": after, "y_unchanged": torch.equal(y, y0),
-            "y_summed": torch.equal(y, summed), "fresh_ok": torch.equal(z, summed),
-            "has_root_payload": torch.equal(x, bad_input(case, ws - 1, ws))}
+    return {
+        "transport": transport_of(g),
+        "first": first,
+        "after": after,
+        "y_unchanged": torch.equal(y, y0),
+        "y_summed": torch.equal(y, summed),
+        "fresh_ok": torch.equal(z, summed),
+        "has_root_payload": torch.equal(x, bad_input(case, ws - 1, ws)),
+    }
 
 
 def may_finish(case: str, rank: int, ws: int, v: dict) -> bool:
@@ -189,8 +199,11 @@ def refusals_worker(rank: int, ws: int, groups: Groups, transport: str) -> Check
                 kind, msg, _ = expect_error(lambda: dist.all_reduce(t, op=op(), group=g))
             # torch's own layer may answer first (complex MIN); the Backend must answer itself.
             op_word = "ringpg::all_reduce" if via == "Backend" else "all_?reduce"
-            chk.true(f"{case}: refused naming op and dtype", bool(kind) and bool(re.search(op_word, msg))
-                     and bool(re.search(words, msg, re.I)), f"{kind}: {msg[:300]}")
+            chk.true(
+                f"{case}: refused naming op and dtype",
+                bool(kind) and bool(re.search(op_word, msg)) and bool(re.search(words, msg, re.I)),
+                f"{kind}: {msg[:300]}",
+            )
             x = make_data(rank, f"{case} after", (7,), torch.int64)
             y = x.clone()
             kind, msg, _ = expect_error(lambda: dist.all_reduce(y, group=g))
@@ -242,7 +255,12 @@ def numel_zero_worker(rank: int, ws: int, groups: Groups, transport: str) -> Che
     backend = groups.backend
     dst = global_rank(groups.test, 1)
     for dtype, op in ZERO_CASES:
-        if op == "PREMUL_SUM" and known_gap(backend, "PREMUL_SUM") or dtype == torch.uint64 and known_gap(backend, "wide integer dtypes"):
+        if (
+            op == "PREMUL_SUM"
+            and known_gap(backend, "PREMUL_SUM")
+            or dtype == torch.uint64
+            and known_gap(backend, "wide integer dtypes")
+        ):
             continue
         for coll in ("all_reduce", "reduce"):
             case = f"{coll} op={op} dtype={dtype_name(dtype)} numel=0 shape={ZERO_SHAPE} ws={ws} {transport}"
@@ -289,8 +307,13 @@ def _dead_peer(rank: int, ws: int, port: int, args: tuple[str, str]) -> dict:
     op, stamp = args
     victim = VICTIM[op]
     torch.set_num_threads(1)
-    dist.init_process_group("ringpg", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws,
-                            timeout=timedelta(seconds=DEAD_TIMEOUT_S))
+    dist.init_process_group(
+        "ringpg",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=ws,
+        timeout=timedelta(seconds=DEAD_TIMEOUT_S),
+    )
     side = dist.new_group(backend="gloo", timeout=timedelta(seconds=60))
     sub = dist.new_group(ranks=SUBGROUP, backend="ringpg", timeout=timedelta(seconds=DEAD_TIMEOUT_S))
     warm = torch.ones(8)
@@ -304,7 +327,9 @@ def _dead_peer(rank: int, ws: int, port: int, args: tuple[str, str]) -> dict:
     x = torch.ones(1 << 12)
     calls: dict[str, Callable[[], Any]] = {
         "recv": lambda: dist.recv(x, src=victim),
-        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.empty(x.numel() // ws), x[: x.numel() // ws * ws]),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(
+            torch.empty(x.numel() // ws), x[: x.numel() // ws * ws]
+        ),
         "broadcast": lambda: dist.broadcast(x, src=victim),
         "subgroup all_reduce": lambda: dist.all_reduce(x, group=sub),
     }
@@ -324,7 +349,9 @@ def test_dead_peer(tmp_path: Any, op: str, transport: str) -> None:
     stamp = str(tmp_path / "died")
     # recv: rank 0 waits on the victim; the subgroup: its other member (rank 1 is not in it).
     survivors = {0} if op in ("recv", "subgroup all_reduce") else set(range(DEAD_WS)) - {VICTIM[op]}
-    res = run_scenario(_dead_peer, DEAD_WS, (op, stamp), expect=survivors, timeout=90, env=dict(TRANSPORT_ENVS[transport]))
+    res = run_scenario(
+        _dead_peer, DEAD_WS, (op, stamp), expect=survivors, timeout=90, env=dict(TRANSPORT_ENVS[transport])
+    )
     died = float(open(stamp).read())
     name = "all_reduce" if op.startswith("subgroup") else op
     for r in survivors:

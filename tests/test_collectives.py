@@ -11,6 +11,7 @@ with stated tolerances.  AVG is compared with gloo's SUM divided by the world si
 in the same dtype (truncating for integer dtypes).  Reduce-scatter references come
 from a gloo all_reduce, so they do not depend on gloo's reduce_scatter.
 """
+
 from __future__ import annotations
 
 import time
@@ -19,12 +20,11 @@ from typing import Any, Iterator, Sequence
 import pytest
 import torch
 import torch.distributed as dist
-
 from harness import (
     DTYPES,
     OPS,
-    CheckReport,
     Checker,
+    CheckReport,
     Groups,
     WorkerPool,
     assert_reports_ok,

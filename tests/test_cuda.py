@@ -7,15 +7,15 @@ contract: an op is ordered after the work queued on the caller's current stream
 (side streams included, the FSDP2 pattern), and Work.wait() orders the current
 stream after the op.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
+import harness
 import pytest
 import torch
 import torch.distributed as dist
-
-import harness
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -50,8 +50,10 @@ def _cuda_cases(rank: int, ws: int, groups: harness.Groups, args: Any) -> harnes
     # Point-to-point around the ring, through host copies.
     send = torch.full((4096,), float(rank), device=dev)
     recv = torch.empty(4096, device=dev)
-    ops = [dist.P2POp(dist.isend, send, (rank + 1) % ws, group=groups.test),
-           dist.P2POp(dist.irecv, recv, (rank - 1) % ws, group=groups.test)]
+    ops = [
+        dist.P2POp(dist.isend, send, (rank + 1) % ws, group=groups.test),
+        dist.P2POp(dist.irecv, recv, (rank - 1) % ws, group=groups.test),
+    ]
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     chk.equal("p2p ring", recv.cpu(), torch.full((4096,), float((rank - 1) % ws)))

@@ -6,6 +6,7 @@ a result dict on a queue; the parent collects the survivors' results with a
 deadline and kills whatever is left.  Assertions are on what users see: a typed
 torch.distributed error, naming op, rank and cause, raised within a bound time.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,11 +17,11 @@ import time
 from datetime import timedelta
 from typing import Any, Callable
 
+import harness
 import pytest
 import torch
 import torch.distributed as dist
 
-import harness
 from benchmarks.backends import transport_of
 from benchmarks.launch import free_port
 
@@ -50,8 +51,13 @@ _expect_error = harness.expect_error
 def test_killed_rank_every_survivor_raises_fast(tmp_path: Any, victim: int, how: str, transport: str) -> None:
     ws = 4  # with victim 2, rank 0 is not a ring neighbour of the dead rank
     stamp = str(tmp_path / "died")
-    res = run_scenario(harness.die_mid_collective, ws, (victim, how, stamp, "all_reduce"),
-                       expect={r for r in range(ws) if r != victim}, env=TRANSPORTS[transport])
+    res = run_scenario(
+        harness.die_mid_collective,
+        ws,
+        (victim, how, stamp, "all_reduce"),
+        expect={r for r in range(ws) if r != victim},
+        env=TRANSPORTS[transport],
+    )
     # Typed, naming op and rank, in gloo's words (issue 19 item 5), within seconds; later
     # ops fail at once, with the original cause.
     harness.assert_survivors_raised_fast(res, stamp, "all_reduce", harness.transport_expected(transport, ws))
@@ -72,7 +78,7 @@ def _freeze_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
 def test_frozen_rank_gives_timeout_at_the_deadline(transport: str) -> None:
     ws = 3
     res = run_scenario(_freeze_mid_collective, ws, (2,), expect={0, 1}, env=TRANSPORTS[transport])
-    for r, v in res.items():
+    for v in res.values():
         assert v["transport"] == harness.transport_expected(transport, ws), v
         assert v["type"] in ("DistBackendError", "DistNetworkError"), v
         assert "ringpg::all_reduce" in v["msg"], v["msg"]
@@ -152,7 +158,7 @@ def _bad_inputs(rank: int, ws: int, port: int, args: Any) -> dict:
 
 def test_bad_input_is_refused_before_taking_a_sequence_number() -> None:
     res = run_scenario(_bad_inputs, 2)
-    for r, v in res.items():
+    for v in res.values():
         for name, err in v["errors"].items():
             assert err and not err.startswith(": "), (name, "no error raised")
             if name not in ("sparse", "output list length"):  # torch's own layer may answer first
@@ -177,7 +183,7 @@ def _mismatch(rank: int, ws: int, port: int, args: Any) -> dict:
 @pytest.mark.parametrize("what", ["numel", "numel-ring", "dtype"])
 def test_ranks_calling_different_sizes_raise_instead_of_overrunning(what: str, transport: str) -> None:
     res = run_scenario(_mismatch, 2, (what,), env=TRANSPORTS[transport])
-    for r, v in res.items():
+    for v in res.values():
         assert v["transport"] == harness.transport_expected(transport, 2), v
         assert v["type"] in ("DistBackendError", "DistNetworkError"), v
         assert "mismatch" in v["msg"] or "aborted" in v["msg"], v["msg"]
@@ -198,7 +204,7 @@ def test_a_rank_alone_on_its_transport_fails_every_rank_clearly(transport: str) 
     others until the timeout; shm refuses a group without shared memory, which must
     reach every rank alike.  The ranks compare choices through the store first."""
     res = run_scenario(_one_rank_on, 3, (transport,))
-    for r, v in res.items():
+    for v in res.values():
         assert v["type"] == "ValueError", v
         assert f"disagree on RINGPG_TRANSPORT (rank 0: {transport}, rank 1: auto, rank 2: auto)" in v["msg"], v
         assert v["took"] < KILL_DETECT_S, v
@@ -238,7 +244,7 @@ def test_shm_transport_without_shared_memory_fails_every_rank_clearly() -> None:
     """Where one rank cannot create its region, RINGPG_TRANSPORT=shm fails the group's
     creation on every rank (auto would fall back to TCP), naming the cause."""
     res = run_scenario(_shm_without_dev_shm, 2)
-    for r, v in res.items():
+    for v in res.values():
         assert v["type"] == "RuntimeError", v
         assert "RINGPG_TRANSPORT=shm" in v["msg"] and "cannot use shared memory" in v["msg"], v
         assert v["took"] < KILL_DETECT_S, v
@@ -262,13 +268,17 @@ def _different_calls(rank: int, ws: int, port: int, args: Any) -> dict:
 
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
-@pytest.mark.parametrize("what,numel,names", [
-    ("collective", 1 << 20, ("op=allreduce", "op=_allgather_base")),  # the ring: c10d OpType names
-    ("reduce-op", 1000, ("reduce_op=SUM", "reduce_op=MAX")),     # one-shot
-    ("reduce-op", 1 << 20, ("reduce_op=SUM", "reduce_op=MAX")),  # the ring
-])
-def test_ranks_calling_different_collectives_get_one_clear_error(what: str, numel: int, names: tuple,
-                                                                 transport: str) -> None:
+@pytest.mark.parametrize(
+    "what,numel,names",
+    [
+        ("collective", 1 << 20, ("op=allreduce", "op=_allgather_base")),  # the ring: c10d OpType names
+        ("reduce-op", 1000, ("reduce_op=SUM", "reduce_op=MAX")),  # one-shot
+        ("reduce-op", 1 << 20, ("reduce_op=SUM", "reduce_op=MAX")),  # the ring
+    ],
+)
+def test_ranks_calling_different_collectives_get_one_clear_error(
+    what: str, numel: int, names: tuple, transport: str
+) -> None:
     res = run_scenario(_different_calls, 2, (what, numel), env=TRANSPORTS[transport])
     for r, v in res.items():
         assert v["transport"] == harness.transport_expected(transport, 2), v
@@ -277,8 +287,9 @@ def test_ranks_calling_different_collectives_get_one_clear_error(what: str, nume
     # The rank that saw it first names both calls.  The other hears it through that
     # rank's Abort frame ("aborted the group: <the same words>"), or, when the abort
     # could not follow a frame half written on that link, as a closed connection.
-    naming = [v["msg"] for v in res.values()
-              if "mismatch" in v["msg"] and all(n.lower() in v["msg"].lower() for n in names)]
+    naming = [
+        v["msg"] for v in res.values() if "mismatch" in v["msg"] and all(n.lower() in v["msg"].lower() for n in names)
+    ]
     assert naming, {r: v["msg"] for r, v in res.items()}
 
 
@@ -339,8 +350,9 @@ def _hostile_during_rendezvous(rank: int, ws: int, port: int, args: Any) -> dict
     # A gloo default group first: its store-based init waits for every rank, which
     # would close the window.  Then rank 0 enters ringpg's rendezvous alone and waits
     # there for rank 1 (held back 3 s) while the attacker hits its listener.
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws, timeout=timedelta(seconds=60)
+    )
     store_ports |= _listening_ports()  # the store's and gloo's own: not ours to attack
     if rank == 0:
         th = threading.Thread(target=attacker, daemon=True)
@@ -369,8 +381,13 @@ def test_hostile_connections_during_rendezvous_are_dropped() -> None:
 
 def _frame(key: int, op_numel: int, nbytes: int) -> bytes:
     """A collective all_reduce/float32 frame header as the wire format spells it."""
-    return ((0x31475052).to_bytes(4, "little") + bytes([1, 1, 6, 0]) + key.to_bytes(8, "little")
-            + op_numel.to_bytes(8, "little") + nbytes.to_bytes(8, "little"))
+    return (
+        (0x31475052).to_bytes(4, "little")
+        + bytes([1, 1, 6, 0])
+        + key.to_bytes(8, "little")
+        + op_numel.to_bytes(8, "little")
+        + nbytes.to_bytes(8, "little")
+    )
 
 
 def _healthy_start(rank: int, ws: int, port: int) -> tuple[Any, torch.Tensor]:

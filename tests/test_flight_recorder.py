@@ -17,6 +17,7 @@
 Each scenario's ranks put a result dict on a queue (``harness.run_scenario``); the
 assertions are on what a user would see.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,11 +28,10 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import harness
 import pytest
 import torch
 import torch.distributed as dist
-
-import harness
 
 pytestmark = pytest.mark.skipif(harness.backend_under_test() != "ringpg", reason="ringpg's failure reporting")
 
@@ -59,8 +59,13 @@ def _init(rank: int, ws: int, port: int) -> None:
     import ringpg  # noqa: F401
 
     torch.set_num_threads(1)
-    dist.init_process_group("ringpg", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws,
-                            timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    dist.init_process_group(
+        "ringpg",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=ws,
+        timeout=timedelta(seconds=GROUP_TIMEOUT_S),
+    )
 
 
 def _error_name(backend: Any) -> str:
@@ -93,14 +98,15 @@ def _skip_an_all_reduce(rank: int, ws: int, port: int, args: Any) -> dict:
         group.register_abort_hook(101, lambda: hook_calls.append(time.monotonic()))
         group.register_abort_hook(102, lambda: 1 / 0)  # a hook that raises is logged and harms nothing
     x = torch.ones(1 << 16)
-    dist.all_reduce(x)                        # synchronous: run in this thread while the group is idle
+    dist.all_reduce(x)  # synchronous: run in this thread while the group is idle
     dist.all_reduce(x, async_op=True).wait()  # on the worker
     out: dict[str, Any] = {"before": _error_name(backend), "sum": float(x[0])}
     if rank < ws - 1:
         kind, msg, took = harness.expect_error(lambda: dist.all_reduce(x))
         # What is true the moment the error reaches the caller.
-        out.update(type=kind, msg=msg, took=took, hooks_at_error=len(hook_calls),
-                   dumped_at_error=os.path.exists(dump_file))
+        out.update(
+            type=kind, msg=msg, took=took, hooks_at_error=len(hook_calls), dumped_at_error=os.path.exists(dump_file)
+        )
     elif feats["get_error"]:
         # Stay in the group until the others' failure reaches this rank (their Abort frame).
         out["heard"] = _wait_until(lambda: _error_name(backend) != "SUCCESS")
@@ -157,8 +163,9 @@ def test_abort_hooks_run_before_the_error_reaches_the_caller(skipped_all_reduce:
 
 def test_flight_recorder_names_the_rank_that_skipped_the_op(skipped_all_reduce: tuple[str, str, dict]) -> None:
     if not _features()["flight_recorder"]:
-        pytest.skip(f"torch {torch.__version__} has no completion hooks or backend-agnostic flight recorder "
-                    "(torch >= 2.15)")
+        pytest.skip(
+            f"torch {torch.__version__} has no completion hooks or backend-agnostic flight recorder (torch >= 2.15)"
+        )
     transport, dump_dir, res = skipped_all_reduce
     for r, v in res.items():
         assert "crash" not in v, (r, v)
@@ -168,7 +175,10 @@ def test_flight_recorder_names_the_rank_that_skipped_the_op(skipped_all_reduce: 
     # torch's own analyzer over the three dumps.
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", dump_dir, "--prefix", DUMP_PREFIX],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     report = proc.stdout + proc.stderr
     assert proc.returncode == 0, report
     # "Not all ranks joining collective, sequence number: 3 ... collective: ringpg:all_reduce
@@ -197,8 +207,7 @@ def _abort_or_shutdown(rank: int, ws: int, port: int, args: Any) -> dict:
         group.register_abort_hook(2, lambda: calls.append(2))
         group.unregister_abort_hook(2)
         group.unregister_abort_hook(99)  # unknown: nothing to do
-        out["again"], out["again_msg"], _ = harness.expect_error(
-            lambda: group.register_abort_hook(1, lambda: None))
+        out["again"], out["again_msg"], _ = harness.expect_error(lambda: group.register_abort_hook(1, lambda: None))
     x = torch.ones(1 << 10)
     dist.all_reduce(x)
     if how == "shutdown":
@@ -264,8 +273,10 @@ def _finished_and_hung(rank: int, ws: int, port: int, args: Any) -> dict:
 
     def entries() -> list[dict]:
         dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, False, False, backend="ringpg"))
-        return [{k: e.get(k) for k in ("profiling_name", "state", "duration_ms", "collective_seq_id")}
-                for e in dump.get("entries", [])]
+        return [
+            {k: e.get(k) for k in ("profiling_name", "state", "duration_ms", "collective_seq_id")}
+            for e in dump.get("entries", [])
+        ]
 
     out: dict[str, Any] = {}
     if rank == 0:
@@ -285,8 +296,9 @@ def _finished_and_hung(rank: int, ws: int, port: int, args: Any) -> dict:
 
 def test_finished_ops_read_completed_with_a_duration_and_a_hung_one_scheduled(tmp_path: Any) -> None:
     if not _features()["flight_recorder"]:
-        pytest.skip(f"torch {torch.__version__} has no completion hooks or backend-agnostic flight recorder "
-                    "(torch >= 2.15)")
+        pytest.skip(
+            f"torch {torch.__version__} has no completion hooks or backend-agnostic flight recorder (torch >= 2.15)"
+        )
     res = harness.run_scenario(_finished_and_hung, 2, env=_recorder_env(str(tmp_path)))
     for r, v in res.items():
         assert "crash" not in v, (r, v)
@@ -299,8 +311,12 @@ def test_finished_ops_read_completed_with_a_duration_and_a_hung_one_scheduled(tm
         assert e["duration_ms"] is not None and e["duration_ms"] >= 0.0, done
     # Rank 0: the same three, then the all_reduce rank 1 never joined: issued, never finished.
     hung = res[0]["hung"]
-    assert [e["profiling_name"] for e in hung] == \
-        ["ringpg:all_reduce", "ringpg:all_reduce", "ringpg:send 0->1", "ringpg:all_reduce"], hung
+    assert [e["profiling_name"] for e in hung] == [
+        "ringpg:all_reduce",
+        "ringpg:all_reduce",
+        "ringpg:send 0->1",
+        "ringpg:all_reduce",
+    ], hung
     assert [e["state"] for e in hung] == ["completed"] * 3 + ["scheduled"], hung
     assert hung[-1]["duration_ms"] is None, hung
     # Its timeout fires nothing: a failed op stays "scheduled" (Hooks.hpp), the group says why.
@@ -356,8 +372,10 @@ def test_dumps_read_with_torchs_loader(tmp_path: Any) -> None:
     seen = {}
     for name, dump in details.items():
         entries = dump["entries"]
-        seen[name] = [(e["profiling_name"], e["collective_seq_id"], e["state"], e["input_sizes"], e["output_sizes"])
-                      for e in entries]
+        seen[name] = [
+            (e["profiling_name"], e["collective_seq_id"], e["state"], e["input_sizes"], e["output_sizes"])
+            for e in entries
+        ]
         assert all(e["state"] == "completed" and e["duration_ms"] is not None for e in entries), entries
     first = seen[f"{DUMP_PREFIX}0"]
     assert all(v == first for v in seen.values()), seen  # the same ops, ids and sizes on every rank

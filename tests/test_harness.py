@@ -3,6 +3,7 @@
 These run on gloo only (they test the harness, not the backend), so a broken
 backend under test cannot mask a broken harness.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,7 +13,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-
 from harness import Checker, Groups, InitSpec, WorkerPool, assert_reports_ok
 
 

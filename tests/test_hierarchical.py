@@ -56,6 +56,7 @@ memory on each host) end every rank's op at the timeout or the abort plus a smal
 bound, with get_error()'s kind (TIMEOUT / REMOTE_ERROR; COMM_ERROR on the aborting
 rank), and no thread of the op left running.
 """
+
 from __future__ import annotations
 
 import os
@@ -63,18 +64,17 @@ import re
 import signal
 from typing import Any, Callable, Iterator, Optional
 
+import harness
 import pytest
+import test_surface_collectives
 import torch
 import torch.distributed as dist
-
-import harness
-import test_surface_collectives
 from harness import (
     EMULATED_HOSTS_ENV,
     EMULATED_LAYOUTS,
     TRANSPORT_ENVS,
-    CheckReport,
     Checker,
+    CheckReport,
     Groups,
     InitSpec,
     TaskFn,
@@ -85,8 +85,9 @@ from harness import (
     data_kind,
     die_mid_collective,
     dtype_name,
-    expect_error,
     emulated_topology,
+    expect_error,
+    hier_pieces,
     hierarchical_expected,
     init_ringpg,
     known_gap,
@@ -100,7 +101,6 @@ from harness import (
     run_scenario,
     sentinel_like,
     skip_case,
-    hier_pieces,
     traced_ops,
     traced_pieces,
     transport_expected,
@@ -118,8 +118,14 @@ Subgroups = tuple[tuple[tuple[int, ...], str], ...]
 LAYOUTS: tuple[tuple[str, str, str, tuple[int, int], str, Subgroups], ...] = (
     ("3x2", "hosts3x2", "auto", (3, 2), "hier", (((0, 1, 3, 4), "hier"), ((0, 1, 3), "ring"))),
     ("2x3", "hosts2x3", "auto", (2, 3), "hier", (((0, 1, 3, 4), "hier"), ((0, 1, 3), "ring"))),
-    ("4+2", "hosts4+2", "hier", (2, 0), "ring",
-     (((0, 1, 2, 4), "hier"), ((0, 1, 3), "ring"), ((0, 2), "hier"), ((0, 1), "hier"))),
+    (
+        "4+2",
+        "hosts4+2",
+        "hier",
+        (2, 0),
+        "ring",
+        (((0, 1, 2, 4), "hier"), ((0, 1, 3), "ring"), ((0, 2), "hier"), ((0, 1), "hier")),
+    ),
     ("2x3-gloo", "hosts2x3", "auto", (2, 3), "hier", (((0, 1, 3, 4), "hier"), ((0, 1, 3), "ring"))),
 )
 # Layouts whose every link is of one transport (TRANSPORT_ENVS), not the default mix of
@@ -159,7 +165,9 @@ def block_numels(large: bool) -> list[int]:
 # ------------------------------------------------------------------ the battery
 
 
-def reductions(backend: str, dtype: torch.dtype) -> Iterator[tuple[str, Callable[[], Any], Callable[[torch.Tensor], torch.Tensor], str]]:
+def reductions(
+    backend: str, dtype: torch.dtype
+) -> Iterator[tuple[str, Callable[[], Any], Callable[[torch.Tensor], torch.Tensor], str]]:
     """(case name, a fresh ReduceOp, what the reference reduces, the reference's op)
     for every op of OPS the backend under test has for ``dtype``; PREMUL_SUM's
     reference is gloo's SUM of the premultiplied input."""
@@ -172,8 +180,12 @@ def reductions(backend: str, dtype: torch.dtype) -> Iterator[tuple[str, Callable
             continue
         for kind in PREMUL_FACTORS:
             factor: Any = 0.5 if kind == "0.5" else torch.tensor([3.0], dtype=dtype)
-            yield (f"PREMUL_SUM factor={kind}", (lambda f=factor: dist._make_nccl_premul_sum(f)),
-                   (lambda x, f=factor: x * f), "SUM")
+            yield (
+                f"PREMUL_SUM factor={kind}",
+                (lambda f=factor: dist._make_nccl_premul_sum(f)),
+                (lambda x, f=factor: x * f),
+                "SUM",
+            )
 
 
 def check_battery(chk: Checker, groups_backend: str, g: Any, ref: Any, tag: str, full: bool = True) -> None:
@@ -321,7 +333,9 @@ def coalesced_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRepo
                 chk.equal(f"{case} [tensor {i}]", t, ref_all_reduce(pre(x), ref_op, ref))
 
             case = f"coalesced reduce_scatter_tensor op={name} dtype={d} {tag}"
-            xs = [make_data(rank, f"{case} [{i}]", (s[0] * ws, *s[1:]), dtype, kind) for i, s in enumerate(BLOCK_SHAPES)]
+            xs = [
+                make_data(rank, f"{case} [{i}]", (s[0] * ws, *s[1:]), dtype, kind) for i, s in enumerate(BLOCK_SHAPES)
+            ]
             outs = [sentinel_like(s, dtype) for s in BLOCK_SHAPES]
 
             def coalesced_reduce_scatter() -> None:
@@ -358,8 +372,14 @@ def group_info(g: Any) -> Optional[dict[str, Any]]:
     b = ringpg.backend(g)
     if b is None:
         return None
-    return {"algorithm": b.allreduce_algorithm, "hosts": b.hosts, "ranks_per_host": b.ranks_per_host,
-            "ring_order": list(b.ring_order), "transport": b.transport, "group": g.group_name}
+    return {
+        "algorithm": b.allreduce_algorithm,
+        "hosts": b.hosts,
+        "ranks_per_host": b.ranks_per_host,
+        "ring_order": list(b.ring_order),
+        "transport": b.transport,
+        "group": g.group_name,
+    }
 
 
 def info_worker(rank: int, ws: int, groups: Groups, args: Any) -> Optional[dict[str, Any]]:
@@ -398,8 +418,15 @@ TASKS: tuple[tuple[str, TaskFn, Any], ...] = (
     ("subgroups", subgroup_worker, None),  # args: the layout's subgroups
 )
 # The op spans of ringpg's traces whose algorithm is the hierarchical one or the ring.
-HIER_OPS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "allreduce_coalesced",
-            "reduce_scatter_tensor_coalesced", "allgather_into_tensor_coalesced", "allgather_coalesced")
+HIER_OPS = (
+    "all_reduce",
+    "reduce_scatter_tensor",
+    "all_gather_into_tensor",
+    "allreduce_coalesced",
+    "reduce_scatter_tensor_coalesced",
+    "allgather_into_tensor_coalesced",
+    "allgather_coalesced",
+)
 
 pytestmark = [
     # The first test of a layout also pays its pool's run (about 20-30 s on 2 cores).
@@ -421,15 +448,25 @@ def run(request: Any, tmp_path_factory: Any) -> dict[str, Any]:
     results: dict[str, Any] = {}
     errors: dict[str, str] = {}
     with WorkerPool(WS, InitSpec(env=env)) as pool:
-        for task, fn, args in TASKS:
+        for task, fn, _args in TASKS:
             if name in LAYOUT_TRANSPORT and task not in LAYOUT_TASKS:
                 continue
             try:
                 results[task] = pool.run(fn, subgroups if task == "subgroups" else name, timeout=120)
             except AssertionError as e:
                 errors[task] = str(e)
-    return {"name": name, "layout": EMULATED_LAYOUTS[key], "key": key, "algo": algo, "shape": shape, "world": world,
-            "subgroups": subgroups, "trace_dir": trace_dir, "results": results, "errors": errors}
+    return {
+        "name": name,
+        "layout": EMULATED_LAYOUTS[key],
+        "key": key,
+        "algo": algo,
+        "shape": shape,
+        "world": world,
+        "subgroups": subgroups,
+        "trace_dir": trace_dir,
+        "results": results,
+        "errors": errors,
+    }
 
 
 def result(run: dict[str, Any], task: str) -> Any:
@@ -462,8 +499,14 @@ def test_layout_is_what_the_test_means(run: dict[str, Any]) -> None:
 @pytest.mark.skipif(not RINGPG, reason="ringpg's topology")
 def test_backend_reports_hosts_and_algorithm(run: dict[str, Any]) -> None:
     hosts, per_host, ring = emulated_topology(run["layout"], range(WS))
-    want = {"algorithm": run["world"], "hosts": hosts, "ranks_per_host": per_host,
-            "ring_order": ring, "transport": expected_transport(run, WS), "group": "0"}
+    want = {
+        "algorithm": run["world"],
+        "hosts": hosts,
+        "ranks_per_host": per_host,
+        "ring_order": ring,
+        "transport": expected_transport(run, WS),
+        "group": "0",
+    }
     assert result(run, "info") == [want] * WS
 
 
@@ -487,8 +530,13 @@ def test_subgroups_match_gloo(run: dict[str, Any]) -> None:
         return
     for i, (ranks, algorithm) in enumerate(run["subgroups"]):
         hosts, per_host, ring = emulated_topology(run["layout"], ranks)
-        want = {"algorithm": algorithm, "hosts": hosts, "ranks_per_host": per_host,
-                "ring_order": ring, "transport": expected_transport(run, ranks)}
+        want = {
+            "algorithm": algorithm,
+            "hosts": hosts,
+            "ranks_per_host": per_host,
+            "ring_order": ring,
+            "transport": expected_transport(run, ranks),
+        }
         for r in range(WS):
             info = got[r]["infos"][i]
             if r not in ranks:
@@ -523,8 +571,13 @@ def test_traces_show_the_algorithm(run: dict[str, Any]) -> None:
     infos = result(run, "subgroups")[0]["infos"]  # rank 0 is in every subgroup
     for (ranks, algorithm), info in zip(run["subgroups"], infos):
         gs = len(ranks)
-        assert_traced(run["trace_dir"], info["group"], algorithm,
-                      {n * d.itemsize for d in DTYPES for n in allreduce_numels(gs, False) if n}, HIER_OPS[:3])
+        assert_traced(
+            run["trace_dir"],
+            info["group"],
+            algorithm,
+            {n * d.itemsize for d in DTYPES for n in allreduce_numels(gs, False) if n},
+            HIER_OPS[:3],
+        )
 
 
 @pytest.mark.skipif(not RINGPG, reason="RINGPG_TRACE is ringpg's")
@@ -562,18 +615,27 @@ def test_traces_show_the_pieces(run: dict[str, Any]) -> None:
 
 
 @pytest.mark.skipif(not RINGPG, reason="ringpg-specific fault handling")
-@pytest.mark.parametrize("key,victim,how,op", [
-    ("hosts3x2", 1, "sigkill", "all_reduce"),
-    ("hosts2x3", 4, "exit", "reduce_scatter_tensor"),
-], ids=["3x2-all_reduce", "2x3-reduce_scatter"])
+@pytest.mark.parametrize(
+    "key,victim,how,op",
+    [
+        ("hosts3x2", 1, "sigkill", "all_reduce"),
+        ("hosts2x3", 4, "exit", "reduce_scatter_tensor"),
+    ],
+    ids=["3x2-all_reduce", "2x3-reduce_scatter"],
+)
 @pytest.mark.timeout(120)
 def test_killed_rank_mid_hierarchical_collective(tmp_path: Any, key: str, victim: int, how: str, op: str) -> None:
     """A rank dies while the others are inside a hierarchical collective: every survivor
     (on its host's ring, on its cross-host ring, or on neither with the victim) raises a
     typed error naming the op within seconds, and later ops fail at once."""
     stamp = str(tmp_path / "died")
-    res = run_scenario(die_mid_collective, WS, (victim, how, stamp, op), expect=set(range(WS)) - {victim},
-                       env={EMULATED_HOSTS_ENV: EMULATED_LAYOUTS[key], "RINGPG_HIER_PIECE_BYTES": PIECE_BYTES})
+    res = run_scenario(
+        die_mid_collective,
+        WS,
+        (victim, how, stamp, op),
+        expect=set(range(WS)) - {victim},
+        env={EMULATED_HOSTS_ENV: EMULATED_LAYOUTS[key], "RINGPG_HIER_PIECE_BYTES": PIECE_BYTES},
+    )
     assert {r: v.get("algorithm") for r, v in res.items()} == {r: "hier" for r in res}, res
     assert_survivors_raised_fast(res, stamp, op, transport_expected(key, WS))
 

@@ -13,6 +13,7 @@ Under emulation (scripts/test_aarch64.sh) two variables adapt the tests:
 emulator in front of it, as a child cannot exec a foreign binary by itself), and
 ``RINGPG_TEST_EXPECT_ISAS`` the copies the emulated CPU must be found to run.
 """
+
 from __future__ import annotations
 
 import os
@@ -86,7 +87,9 @@ def _uint64_data(n: int, seed: int, g: torch.Generator) -> torch.Tensor:
 
 def _reference(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.dtype == torch.bool:
-        return {"SUM": a | b, "MAX": a | b, "BOR": a | b, "PRODUCT": a & b, "MIN": a & b, "BAND": a & b, "BXOR": a ^ b}[op]
+        return {"SUM": a | b, "MAX": a | b, "BOR": a | b, "PRODUCT": a & b, "MIN": a & b, "BAND": a & b, "BXOR": a ^ b}[
+            op
+        ]
     if a.dtype == torch.uint64:
         return _uint64_reference(op, a, b)
     wide = a.dtype in (torch.uint16, torch.uint32)
@@ -128,10 +131,14 @@ def test_kernels_match_torch(dtype: torch.dtype, isa: str) -> None:
             out = torch.empty_like(a)
             _C.reduce_kernel(op, out, a, b, isa=isa)
             ref = _reference(op, a, b)
-            assert torch.equal(out.view(torch.uint8), ref.view(torch.uint8)) or torch.equal(
-                out, ref
-            ) or (dtype.is_floating_point and torch.allclose(out.double(), ref.double(), equal_nan=True, rtol=0, atol=0)), (
-                op, dtype, n, out[:8], ref[:8])
+            assert (
+                torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
+                or torch.equal(out, ref)
+                or (
+                    dtype.is_floating_point
+                    and torch.allclose(out.double(), ref.double(), equal_nan=True, rtol=0, atol=0)
+                )
+            ), (op, dtype, n, out[:8], ref[:8])
 
 
 def test_in_place_accumulate_and_dispatch_name() -> None:
@@ -170,8 +177,16 @@ def _isas_chosen(settings: list[str]) -> dict[str, tuple[bool, str]]:
     (RINGPG_TEST_PYTHON), interpreters started together."""
     if os.environ.get("RINGPG_TEST_PYTHON"):
         probe = "import ringpg._C as c; print(c.reduce_isa())"
-        procs = {s: subprocess.Popen([*_python_cmd(), "-c", probe], env=dict(os.environ, RINGPG_REDUCE_ISA=s),
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for s in settings}
+        procs = {
+            s: subprocess.Popen(
+                [*_python_cmd(), "-c", probe],
+                env=dict(os.environ, RINGPG_REDUCE_ISA=s),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for s in settings
+        }
         got = {}
         for s, p in procs.items():
             stdout, stderr = p.communicate(timeout=300)

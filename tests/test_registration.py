@@ -8,6 +8,7 @@ it runs in a spawned world-size-1 job of the backend under test.  The
 ``torch.backends`` entry point (registration with no ``import ringpg``) is checked
 in a fresh interpreter when ringpg is pip-installed.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -16,11 +17,9 @@ import sys
 from typing import Any
 
 import pytest
+import ringpg
 import torch
 import torch.distributed as dist
-
-import ringpg
-from ringpg import _features, _loader
 from harness import (
     TRANSPORT_ENVS,
     Checker,
@@ -34,6 +33,7 @@ from harness import (
     ref_all_reduce,
     run_workers,
 )
+from ringpg import _features, _loader
 
 
 def test_version_mismatch_raises_with_rebuild_command() -> None:
@@ -136,7 +136,7 @@ def test_backend_returns_the_groups_ringbackend_and_none_for_others() -> None:
         name, transport, spin, size, grank = v["test"]
         assert (name, size, grank) == ("RingBackend", 2, rank), v
         assert transport in ("shm", "tcp") and spin >= 0, v
-        assert v["ref"] is None, v   # the gloo reference group
+        assert v["ref"] is None, v  # the gloo reference group
         assert v["cuda"], v
 
 
@@ -207,8 +207,11 @@ def use_algorithm_worker(rank: int, ws: int, groups: Groups, args: Any) -> Check
         got = x.clone()
         dist.all_reduce(got, group=g)
         chk.equal(case, got, ref_all_reduce(x, "SUM", groups.ref))
-    chk.true("allreduce_algorithm after the blocks", ringpg.backend(after).allreduce_algorithm == "hier",
-             ringpg.backend(after).allreduce_algorithm)
+    chk.true(
+        "allreduce_algorithm after the blocks",
+        ringpg.backend(after).allreduce_algorithm == "hier",
+        ringpg.backend(after).allreduce_algorithm,
+    )
     if _features.torch_release() >= (2, 15):  # split_group without a bound device
         # Split children keep the parent's algorithm, through both of makeChild's paths.
         for transport in ("auto", "gloo"):

@@ -17,6 +17,7 @@
   leaves no names behind;
 * a RINGPG_TCP_CONGESTION the host cannot give fails the group's creation, saying why.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,11 +28,9 @@ from typing import Any, Optional
 import pytest
 import torch
 import torch.distributed as dist
-
-from benchmarks.backends import transport_of
 from harness import (
-    CheckReport,
     Checker,
+    CheckReport,
     Groups,
     InitSpec,
     WorkerPool,
@@ -44,6 +43,8 @@ from harness import (
     smoke_checks,
     tiny_private_dev_shm,
 )
+
+from benchmarks.backends import transport_of
 
 
 def smoke_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
@@ -73,8 +74,16 @@ def two_groups_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRep
         wb = dist.all_reduce(yb, op=dist.ReduceOp.MAX, group=other, async_op=True)
         wb.wait()
         wa.wait()
-        chk.equal(f"round {i}: all_reduce SUM on the default group while the second group runs", ya, ref_all_reduce(a, "SUM", groups.ref))
-        chk.equal(f"round {i}: all_reduce MAX on the second group while the default group runs", yb, ref_all_reduce(b, "MAX", groups.ref))
+        chk.equal(
+            f"round {i}: all_reduce SUM on the default group while the second group runs",
+            ya,
+            ref_all_reduce(a, "SUM", groups.ref),
+        )
+        chk.equal(
+            f"round {i}: all_reduce MAX on the second group while the default group runs",
+            yb,
+            ref_all_reduce(b, "MAX", groups.ref),
+        )
     smoke_checks(chk, "second full-world group", other, groups.ref)
     dist.destroy_process_group(other)
     smoke_checks(chk, "default group after destroying the second", groups.test, groups.ref)
@@ -87,15 +96,22 @@ SUBGROUPS = ([0, 1], [2, 3], [1, 2, 3], [1, 3])
 
 def subgroups_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
     chk = Checker(rank)
-    pairs = [(ranks, dist.new_group(ranks=ranks, backend=groups.backend), dist.new_group(ranks=ranks, backend="gloo")) for ranks in SUBGROUPS]
+    pairs = [
+        (ranks, dist.new_group(ranks=ranks, backend=groups.backend), dist.new_group(ranks=ranks, backend="gloo"))
+        for ranks in SUBGROUPS
+    ]
     for ranks, test_g, ref_g in pairs:
         tag = f"subgroup {ranks}"
         if rank in ranks:
             chk.true(f"{tag}: group rank", dist.get_rank(test_g) == ranks.index(rank), f"{dist.get_rank(test_g)}")
-            chk.true(f"{tag}: backend name", str(dist.get_backend(test_g)) == groups.backend, str(dist.get_backend(test_g)))
+            chk.true(
+                f"{tag}: backend name", str(dist.get_backend(test_g)) == groups.backend, str(dist.get_backend(test_g))
+            )
             smoke_checks(chk, tag, test_g, ref_g, numel=1001)
         else:
-            chk.true(f"{tag}: non-member gets NON_GROUP_MEMBER", test_g == dist.GroupMember.NON_GROUP_MEMBER, repr(test_g))
+            chk.true(
+                f"{tag}: non-member gets NON_GROUP_MEMBER", test_g == dist.GroupMember.NON_GROUP_MEMBER, repr(test_g)
+            )
     smoke_checks(chk, "world after subgroups", groups.test, groups.ref)
     return chk.report()
 

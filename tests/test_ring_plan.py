@@ -6,6 +6,7 @@ cap): the chunks must tile the buffer, segments must tile each chunk, neighbours
 agree on every transfer, and a symbolic simulation of the schedule must leave every
 rank with every other rank's contribution to every element, exactly once.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -99,8 +100,8 @@ def test_gloo_tags_are_int32_unique_in_flight_and_separate_signatures() -> None:
     must be non-negative int32, distinct for the messages of one op and the next, and
     differ when two ranks run ops with different signatures."""
     allreduce, reduce_scatter = 1, 3  # c10d::OpType values, as the frame header carries them
-    f32, f64 = 6, 7                    # c10::ScalarType
-    sum_, max_ = 0, 4                  # c10d::ReduceOp
+    f32, f64 = 6, 7  # c10::ScalarType
+    sum_, max_ = 0, 4  # c10d::ReduceOp
     tag = _C.gloo_tag
     seen: set[int] = set()
     for seq in (1, 2):  # an op and the next one, whose messages may overlap on a link
@@ -110,16 +111,29 @@ def test_gloo_tags_are_int32_unique_in_flight_and_separate_signatures() -> None:
             seen.add(t)
     assert len(seen) == 2 * 16384
     base = tag(5, allreduce, f32, sum_, 1 << 20, 0)
-    others = [tag(5, reduce_scatter, f32, sum_, 1 << 20, 0), tag(5, allreduce, f64, sum_, 1 << 20, 0),
-              tag(5, allreduce, f32, max_, 1 << 20, 0), tag(5, allreduce, f32, sum_, 3 << 20, 0)]
+    others = [
+        tag(5, reduce_scatter, f32, sum_, 1 << 20, 0),
+        tag(5, allreduce, f64, sum_, 1 << 20, 0),
+        tag(5, allreduce, f32, max_, 1 << 20, 0),
+        tag(5, allreduce, f32, sum_, 3 << 20, 0),
+    ]
     assert all(o != base for o in others), (base, others)
     assert tag(5 + 256, allreduce, f32, sum_, 1 << 20, 0) == base  # seq is kept mod 256
 
 
-@pytest.mark.parametrize("hosts", [
-    ["a"], ["a", "a"], ["a", "b"], ["a", "b", "a", "b"], ["b", "a", "a", "b", "c", "a"],
-    ["a", "a", "b", "b"], ["x", "y", "z"], ["a", "b", "a"],
-])
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        ["a"],
+        ["a", "a"],
+        ["a", "b"],
+        ["a", "b", "a", "b"],
+        ["b", "a", "a", "b", "c", "a"],
+        ["a", "a", "b", "b"],
+        ["x", "y", "z"],
+        ["a", "b", "a"],
+    ],
+)
 def test_ring_runs_host_by_host(hosts: list[str]) -> None:
     """The ring order (csrc/transport/topology.h): a permutation of the ranks in which
     each host's ranks are adjacent and ascending, hosts in order of first appearance, so

@@ -10,17 +10,18 @@ issue 31 item 3).  The transport was agreed on already (tests/test_faults.py).
 Settings that stay local are shown to be local: ranks whose receive windows differ
 run the ring on shared memory, ringpg's TCP and Gloo's pairs with exact results.
 """
+
 from __future__ import annotations
 
 import os
 from datetime import timedelta
 from typing import Any
 
+import harness
 import pytest
 import torch
 import torch.distributed as dist
 
-import harness
 from benchmarks.backends import transport_of
 
 pytestmark = pytest.mark.skipif(harness.backend_under_test() != "ringpg", reason="ringpg's group settings")
@@ -32,8 +33,12 @@ RANK1_ENV = {
     "RINGPG_HIER_PIECE_BYTES": "65536",
     "RINGPG_ALGO": "ring",
 }
-DEFAULTS = {"RINGPG_SEGMENT_BYTES": "524288", "RINGPG_ONESHOT_BYTES": "262144",
-            "RINGPG_HIER_PIECE_BYTES": "2097152", "RINGPG_ALGO": "auto"}
+DEFAULTS = {
+    "RINGPG_SEGMENT_BYTES": "524288",
+    "RINGPG_ONESHOT_BYTES": "262144",
+    "RINGPG_HIER_PIECE_BYTES": "2097152",
+    "RINGPG_ALGO": "auto",
+}
 
 
 def _rank1_differs(rank: int, ws: int, port: int, args: Any) -> dict:
@@ -67,8 +72,9 @@ def _local_settings_differ_then_algorithms(rank: int, ws: int, port: int, args: 
     os.environ["RINGPG_SEGMENT_BYTES"] = "65536"  # equal on every rank, not the default
     os.environ["RINGPG_RECV_WINDOW"] = {0: "16", 1: "1"}.get(rank, "")  # rank 2: the default
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws,
-                            timeout=timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws, timeout=timedelta(seconds=30)
+    )
     out: dict[str, Any] = {}
     n = 1 << 18  # 1 MiB of float32: past the one-shot limit, several segments per chunk
     x = torch.arange(n, dtype=torch.float32) % 1000 + rank
@@ -86,12 +92,13 @@ def _local_settings_differ_then_algorithms(rank: int, ws: int, port: int, args: 
         out[transport] = {
             "transport": transport_of(g),
             "all_reduce": bool(torch.equal(y, want_sum)),
-            "reduce_scatter": bool(torch.equal(rs, want_sum[rank * (n // ws):(rank + 1) * (n // ws)])),
+            "reduce_scatter": bool(torch.equal(rs, want_sum[rank * (n // ws) : (rank + 1) * (n // ws)])),
             "all_gather": bool(torch.equal(ag, want_ag)),
         }
     with ringpg.use_algorithm("ring" if rank == 1 else "auto"):
         out["algo_type"], out["algo_msg"], out["algo_took"] = harness.expect_error(
-            lambda: dist.new_group(backend="ringpg"))
+            lambda: dist.new_group(backend="ringpg")
+        )
     return out
 
 
@@ -100,9 +107,15 @@ def test_local_settings_may_differ_and_use_algorithm_is_agreed() -> None:
     for r, v in res.items():
         assert "crash" not in v, v
         for transport, want in (("auto", "shm"), ("tcp", "tcp"), ("gloo", "gloo")):
-            assert v[transport] == {"transport": want, "all_reduce": True, "reduce_scatter": True,
-                                    "all_gather": True}, (r, transport, v[transport])
+            assert v[transport] == {
+                "transport": want,
+                "all_reduce": True,
+                "reduce_scatter": True,
+                "all_gather": True,
+            }, (r, transport, v[transport])
         assert v["algo_type"] == "ValueError", v
-        assert ("disagree on RINGPG_ALGO / ringpg.use_algorithm (rank 0: auto, rank 1: ring, rank 2: auto); "
-                "it must be the same on every rank") in v["algo_msg"], v["algo_msg"]
+        assert (
+            "disagree on RINGPG_ALGO / ringpg.use_algorithm (rank 0: auto, rank 1: ring, rank 2: auto); "
+            "it must be the same on every rank"
+        ) in v["algo_msg"], v["algo_msg"]
         assert v["algo_took"] < harness.KILL_DETECT_S, v

@@ -23,6 +23,7 @@ e.g. ``RINGPG_SOAK_SECONDS=600 pytest tests/test_soak.py -s`` for a long run (``
 shows the per-rank report, which is also printed on failure).  Run it with
 ``RINGPG_TEST_BACKEND=gloo`` to validate the test itself.
 """
+
 from __future__ import annotations
 
 import gc
@@ -36,9 +37,9 @@ from typing import Any, Optional
 import pytest
 import torch
 import torch.distributed as dist
+from harness import Checker, CheckReport, Groups, WorkerPool, assert_reports_ok, make_data
 
 from benchmarks.machine import rss_mb
-from harness import CheckReport, Checker, Groups, WorkerPool, assert_reports_ok, make_data
 
 SOAK_SECONDS = float(os.environ.get("RINGPG_SOAK_SECONDS", "10"))
 SEED = int(os.environ.get("RINGPG_SOAK_SEED", "20261126"))
@@ -73,8 +74,9 @@ class Op:
     root: int
 
 
-def draw_op(rng: random.Random, index: int, largest: bool = False, name: Optional[str] = None,
-            group: Optional[int] = None) -> Op:
+def draw_op(
+    rng: random.Random, index: int, largest: bool = False, name: Optional[str] = None, group: Optional[int] = None
+) -> Op:
     """The next op of the shared sequence (every rank draws the same; ``largest``: ~1 MiB)."""
     g = rng.randrange(3) if group is None else group
     size = len(SUBGROUPS[g - 1]) if g else WORLD
@@ -144,8 +146,10 @@ def _check(chk: Checker, f: _Flight, grank: int) -> None:
     """``f``'s result against the expectation computed from every member's input."""
     op, members, inputs = f.op, f.members, f.inputs
     n, k = len(members), members.index(grank)
-    what = f"op {op.index} {op.name} {op.reduction if op.name in REDUCING else ''} " \
-           f"dtype={op.dtype} numel={op.numel} group={members}"
+    what = (
+        f"op {op.index} {op.name} {op.reduction if op.name in REDUCING else ''} "
+        f"dtype={op.dtype} numel={op.numel} group={members}"
+    )
     every = [inputs[r] for r in members]
     if op.name == "all_reduce":
         chk.equal(what, f.tensor, _reduce(op, every))
@@ -156,12 +160,12 @@ def _check(chk: Checker, f: _Flight, grank: int) -> None:
         chk.equal(what, f.tensor, inputs[members[op.root]])
     elif op.name == "reduce_scatter_tensor":
         c = op.numel // n
-        chk.equal(what, f.output, _reduce(op, [t[k * c:(k + 1) * c] for t in every]))
+        chk.equal(what, f.output, _reduce(op, [t[k * c : (k + 1) * c] for t in every]))
     elif op.name == "all_gather_into_tensor":
         chk.equal(what, f.output, torch.cat(every))
     elif op.name == "all_to_all_single":
         c = op.numel // n
-        chk.equal(what, f.output, torch.cat([t[k * c:(k + 1) * c] for t in every]))
+        chk.equal(what, f.output, torch.cat([t[k * c : (k + 1) * c] for t in every]))
     if op.name in ("reduce_scatter_tensor", "all_gather_into_tensor", "all_to_all_single"):
         chk.equal(f"{what}: input unchanged", f.tensor, inputs[grank])
 
@@ -235,7 +239,8 @@ def soak(rank: int, ws: int, groups: Groups, seconds: float) -> SoakReport:
     sample("end")
     for pg in pgs[1:]:
         dist.destroy_process_group(pg)
-    del pg, pgs  # the last references: the groups' objects, and their sockets, go now
+    del pg
+    pgs.clear()  # the last references (burst() shares the list): the groups and their sockets go now
     gc.collect()
     dist.barrier(group=groups.ref)
     sample("destroyed")
@@ -246,17 +251,24 @@ def soak(rank: int, ws: int, groups: Groups, seconds: float) -> SoakReport:
 def test_soak_random_collectives_on_overlapping_groups() -> None:
     with WorkerPool(WORLD) as pool:
         reports: list[SoakReport] = pool.run(soak, SOAK_SECONDS, timeout=SOAK_SECONDS + 180)
-    lines = [f"soak: {pool.backend}, {WORLD} ranks, groups world + {list(SUBGROUPS)}, seed {SEED}, "
-             f"{reports[0].seconds:.1f} s"]
-    lines.append(f"{'rank':>4} {'ops':>6} {'bursts':>6}   fds start/warm/end/destroyed   "
-                 f"RSS MB start/warm/mid/end/destroyed   RSS growth: warm-up..mid, mid..end")
+    lines = [
+        f"soak: {pool.backend}, {WORLD} ranks, groups world + {list(SUBGROUPS)}, seed {SEED}, "
+        f"{reports[0].seconds:.1f} s"
+    ]
+    lines.append(
+        f"{'rank':>4} {'ops':>6} {'bursts':>6}   fds start/warm/end/destroyed   "
+        f"RSS MB start/warm/mid/end/destroyed   RSS growth: warm-up..mid, mid..end"
+    )
     for r in reports:
         fds = "/".join(str(r.fds[k]) for k in ("start", "warm", "end", "destroyed"))
         mid = r.rss_mb.get("mid", r.rss_mb["end"])
-        rss = "/".join(f"{v:.0f}" for v in (r.rss_mb["start"], r.rss_mb["warm"], mid, r.rss_mb["end"],
-                                            r.rss_mb["destroyed"]))
-        lines.append(f"{r.rank:>4} {r.ops:>6} {r.bursts:>6}   {fds:>26}   {rss:>35}   "
-                     f"{mid - r.rss_mb['warm']:+.1f} MB, {r.rss_mb['end'] - mid:+.1f} MB")
+        rss = "/".join(
+            f"{v:.0f}" for v in (r.rss_mb["start"], r.rss_mb["warm"], mid, r.rss_mb["end"], r.rss_mb["destroyed"])
+        )
+        lines.append(
+            f"{r.rank:>4} {r.ops:>6} {r.bursts:>6}   {fds:>26}   {rss:>35}   "
+            f"{mid - r.rss_mb['warm']:+.1f} MB, {r.rss_mb['end'] - mid:+.1f} MB"
+        )
     report = "\n".join(lines)
     print(report)
     assert_reports_ok([r.check for r in reports if r.check is not None], min_checks_per_rank=10)

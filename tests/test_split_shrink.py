@@ -14,6 +14,7 @@
 
 Skipped where the running torch lacks the API (``ringpg.features()``).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -22,12 +23,11 @@ import time
 from datetime import timedelta
 from typing import Any, Optional
 
+import harness
 import pytest
 import torch
 import torch.distributed as dist
-
-import harness
-from harness import CheckReport, Checker, Groups, WorkerPool, assert_reports_ok, make_data, smoke_checks
+from harness import Checker, CheckReport, Groups, WorkerPool, assert_reports_ok, make_data, smoke_checks
 from surface_utils import finish, shared_pool  # noqa: F401  (fixture)
 
 pytestmark = [
@@ -87,8 +87,11 @@ def split_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
         parent_transport = ringpg.backend(parent).transport
         # dist.new_group() calls this on non-members of a splitting backend whose default
         # group has a bound device: ringpg needs nothing from them.
-        chk.true("perform_nocolor_split is a no-op",
-                 ringpg.backend(parent).perform_nocolor_split(torch.device("cpu")) is None, "")
+        chk.true(
+            "perform_nocolor_split is a no-op",
+            ringpg.backend(parent).perform_nocolor_split(torch.device("cpu")) is None,
+            "",
+        )
         # Halves in a caller's order; then one pair, ranks 0 and 2 in no part.
         for parts in ([[1, 0], [2, 3]], [[3, 1]]):
             tag = f"split_group({parts}) of a {parent_transport} group"
@@ -107,8 +110,11 @@ def split_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
                 continue
             # torch 2.15 keeps the caller's order, 2.9 to 2.14 sort: either way the
             # child's rank is this rank's position in the group torch records.
-            chk.true(f"{tag}: rank/size", (b.rank(), b.size()) == (members.index(rank), len(mine)),
-                     f"{(b.rank(), b.size())} vs members {members}")
+            chk.true(
+                f"{tag}: rank/size",
+                (b.rank(), b.size()) == (members.index(rank), len(mine)),
+                f"{(b.rank(), b.size())} vs members {members}",
+            )
             chk.true(f"{tag}: transport", b.transport == parent_transport, f"{b.transport} vs {parent_transport}")
             chk.true(f"{tag}: one backend for cpu and cuda", ringpg.backend(child, "cuda") is b, "two")
             smoke_checks(chk, tag, child, ref, numel=257)
@@ -146,7 +152,9 @@ def test_split_group_children_match_gloo(shared_pool: WorkerPool) -> None:  # no
 SPLIT_HOSTS_KEY = "hosts3x2"
 SPLIT_HOSTS_ENV = (
     (harness.EMULATED_HOSTS_ENV, harness.EMULATED_LAYOUTS[SPLIT_HOSTS_KEY]),
-    ("RINGPG_ONESHOT_BYTES", "0"), ("RINGPG_SEGMENT_BYTES", "65536"), ("RINGPG_HIER_PIECE_BYTES", "65536"),
+    ("RINGPG_ONESHOT_BYTES", "0"),
+    ("RINGPG_SEGMENT_BYTES", "65536"),
+    ("RINGPG_HIER_PIECE_BYTES", "65536"),
 )
 SPLIT_PARTS = [[0, 1, 3, 4], [2, 5]]
 
@@ -167,15 +175,21 @@ def split_across_hosts_worker(rank: int, ws: int, groups: Groups, args: Any) -> 
 
     chk = Checker(rank)
     parent = ringpg.backend(groups.test)
-    chk.true("the world: 3 hosts x 2, hierarchical", _topology_of(parent) == _topology_expected(list(range(ws))),
-             str(_topology_of(parent)))
+    chk.true(
+        "the world: 3 hosts x 2, hierarchical",
+        _topology_of(parent) == _topology_expected(list(range(ws))),
+        str(_topology_of(parent)),
+    )
     child = dist.split_group(groups.test, split_ranks=SPLIT_PARTS, timeout=PG_TIMEOUT)
     members = dist.get_process_group_ranks(child)
     ref = _gloo_groups_like(members, SPLIT_PARTS, groups.ref)
     tag = f"split child {sorted(members)} across hosts"
     b = ringpg.backend(child)
-    chk.true(f"{tag}: topology and algorithm", _topology_of(b) == _topology_expected(sorted(members)),
-             f"{_topology_of(b)} vs {_topology_expected(sorted(members))}")
+    chk.true(
+        f"{tag}: topology and algorithm",
+        _topology_of(b) == _topology_expected(sorted(members)),
+        f"{_topology_of(b)} vs {_topology_expected(sorted(members))}",
+    )
     smoke_checks(chk, tag, child, ref, numel=50001)
     for g in (child, ref):
         dist.destroy_process_group(g)
@@ -191,8 +205,9 @@ def test_split_children_across_hosts_recompute_topology_and_match_gloo(world_siz
         pytest.skip("dist.split_group needs the default group bound to an accelerator before torch 2.15")
     # What the test means: one child hierarchical, the other the ring on one host.
     assert [_topology_expected(p)[2:] for p in SPLIT_PARTS] == [("hier", "shm+tcp"), ("ring", "shm")]
-    assert_reports_ok(harness.run_workers(split_across_hosts_worker, 6, spec=harness.InitSpec(env=SPLIT_HOSTS_ENV),
-                                          timeout=180))
+    assert_reports_ok(
+        harness.run_workers(split_across_hosts_worker, 6, spec=harness.InitSpec(env=SPLIT_HOSTS_ENV), timeout=180)
+    )
 
 
 # ------------------------------------------------------------------- shrink checks
@@ -237,8 +252,9 @@ def _shrink_after_death(rank: int, ws: int, port: int, args: Any) -> dict:
 
     victim, abort_first = args
     torch.set_num_threads(1)
-    dist.init_process_group("ringpg", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws,
-                            timeout=PG_TIMEOUT)
+    dist.init_process_group(
+        "ringpg", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws, timeout=PG_TIMEOUT
+    )
     x = torch.ones(1024)
     dist.all_reduce(x)
     parent_algorithm = ringpg.backend(dist.group.WORLD).allreduce_algorithm
@@ -293,19 +309,31 @@ def _shrink_after_death(rank: int, ws: int, port: int, args: Any) -> dict:
 ACROSS_HOSTS_ENV = {"RINGPG_ONESHOT_BYTES": "0", "RINGPG_SEGMENT_BYTES": "65536", "RINGPG_HIER_PIECE_BYTES": "65536"}
 
 
-@pytest.mark.parametrize("transport,abort_first", [("shm", False), ("tcp", False), ("gloo", False), ("shm", True),
-                                                   ("mixed", False)],
-                         ids=["shm-after-failure", "tcp-after-failure", "gloo-after-failure", "shm-shrink-abort",
-                              "across-hosts-after-failure"])
+@pytest.mark.parametrize(
+    "transport,abort_first",
+    [("shm", False), ("tcp", False), ("gloo", False), ("shm", True), ("mixed", False)],
+    ids=[
+        "shm-after-failure",
+        "tcp-after-failure",
+        "gloo-after-failure",
+        "shm-shrink-abort",
+        "across-hosts-after-failure",
+    ],
+)
 def test_survivors_shrink_after_a_rank_dies(transport: str, abort_first: bool, world_size: int) -> None:
     _needs("shrink_group")
     victim = 2  # not rank 0: its process hosts the Store
     env = dict(harness.TRANSPORT_ENVS[transport])
     if transport == "mixed":
         env.update(ACROSS_HOSTS_ENV)
-    res = harness.run_scenario(_shrink_after_death, world_size, (victim, abort_first),
-                               expect={r for r in range(world_size) if r != victim},
-                               env=env, timeout=120.0)
+    res = harness.run_scenario(
+        _shrink_after_death,
+        world_size,
+        (victim, abort_first),
+        expect={r for r in range(world_size) if r != victim},
+        env=env,
+        timeout=120.0,
+    )
     survivors = [r for r in range(world_size) if r != victim]
     for r, v in res.items():
         assert "crash" not in v, (r, v.get("crash"))

@@ -18,6 +18,7 @@ the same inputs and compares exactly (integer-valued data).  Where gloo has no
 such call (all-reduce inside a coalescing block, say) the reference is built from
 gloo's all_reduce / all_gather (harness refs).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -28,11 +29,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-
-from benchmarks.backends import global_rank
 from harness import (
-    CheckReport,
     Checker,
+    CheckReport,
     Groups,
     WorkerPool,
     assert_reports_ok,
@@ -51,6 +50,8 @@ from surface_utils import (
     shared_pool,  # noqa: F401  (fixture)
 )
 
+from benchmarks.backends import global_rank
+
 pytestmark = pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}", scope="module")
 
 ROOTED_DTYPES = (torch.float32, torch.int64, torch.bfloat16, torch.uint8)
@@ -68,7 +69,9 @@ def gather_scatter_worker(rank: int, ws: int, groups: Groups, args: Any) -> Chec
             for root in range(ws):
                 case = f"gather dtype={dtype_name(dtype)} ws={ws} shape={shape} dst={root}"
                 x = make_data(rank, case, shape, dtype)
-                outs: Optional[list[torch.Tensor]] = [sentinel_like(shape, dtype) for _ in range(ws)] if rank == root else None
+                outs: Optional[list[torch.Tensor]] = (
+                    [sentinel_like(shape, dtype) for _ in range(ws)] if rank == root else None
+                )
                 dist.gather(x, outs, dst=global_rank(groups.test, root), group=groups.test)
                 expected = ref_all_gather(x.reshape(-1), groups.ref).reshape(ws, *shape)
                 if outs is not None:
@@ -120,7 +123,9 @@ def all_to_all_single_worker(rank: int, ws: int, groups: Groups, args: Any) -> C
     return finish(chk, groups.test)
 
 
-def ref_all_to_all_list(inputs: list[torch.Tensor], out_shapes: list[tuple[int, ...]], ref_group: Any) -> list[torch.Tensor]:
+def ref_all_to_all_list(
+    inputs: list[torch.Tensor], out_shapes: list[tuple[int, ...]], ref_group: Any
+) -> list[torch.Tensor]:
     """all_to_all on lists, from gloo's all_to_all_single on the flattened concatenation.
 
     (gloo's own list all_to_all requires every tensor to have the same size.)
@@ -271,10 +276,7 @@ def check_object(chk: Checker, what: str, got: Any, expected: dict[str, Any]) ->
     """Equality of :func:`make_object` objects (the tensor by value)."""
     ok = isinstance(got, dict) and got.keys() == expected.keys()
     if ok:
-        ok = all(
-            torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v
-            for k, v in expected.items()
-        )
+        ok = all(torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v for k, v in expected.items())
     chk.true(what, ok, f"got {got!r:.200} expected {expected!r:.200}")
 
 

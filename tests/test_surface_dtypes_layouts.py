@@ -12,6 +12,7 @@ for all_reduce, broadcast, the input of all_gather_into_tensor and the output of
 reduce_scatter_tensor: the result must equal gloo on a contiguous copy, and the
 elements of the underlying storage outside the view must be left alone.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -19,10 +20,9 @@ from typing import Any, Callable
 import pytest
 import torch
 import torch.distributed as dist
-
 from harness import (
-    CheckReport,
     Checker,
+    CheckReport,
     Groups,
     WorkerPool,
     assert_reports_ok,
@@ -103,16 +103,19 @@ def raw_dtype_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRepo
             case = f"all_to_all_single {tag}"
             got = _zeros(stacked, dtype)
             guarded(chk, case, lambda: dist.all_to_all_single(got, sent(rank, case, stacked), group=g))
-            expected = torch.cat([sent(i, case, stacked).chunk(ws)[rank] if shape[0] else sent(i, case, stacked)
-                                  for i in range(ws)])
+            expected = torch.cat(
+                [sent(i, case, stacked).chunk(ws)[rank] if shape[0] else sent(i, case, stacked) for i in range(ws)]
+            )
             check_bits(chk, case, got, expected)
 
             case = f"isend/recv ring {tag}"
             got = _zeros(shape, dtype)
+
             def ring() -> None:
                 w = dist.isend(sent(rank, case), dst=nxt, group=g)
                 dist.recv(got, src=prv, group=g)
                 w.wait()
+
             guarded(chk, case, ring)
             check_bits(chk, case, got, sent(prv, case))
     return finish(chk, groups.test)
@@ -130,7 +133,9 @@ LAYOUTS: dict[str, tuple[tuple[int, ...], Callable[[torch.Tensor], torch.Tensor]
 LAYOUT_DTYPES = (torch.float32, torch.int64, torch.bfloat16)
 
 
-def with_view_replaced(base: torch.Tensor, view_fn: Callable[[torch.Tensor], torch.Tensor], value: torch.Tensor) -> torch.Tensor:
+def with_view_replaced(
+    base: torch.Tensor, view_fn: Callable[[torch.Tensor], torch.Tensor], value: torch.Tensor
+) -> torch.Tensor:
     """A copy of ``base`` whose view region holds ``value`` and is otherwise unchanged."""
     out = base.clone()
     view_fn(out).copy_(value)
@@ -180,8 +185,11 @@ def non_contiguous_worker(rank: int, ws: int, groups: Groups, args: Any) -> Chec
             expected = ref_reduce_scatter(x, op, groups.ref)
             guarded(chk, case, lambda: dist.reduce_scatter_tensor(out, x, op=reduce_op(op), group=g))
             chk.equal(case, out, expected)
-            chk.equal(case + " [whole output base]", out_base,
-                      with_view_replaced(sentinel_like(base_shape, dtype), view_fn, expected))
+            chk.equal(
+                case + " [whole output base]",
+                out_base,
+                with_view_replaced(sentinel_like(base_shape, dtype), view_fn, expected),
+            )
     return finish(chk, groups.test)
 
 

@@ -24,6 +24,7 @@ torch.distributed.checkpoint: the FSDP2 model's sharded state dict plus a plain
 tensor dict are saved to a directory shared by the ranks and loaded into a
 differently initialised model; the values must round-trip exactly.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,10 +37,9 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
-
 from harness import (
-    CheckReport,
     Checker,
+    CheckReport,
     Groups,
     WorkerPool,
     assert_reports_ok,
@@ -124,7 +124,10 @@ def build_ddp(cfg: DDPConfig, rank: int, group: Any) -> nn.parallel.DistributedD
             model.bn.running_var.fill_(float(rank + 2))
             model.bn.num_batches_tracked.fill_(10 * rank)
     ddp = nn.parallel.DistributedDataParallel(
-        model, process_group=group, find_unused_parameters=cfg.find_unused, broadcast_buffers=True,
+        model,
+        process_group=group,
+        find_unused_parameters=cfg.find_unused,
+        broadcast_buffers=True,
         bucket_cap_mb=0.001,  # several buckets even for this tiny model
     )
     if cfg.hook is not None:
@@ -141,8 +144,10 @@ def train_ddp(cfg: DDPConfig, ddp: nn.parallel.DistributedDataParallel, rank: in
             case = f"ddp {cfg.name} step {step} micro {micro}"
             x = make_random_float(rank, case + " x", (BATCH, IN_DIM), torch.float32)
             y = make_random_float(rank, case + " y", (BATCH, OUT_DIM), torch.float32)
+
             def fwd_bwd() -> None:
                 F.mse_loss(ddp(x, use_extra=step % 2 == 1), y).backward()
+
             if micro < cfg.micro_batches - 1:
                 with ddp.no_sync():
                     fwd_bwd()
@@ -167,12 +172,16 @@ def ddp_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
         for name, ref in ref_state.items():
             got = test_state[name]
             if ref.dtype.is_floating_point:
-                chk.within(f"{tag}: {name} (atol={cfg.atol}, rtol={cfg.rtol})", got, ref, close_bound(ref, cfg.atol, cfg.rtol))
+                chk.within(
+                    f"{tag}: {name} (atol={cfg.atol}, rtol={cfg.rtol})", got, ref, close_bound(ref, cfg.atol, cfg.rtol)
+                )
             else:
                 chk.equal(f"{tag}: {name}", got, ref)
         if extra_before is not None:  # used on odd steps only: it must have been trained
-            chk.true(f"{tag}: the sometimes-unused branch was trained",
-                     not torch.equal(test_ddp.module.extra.weight, extra_before))
+            chk.true(
+                f"{tag}: the sometimes-unused branch was trained",
+                not torch.equal(test_ddp.module.extra.weight, extra_before),
+            )
     return finish(chk, groups.test)
 
 
@@ -209,7 +218,9 @@ def sharded_mlp(seed: int, mesh: Any) -> nn.Module:
 
 def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Unsharded copies of every parameter (DTensor.full_tensor gathers over the mesh)."""
-    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in model.named_parameters()}
+    return {
+        n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in model.named_parameters()
+    }
 
 
 def fsdp2_dcp_worker(rank: int, ws: int, groups: Groups, ckpt_dir: str) -> CheckReport:
@@ -219,8 +230,11 @@ def fsdp2_dcp_worker(rank: int, ws: int, groups: Groups, ckpt_dir: str) -> Check
 
     chk = Checker(rank)
     mesh = init_device_mesh("cpu", (ws,))
-    chk.true("mesh group is the backend under test", dist.get_backend(mesh.get_group()) == groups.backend,
-             str(dist.get_backend(mesh.get_group())))
+    chk.true(
+        "mesh group is the backend under test",
+        dist.get_backend(mesh.get_group()) == groups.backend,
+        str(dist.get_backend(mesh.get_group())),
+    )
     model = sharded_mlp(0, mesh)
     torch.manual_seed(0)
     ref = MLP()  # same seed: same initial parameters as the unsharded model
@@ -239,15 +253,21 @@ def fsdp2_dcp_worker(rank: int, ws: int, groups: Groups, ckpt_dir: str) -> Check
         ref_opt.zero_grad()
     trained = full_state(model)
     for name, p in ref.named_parameters():
-        chk.within(f"FSDP2 ws={ws}: {name} vs single-process reference (rtol={FSDP_RTOL}, atol={FSDP_ATOL})",
-                   trained[name], p.detach(), close_bound(p, FSDP_ATOL, FSDP_RTOL))
+        chk.within(
+            f"FSDP2 ws={ws}: {name} vs single-process reference (rtol={FSDP_RTOL}, atol={FSDP_ATOL})",
+            trained[name],
+            p.detach(),
+            close_bound(p, FSDP_ATOL, FSDP_RTOL),
+        )
 
     # torch.distributed.checkpoint: sharded model state + a plain tensor dict.
     plain = {"table": torch.arange(24, dtype=torch.int64).reshape(4, 6), "scale": torch.tensor([0.25])}
     dcp.save({"model": model.state_dict(), "plain": plain}, checkpoint_id=ckpt_dir)
     fresh = sharded_mlp(123, mesh)
-    chk.true("DCP: the fresh model starts different", any(
-        not torch.equal(v, trained[k]) for k, v in full_state(fresh).items()))
+    chk.true(
+        "DCP: the fresh model starts different",
+        any(not torch.equal(v, trained[k]) for k, v in full_state(fresh).items()),
+    )
     target = {"model": fresh.state_dict(), "plain": {k: torch.zeros_like(v) for k, v in plain.items()}}
     dcp.load(target, checkpoint_id=ckpt_dir)
     fresh.load_state_dict(target["model"])
@@ -310,8 +330,11 @@ def funcol_mesh_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRe
     from torch.distributed.tensor import DTensor
 
     partial = DTensor.from_local(mine, mesh, [Partial()])
-    chk.equal(f"{case}: Partial -> Replicate", partial.redistribute(mesh, [Replicate()]).to_local(),
-              ref_all_reduce(mine, "SUM", groups.ref))
+    chk.equal(
+        f"{case}: Partial -> Replicate",
+        partial.redistribute(mesh, [Replicate()]).to_local(),
+        ref_all_reduce(mine, "SUM", groups.ref),
+    )
     return finish(chk, groups.test)
 
 

@@ -17,6 +17,7 @@ all on the three reducing collectives.  References come from surface_utils.ref_r
 reduction); data are small integers or random bits, so comparisons are exact.
 AVG in reduce_scatter is compared with SUM / world size (computed from gloo's all_reduce).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -24,12 +25,11 @@ from typing import Any, Callable, Optional
 import pytest
 import torch
 import torch.distributed as dist
-
 from harness import (
     DTYPES,
     OPS,
-    CheckReport,
     Checker,
+    CheckReport,
     Groups,
     WorkerPool,
     assert_reports_ok,
@@ -148,7 +148,9 @@ def premul_sum_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRep
     for dtype in FLOAT_DTYPES:
         for kind, factor in (("float 0.5", 0.5), ("tensor [3.0]", torch.tensor([3.0], dtype=dtype))):
             check_reducing(
-                chk, groups, f"PREMUL_SUM factor={kind} dtype={dtype_name(dtype)}",
+                chk,
+                groups,
+                f"PREMUL_SUM factor={kind} dtype={dtype_name(dtype)}",
                 lambda case, shape: make_data(rank, case, shape, dtype),
                 dist._make_nccl_premul_sum(factor),
                 lambda x: ref_all_reduce(x * factor, "SUM", groups.ref),
@@ -188,9 +190,12 @@ def bitwise_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport
             continue
         for op in BITWISE_OPS:
             check_reducing(
-                chk, groups, f"op={op} dtype={dtype_name(dtype)} random bits",
+                chk,
+                groups,
+                f"op={op} dtype={dtype_name(dtype)} random bits",
                 lambda case, shape: random_raw(rank, case, shape, dtype),
-                op, lambda x: ref_reduce(x, op, groups.ref),
+                op,
+                lambda x: ref_reduce(x, op, groups.ref),
             )
     return finish(chk, groups.test)
 
@@ -200,9 +205,12 @@ def bool_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
     chk = Checker(rank)
     for op in ("SUM", "MAX", "MIN", "PRODUCT"):
         check_reducing(
-            chk, groups, f"op={op} dtype=bool",
+            chk,
+            groups,
+            f"op={op} dtype=bool",
             lambda case, shape: random_raw(rank, case, shape, torch.bool),
-            op, lambda x: ref_reduce(x, op, groups.ref),
+            op,
+            lambda x: ref_reduce(x, op, groups.ref),
         )
     return finish(chk, groups.test)
 
@@ -216,23 +224,32 @@ def complex_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport
     for dtype in (torch.complex64, torch.complex128):
         for op in ("SUM", "AVG"):
             check_reducing(
-                chk, groups, f"op={op} dtype={dtype_name(dtype)}",
+                chk,
+                groups,
+                f"op={op} dtype={dtype_name(dtype)}",
                 lambda case, shape: small_complex(rank, case, shape, dtype),
-                op, lambda x: ref_reduce(x, op, groups.ref), colls,
+                op,
+                lambda x: ref_reduce(x, op, groups.ref),
+                colls,
             )
     return finish(chk, groups.test)
 
 
-def wide_int_worker(rank: int, ws: int, groups: Groups, args: tuple[tuple[torch.dtype, ...], tuple[str, ...]]) -> CheckReport:
+def wide_int_worker(
+    rank: int, ws: int, groups: Groups, args: tuple[tuple[torch.dtype, ...], tuple[str, ...]]
+) -> CheckReport:
     """Integer dtypes gloo cannot reduce (int16, uint16, uint32, uint64); args = (dtypes, ops)."""
     chk = Checker(rank)
     dtypes, ops = args
     for dtype in dtypes:
         for op in ops:
             check_reducing(
-                chk, groups, f"op={op} dtype={dtype_name(dtype)}",
+                chk,
+                groups,
+                f"op={op} dtype={dtype_name(dtype)}",
                 lambda case, shape: small_ints(rank, case, shape, dtype, data_kind(op)),
-                op, lambda x: ref_reduce(x, op, groups.ref),
+                op,
+                lambda x: ref_reduce(x, op, groups.ref),
             )
     return finish(chk, groups.test)
 
@@ -244,9 +261,13 @@ def avg_reduce_scatter_worker(rank: int, ws: int, groups: Groups, args: Any) -> 
         if skip_case(groups.backend, "AVG", dtype):
             continue
         check_reducing(
-            chk, groups, f"op=AVG dtype={dtype_name(dtype)}",
+            chk,
+            groups,
+            f"op=AVG dtype={dtype_name(dtype)}",
             lambda case, shape: make_data(rank, case, shape, dtype),
-            "AVG", lambda x: ref_all_reduce(x, "AVG", groups.ref), ("reduce_scatter_tensor",),
+            "AVG",
+            lambda x: ref_all_reduce(x, "AVG", groups.ref),
+            ("reduce_scatter_tensor",),
         )
     return finish(chk, groups.test)
 

@@ -9,6 +9,7 @@
   scatter, object collectives and a point-to-point ring addressed by group rank;
 * the subgroups are destroyed at the end and the world group still works.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,10 +17,9 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-
 from harness import (
-    CheckReport,
     Checker,
+    CheckReport,
     Groups,
     WorkerPool,
     assert_reports_ok,
@@ -56,7 +56,9 @@ def subgroup_extra_checks(chk: Checker, tag: str, test_group: Any, ref_group: An
     objs: list[Any] = [None] * n
     dist.all_gather_object(objs, {"global": grank, "text": "x" * (10 * grank)}, group=test_group)
     members = dist.get_process_group_ranks(test_group)
-    chk.true(f"{tag}: all_gather_object", objs == [{"global": r, "text": "x" * (10 * r)} for r in members], repr(objs)[:200])
+    chk.true(
+        f"{tag}: all_gather_object", objs == [{"global": r, "text": "x" * (10 * r)} for r in members], repr(objs)[:200]
+    )
 
     case = f"{tag}: p2p ring by group rank"
     sent = lambda r: make_data(r, case, (50,), torch.float32)  # noqa: E731 - by global rank
@@ -81,8 +83,11 @@ def subgroups_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRepo
         created += [test_group, ref_group]
         if rank in ranks:
             chk.true(f"{tag}: backend name", dist.get_backend(test_group) == backend, str(dist.get_backend(test_group)))
-            chk.true(f"{tag}: ranks", dist.get_process_group_ranks(test_group) == ranks,
-                     str(dist.get_process_group_ranks(test_group)))
+            chk.true(
+                f"{tag}: ranks",
+                dist.get_process_group_ranks(test_group) == ranks,
+                str(dist.get_process_group_ranks(test_group)),
+            )
             smoke_checks(chk, tag, test_group, ref_group)
             subgroup_extra_checks(chk, tag, test_group, ref_group)
         else:

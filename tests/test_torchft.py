@@ -14,6 +14,7 @@
 torchft is an optional extra (``pip install 'ringpg[torchft]'``): without it these
 tests skip, except the two that check ringpg does not need it.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -27,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, Callable, Iterator
 
+import harness
 import pytest
 import torch
 import torch.distributed as dist
@@ -40,8 +42,6 @@ from torch.distributed.distributed_c10d import (
     ReduceOp,
     ReduceScatterOptions,
 )
-
-import harness
 
 pytestmark = pytest.mark.skipif(harness.backend_under_test() != "ringpg", reason="ringpg's torchft group")
 
@@ -73,8 +73,9 @@ def test_ringpg_torchft_without_torchft_says_what_to_install() -> None:
         "try:\n    import ringpg.torchft\nexcept ImportError as e:\n    print(e)\n"
         "else:\n    raise SystemExit('imported without torchft')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True,
-                         env=_env_with_src())
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True, env=_env_with_src()
+    )
     assert "pip install 'ringpg[torchft]'" in out.stdout, out.stdout
 
 
@@ -192,9 +193,8 @@ def _gloo_refused(pg: Any, rank: int, ws: int, base: Callable[..., torch.Tensor]
 def thread_groups() -> Iterator[tuple[Any, list[tuple[Any, Any, Any]]]]:
     """WS ranks as threads; each has two ringpg groups (A, B) and torchft's gloo group."""
     _torchft()
-    from torchft.process_group import ProcessGroupGloo
-
     from ringpg.torchft import ProcessGroupRingpg
+    from torchft.process_group import ProcessGroupGloo
 
     store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
     addr = f"localhost:{store.port}"
@@ -268,7 +268,7 @@ def test_future_is_complete_when_wait_returns(thread_groups: Any) -> None:
 
     def run(rank: int) -> int:
         late = 0
-        for i in range(200):
+        for _ in range(200):
             t = torch.full((16,), rank, dtype=torch.int64)
             w = groups[rank][0].allreduce([t], ReduceOp.SUM)
             w.wait()
@@ -306,12 +306,15 @@ def _check_works(pg: Any, rank: int, ws: int) -> bool:
     opts = ReduceScatterOptions()
     opts.reduceOp = ReduceOp.SUM
     pg.reduce_scatter_tensor_coalesced([o], [torch.arange(3 * ws) + rank], opts).wait()
-    expect = (torch.arange(3 * ws) * ws + sum(range(ws)))[rank * 3:(rank + 1) * 3]
-    return bool(torch.equal(t, torch.full((1000,), sum(range(1, ws + 1)), dtype=torch.int64))
-                and torch.equal(o, expect) and pg.errored() is None)
+    expect = (torch.arange(3 * ws) * ws + sum(range(ws)))[rank * 3 : (rank + 1) * 3]
+    return bool(
+        torch.equal(t, torch.full((1000,), sum(range(1, ws + 1)), dtype=torch.int64))
+        and torch.equal(o, expect)
+        and pg.errored() is None
+    )
 
 
-T_GROUP = 2.0   # the group timeout while 3 ranks run
+T_GROUP = 2.0  # the group timeout while 3 ranks run
 T_FROZEN = 1.0  # the group timeout for the frozen-peer phases
 
 
@@ -387,8 +390,10 @@ def failover(request: Any) -> dict[int, dict[str, Any]]:
     store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_failover, args=(r, store.port, TRANSPORTS[request.param], out),
-                         daemon=True) for r in range(3)]
+    procs = [
+        ctx.Process(target=_failover, args=(r, store.port, TRANSPORTS[request.param], out), daemon=True)
+        for r in range(3)
+    ]
     for p in procs:
         p.start()
     results = harness.collect_results(procs, out, {0, 1}, 60)  # rank 2 is killed on purpose
@@ -422,9 +427,16 @@ def test_abort_with_a_pending_op_fails_it(failover: dict[int, dict[str, Any]]) -
     # Item 1 of issue 19 makes abort() return at once; until then it waits for the
     # pending op's deadline (T_FROZEN): bound it by that, and print what it took.
     assert v["abort_pending_s"] < T_FROZEN + 2.0, v
-    ms = {k: [round(failover[r][k] * 1e3) for r in (0, 1) if k in failover[r]]
-          for k in ("killed_took", "reconfigure_after_kill_s", "frozen_took", "reconfigure_after_freeze_s",
-                    "abort_pending_s")}
+    ms = {
+        k: [round(failover[r][k] * 1e3) for r in (0, 1) if k in failover[r]]
+        for k in (
+            "killed_took",
+            "reconfigure_after_kill_s",
+            "frozen_took",
+            "reconfigure_after_freeze_s",
+            "abort_pending_s",
+        )
+    }
     print(f"\n[{failover[0]['transport']}] ms per rank: {ms}")
     for k in ("killed_err", "frozen_err", "pending_err", "killed_errored", "frozen_errored"):
         print(f"  {k}: {[failover[r].get(k) for r in (0, 1)]}")
@@ -443,12 +455,13 @@ def test_errors_use_the_words_torchft_matches(failover: dict[int, dict[str, Any]
 # their next op to fail, then read errored() and expect "aborted" (issue 31 item 6).
 
 CONVENTION_TIMEOUT = timedelta(seconds=30)  # the group's; each phase sets its own
-PEER_GONE_BOUND_S = 2.0                     # "at once": far below the 5 s timeout set
+PEER_GONE_BOUND_S = 2.0  # "at once": far below the 5 s timeout set
 
 
 def _conv_ops(ws: int) -> dict[str, Callable[[Any, int], Any]]:
     """Collectives that need every peer: the ring (1 MiB allreduce, all_gather, the
     reduce-scatter), the one-shot allreduce, a broadcast and a barrier."""
+
     def rs(pg: Any, rank: int) -> Any:
         opts = ReduceScatterOptions()
         opts.reduceOp = ReduceOp.SUM
@@ -462,8 +475,9 @@ def _conv_ops(ws: int) -> dict[str, Callable[[Any, int], Any]]:
     return {
         "allreduce_ring": lambda pg, rank: pg.allreduce([torch.ones(1 << 18)], ReduceOp.SUM),
         "allreduce_oneshot": lambda pg, rank: pg.allreduce([torch.ones(16)], ReduceOp.SUM),
-        "allgather": lambda pg, rank: pg.allgather([[torch.empty(1 << 16) for _ in range(ws)]], [torch.ones(1 << 16)],
-                                                   AllgatherOptions()),
+        "allgather": lambda pg, rank: pg.allgather(
+            [[torch.empty(1 << 16) for _ in range(ws)]], [torch.ones(1 << 16)], AllgatherOptions()
+        ),
         "reduce_scatter": rs,
         "broadcast": bc,
         "barrier": lambda pg, rank: pg.barrier(BarrierOptions()),
@@ -476,8 +490,9 @@ def _errored(e: Any) -> dict[str, str]:
     return {"errored": f"{type(e).__name__}: {e}", "cause": f"{type(cause).__name__}: {cause}"}
 
 
-def _peer_leaves(pg: Any, rank: int, addr: str, tag: str, how: str, barrier: Any,
-                 ops: dict[str, Callable[[Any, int], Any]]) -> dict[str, Any]:
+def _peer_leaves(
+    pg: Any, rank: int, addr: str, tag: str, how: str, barrier: Any, ops: dict[str, Callable[[Any, int], Any]]
+) -> dict[str, Any]:
     """Per collective: a fresh group; one good op; rank WS-1 shuts down (or aborts); the
     others set a 5 s timeout, run the op (it must fail at once), read errored(), and run
     one more op (it must fail at once too)."""
@@ -536,9 +551,11 @@ def test_torchft_conventions_with_ranks_as_threads(transport: str) -> None:
     few = {k: ops[k] for k in ("allreduce_ring", "allgather")}
 
     def run(rank: int) -> dict[str, Any]:
-        out = {"shutdown": _peer_leaves(pgs[rank], rank, addr, "sd", "shutdown", barrier, ops),
-               "abort": _peer_leaves(pgs[rank], rank, addr, "ab", "abort", barrier, few),
-               "frozen": _frozen_peer(pgs[rank], rank, addr, "fz", barrier)}
+        out = {
+            "shutdown": _peer_leaves(pgs[rank], rank, addr, "sd", "shutdown", barrier, ops),
+            "abort": _peer_leaves(pgs[rank], rank, addr, "ab", "abort", barrier, few),
+            "frozen": _frozen_peer(pgs[rank], rank, addr, "fz", barrier),
+        }
         pgs[rank].shutdown()
         return out
 
@@ -549,15 +566,24 @@ def test_torchft_conventions_with_ranks_as_threads(transport: str) -> None:
     for r in range(WS - 1):
         for how in ("shutdown", "abort"):
             for name, v in res[r][how].items():
-                ok = (re.search(TORCHFT_ERROR_RE + "|aborted", v["err"]) and v["took"] < PEER_GONE_BOUND_S
-                      and v["errored"].startswith("RuntimeError: aborted: ") and v["cause"].startswith("Dist")
-                      and v["again"] and v["again_took"] < PEER_GONE_BOUND_S)
+                ok = (
+                    re.search(TORCHFT_ERROR_RE + "|aborted", v["err"])
+                    and v["took"] < PEER_GONE_BOUND_S
+                    and v["errored"].startswith("RuntimeError: aborted: ")
+                    and v["cause"].startswith("Dist")
+                    and v["again"]
+                    and v["again_took"] < PEER_GONE_BOUND_S
+                )
                 if not ok:
                     bad.append(f"rank {r} peer {how} {name}: {v}")
         v = res[r]["frozen"]
-        if not (re.search(TORCHFT_ERROR_RE, v["err"]) and 0.8 < v["took"] < 1.0 + PEER_GONE_BOUND_S
-                and v["errored"].startswith("RuntimeError: aborted: ") and v["cause"].startswith("Dist")
-                and "Timed out" in v["cause"]):
+        if not (
+            re.search(TORCHFT_ERROR_RE, v["err"])
+            and 0.8 < v["took"] < 1.0 + PEER_GONE_BOUND_S
+            and v["errored"].startswith("RuntimeError: aborted: ")
+            and v["cause"].startswith("Dist")
+            and "Timed out" in v["cause"]
+        ):
             bad.append(f"rank {r} frozen peer: {v}")
     assert not bad, "\n".join(bad)
 
@@ -575,8 +601,13 @@ EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_manager_survives_a_killed_replica_and_all_end_with_equal_weights() -> None:
     _torchft()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, EXAMPLE, "--steps", "8", "--kill-at", "3"], capture_output=True,
-                       text=True, timeout=240, env=env)
+    p = subprocess.run(
+        [sys.executable, EXAMPLE, "--steps", "8", "--kill-at", "3"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     out = p.stdout + p.stderr
     assert p.returncode == 0, f"the example failed (exit {p.returncode}):\n{out[-4000:]}"
     # The kill happened inside a step's quorum, and the survivors threw that step away.

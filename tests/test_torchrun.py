@@ -4,6 +4,7 @@
 relying on the ``torch.backends`` entry point, so this needs ringpg pip-installed
 (an editable install counts); it is skipped otherwise.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,9 +13,9 @@ import subprocess
 import sys
 
 import pytest
+from harness import backend_under_test, entry_point_installed
 
 from benchmarks.launch import free_port
-from harness import backend_under_test, entry_point_installed
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "torchrun_script.py")
 NPROC = 2
@@ -34,8 +35,15 @@ def test_script_never_imports_ringpg() -> None:
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
 def test_torchrun_without_import() -> None:
     cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nproc-per-node", str(NPROC), "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(NPROC),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
         SCRIPT,
     ]
     # Own session, so a hang kills torchrun *and* its workers.

@@ -5,6 +5,7 @@ receive, and TCP, where it follows it) runs a small and a multi-segment all_redu
 with RINGPG_TRACE set, then shuts down so every rank closes its file; the tests read
 those files.  Nothing here asserts speed (benchmarks/RESULTS.md has the overhead).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,6 @@ from typing import Any, Dict, List
 import pytest
 import torch
 import torch.distributed as dist
-
 from harness import Groups, InitSpec, WorkerPool, backend_under_test
 
 pytestmark = pytest.mark.skipif(backend_under_test() != "ringpg", reason="RINGPG_TRACE is ringpg's")
@@ -25,10 +25,10 @@ _C = pytest.importorskip("ringpg._C")
 from ringpg import trace as rtrace  # noqa: E402
 
 WS = 3
-SMALL = 12              # one segment per chunk: the walkthrough's op
+SMALL = 12  # one segment per chunk: the walkthrough's op
 MEDIUM = 3 * 80000 + 1  # several segments per chunk, chunks of unequal length
 SMALL_SEQ, MEDIUM_SEQ = 1, 2
-TOL_US = 0.002          # timestamps are printed in us with 3 decimals
+TOL_US = 0.002  # timestamps are printed in us with 3 decimals
 
 
 def small_input(rank: int) -> torch.Tensor:
@@ -136,11 +136,19 @@ def test_steps_and_chunks_match_the_ring_plan(traced: Dict[str, Any], seq: int) 
             if s_len > 0:
                 expected_sends.add((step, j))
                 got = sends[(step, j)]
-                assert (got["chunk"], got["bytes"], got["peer"]) == (_chunk_of(count, s_off), s_len * es, (t.rank + 1) % WS)
+                assert (got["chunk"], got["bytes"], got["peer"]) == (
+                    _chunk_of(count, s_off),
+                    s_len * es,
+                    (t.rank + 1) % WS,
+                )
             if r_len > 0:
                 expected_recvs.add((step, j))
                 got = recvs[(step, j)]
-                assert (got["chunk"], got["bytes"], got["peer"]) == (_chunk_of(count, r_off), r_len * es, (t.rank - 1) % WS)
+                assert (got["chunk"], got["bytes"], got["peer"]) == (
+                    _chunk_of(count, r_off),
+                    r_len * es,
+                    (t.rank - 1) % WS,
+                )
         assert set(sends) == expected_sends and set(recvs) == expected_recvs
         # The named primitives, in NCCL's order.
         names = [e["name"] for e in _of(t, seq, "step")]
@@ -176,8 +184,11 @@ def test_sends_precede_their_receives_on_the_aligned_clock(traced: Dict[str, Any
     checked = 0
     for r, t in traces.items():
         right = (r + 1) % WS
-        recvs = {(e["args"]["seq"], e["args"]["step"], e["args"]["segment"]): e
-                 for e in traces[right].events if e["cat"] == "recv"}
+        recvs = {
+            (e["args"]["seq"], e["args"]["step"], e["args"]["segment"]): e
+            for e in traces[right].events
+            if e["cat"] == "recv"
+        }
         for s in (e for e in t.events if e["cat"] == "send"):
             recv = recvs[(s["args"]["seq"], s["args"]["step"], s["args"]["segment"])]
             # The segment left rank r before rank r+1's wait for it ended, within the
@@ -231,8 +242,8 @@ def test_walkthrough_sums_match_the_result(traced: Dict[str, Any]) -> None:
         for c, (off, n) in enumerate(w.chunks):
             terms = w.final[r][c]
             assert sorted(terms) == [(q, c) for q in range(WS)]
-            expected = sum(inputs[q][off:off + n] for q, _ in terms)
-            assert torch.equal(got[off:off + n], expected)
+            expected = sum(inputs[q][off : off + n] for q, _ in terms)
+            assert torch.equal(got[off : off + n], expected)
     text = rtrace.format_walkthrough(w)
     assert "chunk 1 = a1+b1+c1" in text and "chunk 1 = a1+c1" in text
 
@@ -240,8 +251,13 @@ def test_walkthrough_sums_match_the_result(traced: Dict[str, Any]) -> None:
 def test_cli_merges_and_walks_through(traced: Dict[str, Any], tmp_path: Any) -> None:
     out = tmp_path / "cli.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.run([sys.executable, "-m", "ringpg.trace", traced["dir"], "-o", str(out), "--walkthrough"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ringpg.trace", traced["dir"], "-o", str(out), "--walkthrough"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "3 ranks" in proc.stdout and "a0+b0+c0" in proc.stdout
     json.loads(out.read_text())

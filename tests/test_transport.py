@@ -18,6 +18,7 @@ shared-memory region is left behind once the group is up, and every collective
 that sends to a ring neighbour, on sizes around the slot and chunk boundaries.
 Data are small integers, so results are exact in every dtype (``torch.equal``).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,23 +27,23 @@ from typing import Any, Iterator
 import pytest
 import torch
 import torch.distributed as dist
-
-from benchmarks.backends import transport_of
-from benchmarks.machine import default_tcp_congestion
 from harness import (
-    Checker,
-    CheckReport,
-    Groups,
-    InitSpec,
     EMULATED_HOSTS_ENV,
     EMULATED_LAYOUTS,
     REFUSE_CMA_ENV,
     TRANSPORT_ENVS,
+    Checker,
+    CheckReport,
+    Groups,
+    InitSpec,
     WorkerPool,
     assert_reports_ok,
     backend_under_test,
     data_kind,
     dtype_name,
+    emulated_host,
+    emulated_topology,
+    hierarchical_expected,
     make_data,
     reduce_op,
     ref_all_gather,
@@ -51,12 +52,12 @@ from harness import (
     ref_reduce_scatter,
     sentinel_like,
     skip_case,
-    emulated_host,
-    emulated_topology,
-    hierarchical_expected,
     transport_expected,
     wait_spin_of,
 )
+
+from benchmarks.backends import transport_of
+from benchmarks.machine import default_tcp_congestion
 
 SMALL_SLOT = 65536
 # A spin longer than a small op, so that many waits end while their thread still polls
@@ -77,19 +78,29 @@ CONFIGS = [
     # ...and reduce-scatter's partial sums in a buffer of their own per op past 4 KiB
     # (the kept workspace is what every other configuration runs); every message
     # through the slots (two copies), as where single copy is off.
-    ("shm-64k-slots", (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)), ("RINGPG_WORK_CACHE_BYTES", "4096"),
-                       ("RINGPG_CMA_BYTES", "0")), "shm"),
+    (
+        "shm-64k-slots",
+        (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)), ("RINGPG_WORK_CACHE_BYTES", "4096"), ("RINGPG_CMA_BYTES", "0")),
+        "shm",
+    ),
     # Single copy from 4 KiB, so most messages of the battery go straight from the
     # sender's buffer, into the receiver's or through its reducing stage (the default
     # "shm" runs single copy from 64 KiB).
     ("shm-spin-cma-4k", (("RINGPG_SPIN_US", SPIN), ("RINGPG_CMA_BYTES", "4096")), "shm"),
     # reno: the one congestion control every Linux kernel has and lets anyone choose.
-    ("tcp-spin-reno", (("RINGPG_TRANSPORT", "tcp"), ("RINGPG_SPIN_US", SPIN), ("RINGPG_TCP_CONGESTION", "reno")), "tcp"),
+    (
+        "tcp-spin-reno",
+        (("RINGPG_TRANSPORT", "tcp"), ("RINGPG_SPIN_US", SPIN), ("RINGPG_TCP_CONGESTION", "reno")),
+        "tcp",
+    ),
     # The portable kernels pinned: every reduction below through the plain copy; and
     # single copy from 4 KiB asked for, but the kernel refuses rank 1 reads of rank 0's
     # memory, so the whole group agrees on the slots.
-    ("shm-baseline-kernels-cma-refused", (("RINGPG_REDUCE_ISA", "baseline"), (REFUSE_CMA_ENV, "1"),
-                                          ("RINGPG_CMA_BYTES", "4096")), "shm"),
+    (
+        "shm-baseline-kernels-cma-refused",
+        (("RINGPG_REDUCE_ISA", "baseline"), (REFUSE_CMA_ENV, "1"), ("RINGPG_CMA_BYTES", "4096")),
+        "shm",
+    ),
 ]
 AUTO_SHM_SPIN_US = 100  # Config::kAutoShmSpinMicros
 
@@ -144,12 +155,18 @@ def transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str,
     import ringpg._C
 
     b = ringpg.backend(groups.test)
-    return {"transport": transport_of(groups.test), "leftover": leftover, "spin": wait_spin_of(groups.test),
-            "isa": ringpg._C.reduce_isa(), "isas": ringpg._C.reduce_isas(),
-            "cc": b.tcp_congestion if b is not None else None, "host_cc": default_tcp_congestion(),
-            "allreduce": b.allreduce_algorithm if b is not None else None,
-            "copy": b.same_host_copy if b is not None else None,
-            "hosts": (b.hosts, b.ranks_per_host, b.ring_order) if b is not None else None}
+    return {
+        "transport": transport_of(groups.test),
+        "leftover": leftover,
+        "spin": wait_spin_of(groups.test),
+        "isa": ringpg._C.reduce_isa(),
+        "isas": ringpg._C.reduce_isas(),
+        "cc": b.tcp_congestion if b is not None else None,
+        "host_cc": default_tcp_congestion(),
+        "allreduce": b.allreduce_algorithm if b is not None else None,
+        "copy": b.same_host_copy if b is not None else None,
+        "hosts": (b.hosts, b.ranks_per_host, b.ring_order) if b is not None else None,
+    }
 
 
 def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:

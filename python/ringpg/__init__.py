@@ -19,6 +19,7 @@ The compiled core lives in ``ringpg._C`` and is loaded lazily by the creator,
 after :func:`ringpg._loader.load_extension` has checked that it was built for the
 torch that is running.
 """
+
 from __future__ import annotations
 
 # torch first: its import ends by running the torch.backends entry points, ringpg's
@@ -29,8 +30,7 @@ from ._features import FeatureUnavailable, features
 from ._introspect import backend
 from ._registration import BACKEND_NAME, register, use_algorithm, use_transport
 
-__all__ = ["BACKEND_NAME", "FeatureUnavailable", "backend", "features", "register", "use_algorithm",
-           "use_transport"]
+__all__ = ["BACKEND_NAME", "FeatureUnavailable", "backend", "features", "register", "use_algorithm", "use_transport"]
 __version__ = "0.1.0"
 
 register()

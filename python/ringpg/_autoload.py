@@ -4,6 +4,7 @@ It must never break ``import torch``: it only registers the Python creator (the
 compiled extension is loaded later, when a ringpg group is created), and any
 failure here becomes a warning.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -15,4 +16,4 @@ def register() -> None:
 
         _register()
     except Exception as e:  # noqa: BLE001 - an autoload hook must not raise
-        warnings.warn(f"ringpg: backend autoload failed, use `import ringpg` to see why: {e!r}")
+        warnings.warn(f"ringpg: backend autoload failed, use `import ringpg` to see why: {e!r}", stacklevel=2)

@@ -10,6 +10,7 @@ older torch such a feature is absent, never a crash:
   (an ``AttributeError``, so ``hasattr`` stays False) naming the torch release that has
   it, instead of a bare "object has no attribute".
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,65 +26,74 @@ class FeatureUnavailable(AttributeError):
 @dataclass(frozen=True)
 class Feature:
     since: Tuple[int, int]  # the first torch release that carries it
-    compat_flag: str        # its key in ringpg._C.torch_compat() (csrc/common/torch_compat.h)
+    compat_flag: str  # its key in ringpg._C.torch_compat() (csrc/common/torch_compat.h)
     what: str
-    before: str             # what ringpg does on an older torch
+    before: str  # what ringpg does on an older torch
 
 
 # ringpg's features that depend on the torch it is built for (docs/support.md: "Torch releases").
 FEATURES: Dict[str, Feature] = {
     "abort_shutdown": Feature(
-        (2, 7), "backend_abort_shutdown",
+        (2, 7),
+        "backend_abort_shutdown",
         "torch's destroy_process_group() and _abort_process_group() shut down / abort the group",
         "ringpg.backend(group).shutdown() and .abort() work (ringpg binds them itself); "
         "destroy_process_group() lets the group stop when it is freed, and _abort_process_group() "
         "only warns (it aborts NCCL groups alone)",
     ),
     "get_error": Feature(
-        (2, 7), "backend_get_error",
+        (2, 7),
+        "backend_get_error",
         "the group's Backend.get_error() says whether it has failed and why (TIMEOUT, COMM_ERROR, "
         "REMOTE_ERROR; SUCCESS while healthy)",
         "torch's Backend has no get_error(); a failed group says why in the errors its ops raise",
     ),
     "inline_sync_ops": Feature(
-        (2, 8), "async_op_in_all_options",
+        (2, 8),
+        "async_op_in_all_options",
         "a synchronous op on CPU tensors runs in the caller's thread while the group is idle",
         "every op goes through the group's worker thread: same results, one thread hand-off more per op",
     ),
     "set_timeout": Feature(
-        (2, 9), "backend_set_timeout",
+        (2, 9),
+        "backend_set_timeout",
         "dist.set_timeout(timeout, group), or ringpg.backend(group).set_timeout(timeout) on a torch "
         "without it, changes the group's default timeout for later ops",
         "the group keeps the timeout it was created with (an op's own timeout still applies)",
     ),
     "split_group": Feature(
-        (2, 9), "backend_split",
+        (2, 9),
+        "backend_split",
         "dist.split_group(group, split_ranks) splits a ringpg group into ringpg groups of the same transport "
         "(torch 2.9 to 2.14 split only when init_process_group(device_id=...) bound the default group to an "
         "accelerator, for every backend; 2.15 splits CPU-only jobs too)",
         "dist.split_group() refuses a ringpg group; dist.new_group(ranks) makes the same groups",
     ),
     "shrink_group": Feature(
-        (2, 10), "backend_shrink",
+        (2, 10),
+        "backend_shrink",
         "dist.distributed_c10d.shrink_group(ranks_to_exclude) gives the survivors a ringpg group "
         "without the excluded (dead) ranks, even when the group has failed",
         "torch has no shrink_group(); the survivors make a new group (dist.new_group) or restart",
     ),
     "work_timeout": Feature(
-        (2, 14), "work_timeout",
+        (2, 14),
+        "work_timeout",
         "Work.timeout() reports the op's timeout",
         "torch's Work has no timeout(); ringpg's waits still end at the op's deadline",
     ),
     "abort_hooks": Feature(
-        (2, 14), "backend_abort_hooks",
+        (2, 14),
+        "backend_abort_hooks",
         "group.register_abort_hook(id, fn): fn runs when the group fails (a timeout, a lost or aborting "
         "peer, a mismatch) or is aborted, before the failed op's error reaches its caller",
         "torch has no abort hooks to register",
     ),
     "flight_recorder": Feature(
-        (2, 15), "backend_completion_hooks",
+        (2, 15),
+        "backend_completion_hooks",
         "torch's flight recorder, which torch attaches to every ringpg group, marks finished ops "
-        "\"completed\" with their duration (completion hooks) and dumps its trace when the group fails "
+        '"completed" with their duration (completion hooks) and dumps its trace when the group fails '
         "(TORCH_FR_DUMP_TEMP_FILE<rank>; read it with python -m torch.distributed.flight_recorder.fr_trace)",
         "torch records no ringpg op (2.14 has the recorder but attaches it to torchcomms only)",
     ),

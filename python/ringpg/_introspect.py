@@ -10,6 +10,7 @@ the world group) for a device, so a script can read its choices::
 It sees through torch's checking wrapper (``TORCH_DISTRIBUTED_DEBUG=DETAIL``) and
 returns None for groups that ringpg does not serve on that device.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional

@@ -5,11 +5,13 @@ extension compiled against one torch can crash under another.  The version it wa
 built for is recorded by setup.py in ``_build_config.py``; it is compared with the
 running torch *before* the shared object is loaded.
 """
+
 from __future__ import annotations
 
 import types
 
 import torch
+
 
 class RingpgBuildMismatch(ImportError):
     """The compiled extension was built for a different torch than the one running."""

@@ -4,6 +4,7 @@ The creator receives torch's ``_DistributedBackendOptions`` (store, group_rank,
 group_size, timeout, group_id, global_ranks_in_group) and returns the C++
 ``RingBackend``; torch calls it once per process group, subgroups included.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -66,8 +67,15 @@ def use_algorithm(name: str) -> ContextManager[None]:
     return _algorithm.use(name)
 
 
-def new_ring_backend(store: Any, rank: int, size: int, timeout: timedelta, group_name: str,
-                     transport: Optional[str] = None, algo: Optional[str] = None) -> Any:
+def new_ring_backend(
+    store: Any,
+    rank: int,
+    size: int,
+    timeout: timedelta,
+    group_name: str,
+    transport: Optional[str] = None,
+    algo: Optional[str] = None,
+) -> Any:
     """One C++ ``RingBackend`` of ``size`` ranks on ``store`` (every rank calls it alike).
 
     With ``RINGPG_TRANSPORT=gloo`` (or :func:`use_transport`) the collectives' data move
@@ -83,11 +91,13 @@ def new_ring_backend(store: Any, rank: int, size: int, timeout: timedelta, group
     _C = load_extension()
     choice = transport or _transport.current or _C.transport_setting()
     # The C++ backend first: its rendezvous is where ranks that disagree about gloo fail.
-    backend = _C.RingBackend(store, rank, size, timeout, group_name, transport=choice,
-                             algo=algo or _algorithm.current or "")
+    backend = _C.RingBackend(
+        store, rank, size, timeout, group_name, transport=choice, algo=algo or _algorithm.current or ""
+    )
     if choice == "gloo" and size > 1:
         backend._attach_gloo_link(
-            dist.ProcessGroupGloo(dist.PrefixStore(backend._key_prefix + "gloo_link/", store), rank, size, timeout))
+            dist.ProcessGroupGloo(dist.PrefixStore(backend._key_prefix + "gloo_link/", store), rank, size, timeout)
+        )
     return backend
 
 
@@ -105,6 +115,4 @@ def register() -> None:
     """Register "ringpg" once per process; repeated calls are no-ops."""
     if is_registered():
         return
-    dist.Backend.register_backend(
-        BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"]
-    )
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])

@@ -31,6 +31,7 @@ store's timeout; :meth:`set_timeout` changes it for the live group's later ops a
 (torch >= 2.9) and for the groups of later ``configure()`` calls; per-op timeouts
 (``opts.timeout``) apply as in ringpg.
 """
+
 from __future__ import annotations
 
 import threading

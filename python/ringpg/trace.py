@@ -10,6 +10,7 @@ trace-event array (csrc/common/trace.h says what is in it).  From the command li
 and from Python: :func:`load`, :func:`merge`, :func:`walkthrough` (with
 :func:`format_walkthrough`) and :func:`draw_png`.  Nothing here needs torch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,9 +72,17 @@ def load(trace_dir: str, group: Optional[str] = None) -> List[RankTrace]:
             raise ValueError(f"{path}: no 'ringpg' metadata record: not a ringpg trace")
         if group is not None and meta["group"] != group:
             continue
-        out.append(RankTrace(path=path, group=meta["group"], rank=int(meta["rank"]), size=int(meta["size"]),
-                             meta=meta, events=[e for e in events if e.get("ph") != "M"],
-                             metadata=[e for e in events if e.get("ph") == "M"]))
+        out.append(
+            RankTrace(
+                path=path,
+                group=meta["group"],
+                rank=int(meta["rank"]),
+                size=int(meta["size"]),
+                meta=meta,
+                events=[e for e in events if e.get("ph") != "M"],
+                metadata=[e for e in events if e.get("ph") == "M"],
+            )
+        )
     if not out:
         raise FileNotFoundError(f"no trace of group {group!r} in {trace_dir!r}")
     return sorted(out, key=lambda t: (t.group, t.rank))
@@ -108,10 +117,25 @@ def _flows(traces: List[RankTrace], pid_of: Dict[Tuple[str, int], int], shift: f
             if r is None:
                 continue
             common = {"name": "segment", "cat": "flow", "id": next_id}
-            flows.append({**common, "ph": "s", "pid": pid_of[(t.group, t.rank)], "tid": e["tid"],
-                          "ts": e["ts"] - shift + e["dur"] / 2})
-            flows.append({**common, "ph": "f", "bp": "e", "pid": pid_of[(t.group, a["peer"])], "tid": r["tid"],
-                          "ts": r["ts"] - shift + r["dur"] * 0.999})
+            flows.append(
+                {
+                    **common,
+                    "ph": "s",
+                    "pid": pid_of[(t.group, t.rank)],
+                    "tid": e["tid"],
+                    "ts": e["ts"] - shift + e["dur"] / 2,
+                }
+            )
+            flows.append(
+                {
+                    **common,
+                    "ph": "f",
+                    "bp": "e",
+                    "pid": pid_of[(t.group, a["peer"])],
+                    "tid": r["tid"],
+                    "ts": r["ts"] - shift + r["dur"] * 0.999,
+                }
+            )
             next_id += 1
     return flows
 
@@ -181,15 +205,15 @@ class StepRow:
     """What one rank did at one ring step."""
 
     step: int
-    phase: str                # "reduce-scatter" or "all-gather"
+    phase: str  # "reduce-scatter" or "all-gather"
     rank: int
     send_chunk: Optional[int]
-    sent: List[Tuple[int, int]]       # the terms that left: (rank, chunk) contributions
+    sent: List[Tuple[int, int]]  # the terms that left: (rank, chunk) contributions
     send_to: Optional[int]
     recv_chunk: Optional[int]
     recv_from: Optional[int]
-    reduced: bool             # the received chunk was added to this rank's own
-    holds: List[Tuple[int, int]]      # the received chunk's terms afterwards
+    reduced: bool  # the received chunk was added to this rank's own
+    holds: List[Tuple[int, int]]  # the received chunk's terms afterwards
     done_us: Optional[float]  # when its last receive of the step landed, from the op's first start on any rank
 
 
@@ -199,8 +223,8 @@ class Walkthrough:
     seq: int
     size: int
     count: int
-    chunks: List[Tuple[int, int]]             # (offset, length) of each chunk
-    rows: List[StepRow]                       # by step, then rank
+    chunks: List[Tuple[int, int]]  # (offset, length) of each chunk
+    rows: List[StepRow]  # by step, then rank
     final: List[List[List[Tuple[int, int]]]]  # final[r][c]: the terms rank r holds for chunk c
 
 
@@ -214,8 +238,10 @@ def _pick_op(traces: List[RankTrace], seq: Optional[int]) -> Dict[str, Any]:
     ring = [o for o in ops if o["args"].get("algorithm") == "ring"]
     if not ring:
         algos = sorted({str(o["args"].get("algorithm")) for o in ops})
-        raise ValueError(f"no op in this trace ran the ring (algorithms seen: {algos}); a small all_reduce takes the "
-                         f"one-shot exchange unless RINGPG_ONESHOT_BYTES=0")
+        raise ValueError(
+            f"no op in this trace ran the ring (algorithms seen: {algos}); a small all_reduce takes the "
+            f"one-shot exchange unless RINGPG_ONESHOT_BYTES=0"
+        )
     reducing = [o for o in ring if o["name"] == "all_reduce"]
     return (reducing or ring)[0]
 
@@ -275,13 +301,24 @@ def walkthrough(trace_dir: str, seq: Optional[int] = None, group: Optional[str] 
             if c is not None:
                 held[r][c] = sorted(set(held[r][c]) | set(msgs[left])) if reduced else list(msgs[left])
             done = [e["ts"] + e["dur"] for e in per_rank[r] if e.get("cat") == "recv" and e["args"]["step"] == k]
-            rows.append(StepRow(step=k, phase="reduce-scatter" if reduced else "all-gather", rank=r,
-                                send_chunk=sends[r], sent=msgs[r], send_to=(r + 1) % size if sends[r] is not None
-                                else None, recv_chunk=c, recv_from=left if c is not None else None, reduced=reduced,
-                                holds=list(held[r][c]) if c is not None else [],
-                                done_us=(max(done) - start) if done else None))
-    return Walkthrough(name=op["name"], seq=seq, size=size, count=count, chunks=_chunks(count, size), rows=rows,
-                       final=held)
+            rows.append(
+                StepRow(
+                    step=k,
+                    phase="reduce-scatter" if reduced else "all-gather",
+                    rank=r,
+                    send_chunk=sends[r],
+                    sent=msgs[r],
+                    send_to=(r + 1) % size if sends[r] is not None else None,
+                    recv_chunk=c,
+                    recv_from=left if c is not None else None,
+                    reduced=reduced,
+                    holds=list(held[r][c]) if c is not None else [],
+                    done_us=(max(done) - start) if done else None,
+                )
+            )
+    return Walkthrough(
+        name=op["name"], seq=seq, size=size, count=count, chunks=_chunks(count, size), rows=rows, final=held
+    )
 
 
 def format_walkthrough(w: Walkthrough) -> str:
@@ -297,18 +334,27 @@ def format_walkthrough(w: Walkthrough) -> str:
     for i, row in enumerate(w.rows):
         if i > 0 and row.step != w.rows[i - 1].step:
             lines.append("")
-        send = f"chunk {row.send_chunk} ({_term_text(row.sent)}) -> {row.send_to}" if row.send_chunk is not None else "-"
-        recv = f"chunk {row.recv_chunk} <- {row.recv_from}" + (" (+ own)" if row.reduced else "") \
-            if row.recv_chunk is not None else "-"
+        send = (
+            f"chunk {row.send_chunk} ({_term_text(row.sent)}) -> {row.send_to}" if row.send_chunk is not None else "-"
+        )
+        recv = (
+            f"chunk {row.recv_chunk} <- {row.recv_from}" + (" (+ own)" if row.reduced else "")
+            if row.recv_chunk is not None
+            else "-"
+        )
         holds = f"chunk {row.recv_chunk} = {_term_text(row.holds)}" if row.recv_chunk is not None else "-"
         landed = f"{row.done_us:.1f} us" if row.done_us is not None else ""
-        lines.append(f"{row.step:>4}  {row.phase:<14}  {row.rank:>4}  {send:<24}  {recv:<24}  {holds:<28}  {landed:>10}")
+        lines.append(
+            f"{row.step:>4}  {row.phase:<14}  {row.rank:>4}  {send:<24}  {recv:<24}  {holds:<28}  {landed:>10}"
+        )
     lines.append("")
     lines.append("At the end:")
     for r in range(w.size):
         lines.append(f"  rank {r}: " + "  ".join(f"chunk {c} = {_term_text(t)}" for c, t in enumerate(w.final[r])))
-    lines.append("(landed: when the step's last segment arrived on that rank, counted from the first rank's "
-                 "start of the op, clocks aligned)")
+    lines.append(
+        "(landed: when the step's last segment arrived on that rank, counted from the first rank's "
+        "start of the op, clocks aligned)"
+    )
     return "\n".join(lines)
 
 
@@ -318,8 +364,9 @@ def format_walkthrough(w: Walkthrough) -> str:
 _LANES = ("in flight", "recv wait", "reduce", "send")
 
 
-def draw_png(trace_dir: str, out_path: str, seq: Optional[int] = None, group: Optional[str] = None,
-             title: Optional[str] = None) -> None:
+def draw_png(
+    trace_dir: str, out_path: str, seq: Optional[int] = None, group: Optional[str] = None, title: Optional[str] = None
+) -> None:
     """Draws one op's timeline (default: the last ring op) to a PNG.
 
     One band per rank, four lanes each: receives in flight (posted until landed;
@@ -334,8 +381,10 @@ def draw_png(trace_dir: str, out_path: str, seq: Optional[int] = None, group: Op
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
     except ImportError as e:
-        raise RuntimeError("ringpg.trace --png needs matplotlib: pip install matplotlib "
-                           "(or ringpg's bench extra: pip install 'ringpg[bench]')") from e
+        raise RuntimeError(
+            "ringpg.trace --png needs matplotlib: pip install matplotlib "
+            "(or ringpg's bench extra: pip install 'ringpg[bench]')"
+        ) from e
     traces = _one_group(load(trace_dir, group))
     ops = [o for o in traces[0].ops() if o["args"].get("algorithm") == "ring"]
     if seq is None:
@@ -360,7 +409,10 @@ def draw_png(trace_dir: str, out_path: str, seq: Optional[int] = None, group: Op
             cat = e.get("cat")
             a = e.get("args", {})
             if cat == "recv":
-                spans = [("recv wait", e["ts"], e["dur"], 0.9), ("in flight", a["posted_us"], e["ts"] + e["dur"] - a["posted_us"], 0.25)]
+                spans = [
+                    ("recv wait", e["ts"], e["dur"], 0.9),
+                    ("in flight", a["posted_us"], e["ts"] + e["dur"] - a["posted_us"], 0.25),
+                ]
             elif cat == "reduce":
                 spans = [("reduce", e["ts"], e["dur"], 0.9)]
             elif cat == "send":
@@ -369,16 +421,28 @@ def draw_png(trace_dir: str, out_path: str, seq: Optional[int] = None, group: Op
                 continue
             for lane, start, dur, alpha in spans:
                 y = base + (len(_LANES) - 1 - _LANES.index(lane)) * lane_h
-                ax.broken_barh([((start - t0) / 1000.0, max(dur, 0.5) / 1000.0)], (y + 0.02, lane_h - 0.04),
-                               facecolors=colour[a["step"]], alpha=alpha, linewidth=0)
+                ax.broken_barh(
+                    [((start - t0) / 1000.0, max(dur, 0.5) / 1000.0)],
+                    (y + 0.02, lane_h - 0.04),
+                    facecolors=colour[a["step"]],
+                    alpha=alpha,
+                    linewidth=0,
+                )
     ax.set_yticks(yticks)
     ax.set_yticklabels(ylabels, fontsize=7)
     ax.set_xlabel("ms from the op's start (clocks aligned to rank 0)")
     mib = op["args"]["bytes"] / 2**20
-    ax.set_title(title or f"{op['name']} seq {seq}: {mib:g} MiB on {len(traces)} ranks, "
-                 f"{op['args'].get('segments')} segments per chunk")
-    ax.legend(handles=[Patch(color=colour[k], label=f"step {k}") for k in steps], loc="upper left",
-              bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    ax.set_title(
+        title
+        or f"{op['name']} seq {seq}: {mib:g} MiB on {len(traces)} ranks, "
+        f"{op['args'].get('segments')} segments per chunk"
+    )
+    ax.legend(
+        handles=[Patch(color=colour[k], label=f"step {k}") for k in steps],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=7,
+    )
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)
@@ -402,9 +466,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         out = args.output or (None if (args.walkthrough or args.png) else os.path.join(args.dir, "ring.json"))
         if out:
             s = merge(args.dir, out, args.group, flows=not args.no_flows)
-            print(f"{out}: {s['ranks']} ranks, {s['ops']} op spans, {s['events']} events; clocks aligned to "
-                  f"rank 0 within {s['clock_uncertainty_us']:.1f} us (half the best round trip); writing the "
-                  f"trace took {100 * s['trace_write_fraction']:.2f}% of the ops' time")
+            print(
+                f"{out}: {s['ranks']} ranks, {s['ops']} op spans, {s['events']} events; clocks aligned to "
+                f"rank 0 within {s['clock_uncertainty_us']:.1f} us (half the best round trip); writing the "
+                f"trace took {100 * s['trace_write_fraction']:.2f}% of the ops' time"
+            )
         if args.walkthrough:
             print(format_walkthrough(walkthrough(args.dir, args.seq, args.group)))
         if args.png:

@@ -21,34 +21,35 @@ Helpers the benchmarks share (``free_port``, ``transport_of``, ``global_rank``) 
 the ``benchmarks`` package; ``tests/conftest.py`` puts the repository root on
 ``sys.path`` so that tests and workers can import it.
 """
+
 from __future__ import annotations
 
 # Re-exported, so that a test writes ``from harness import Checker, make_data, WorkerPool``.
 from .backend import (
     BACKEND_ENV,
-    REFERENCE_BACKEND,
     EMULATED_HOSTS_ENV,
     EMULATED_LAYOUTS,
+    REFERENCE_BACKEND,
     REFUSE_CMA_ENV,
     TRANSPORT_ENVS,
     apply_env,
     backend_under_test,
     can_make_mount_namespaces,
+    cpu_backend,
     emulated_host,
     emulated_topology,
-    hierarchical_expected,
-    cpu_backend,
     entry_point_installed,
-    oneshot_limit_bytes,
     hier_pieces,
+    hierarchical_expected,
+    oneshot_limit_bytes,
+    tiny_private_dev_shm,
     traced_algorithms,
     traced_ops,
     traced_pieces,
-    tiny_private_dev_shm,
     transport_expected,
     wait_spin_of,
 )
-from .checking import CheckReport, Checker, assert_reports_ok, describe_mismatch, smoke_checks
+from .checking import Checker, CheckReport, assert_reports_ok, describe_mismatch, smoke_checks
 from .data import (
     BIG_DTYPES,
     BIG_NUMEL,
@@ -75,15 +76,6 @@ from .processes import (
     collect_results,
     run_workers,
 )
-from .scenarios import (
-    KILL_DETECT_S,
-    ScenarioFn,
-    assert_survivors_raised_fast,
-    die_mid_collective,
-    expect_error,
-    init_ringpg,
-    run_scenario,
-)
 from .references import (
     divide_by_world,
     rank_block,
@@ -92,4 +84,13 @@ from .references import (
     ref_broadcast,
     ref_reduce_scatter,
     sentinel_like,
+)
+from .scenarios import (
+    KILL_DETECT_S,
+    ScenarioFn,
+    assert_survivors_raised_fast,
+    die_mid_collective,
+    expect_error,
+    init_ringpg,
+    run_scenario,
 )

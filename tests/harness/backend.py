@@ -6,6 +6,7 @@ harness and the tests themselves against gloo).  gloo is always the reference.
 How a ring moves its bytes (``transport_of``) is asked through
 :mod:`benchmarks.backends`, which the benchmarks share.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -42,9 +43,9 @@ TRANSPORT_ENVS: dict[str, tuple[tuple[str, str], ...]] = {
 # (test_hierarchical.py): hosts x ranks per host, and hosts of 4 and 2 ranks.
 EMULATED_LAYOUTS: dict[str, str] = {
     "mixed-block": "block2",
-    "hosts3x2": "3",              # rank r on host r % 3: hierSlot is the rank
-    "hosts2x3": "block3",         # torchrun's numbering: ranks 0-2 on host 0
-    "hosts4+2": "0,1,0,0,1,0",    # unequal: host 0 holds ranks 0, 2, 3, 5
+    "hosts3x2": "3",  # rank r on host r % 3: hierSlot is the rank
+    "hosts2x3": "block3",  # torchrun's numbering: ranks 0-2 on host 0
+    "hosts4+2": "0,1,0,0,1,0",  # unequal: host 0 holds ranks 0, 2, 3, 5
 }
 
 
@@ -60,7 +61,7 @@ def emulated_host(layout: str, rank: int) -> int:
             raise ValueError(f"{EMULATED_HOSTS_ENV}={layout!r} names no host for rank {rank}")
         return int(hosts[rank])
     if layout.startswith("block"):
-        return rank // int(layout[len("block"):])
+        return rank // int(layout[len("block") :])
     return rank % int(layout)
 
 
@@ -130,9 +131,11 @@ def tiny_private_dev_shm() -> None:
     before any thread starts (see can_make_mount_namespaces)."""
     libc = ctypes.CDLL(None, use_errno=True)
     CLONE_NEWNS, MS_REC, MS_PRIVATE = 0x00020000, 0x4000, 0x40000
-    if (libc.unshare(CLONE_NEWNS) != 0
-            or libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0
-            or libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, b"size=256k") != 0):
+    if (
+        libc.unshare(CLONE_NEWNS) != 0
+        or libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0
+        or libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, b"size=256k") != 0
+    ):
         err = ctypes.get_errno()
         raise OSError(err, f"private /dev/shm: {os.strerror(err)}")
 
@@ -140,8 +143,11 @@ def tiny_private_dev_shm() -> None:
 def can_make_mount_namespaces() -> bool:
     """Whether tiny_private_dev_shm can work here (root, unshare(1) permitted)."""
     tool = shutil.which("unshare")
-    return (os.geteuid() == 0 and tool is not None
-            and subprocess.run([tool, "-m", "true"], capture_output=True).returncode == 0)
+    return (
+        os.geteuid() == 0
+        and tool is not None
+        and subprocess.run([tool, "-m", "true"], capture_output=True).returncode == 0
+    )
 
 
 def transport_expected(name: str, ranks: Union[int, Sequence[int]]) -> str:
@@ -155,6 +161,8 @@ def transport_expected(name: str, ranks: Union[int, Sequence[int]]) -> str:
             return "shm" if len(hosts) > 1 else "tcp"
         return "shm+tcp" if len(hosts) > len(set(hosts)) else "tcp"
     return name
+
+
 ONESHOT_BYTES_DEFAULT = 262144  # README: RINGPG_ONESHOT_BYTES
 
 

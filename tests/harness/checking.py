@@ -6,6 +6,7 @@ peer that stopped), and the parent reports all of them with
 :func:`assert_reports_ok`.  :func:`smoke_checks` is a short battery of every
 collective for tests where *that* a group works matters more than every case.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,10 +39,7 @@ def _format_bad(got: torch.Tensor, expected: torch.Tensor, bad: torch.Tensor, ma
     first = idx[:max_items]
     g = got.flatten()[first].tolist()
     e = expected.flatten()[first].tolist()
-    return (
-        f"{idx.numel()}/{got.numel()} elements differ; first at flat index {first.tolist()}: "
-        f"got {g} expected {e}"
-    )
+    return f"{idx.numel()}/{got.numel()} elements differ; first at flat index {first.tolist()}: got {g} expected {e}"
 
 
 @dataclass
@@ -136,8 +134,11 @@ def smoke_checks(chk: Checker, tag: str, test_group: Any, ref_group: Any, numel:
     matters more than the full dtype/op battery of test_collectives.py.
     """
     rank, ws = dist.get_rank(test_group), dist.get_world_size(test_group)
-    chk.true(f"{tag}: rank/size match the gloo group", (rank, ws) == (dist.get_rank(ref_group), dist.get_world_size(ref_group)),
-             f"({rank}, {ws}) vs ({dist.get_rank(ref_group)}, {dist.get_world_size(ref_group)})")
+    chk.true(
+        f"{tag}: rank/size match the gloo group",
+        (rank, ws) == (dist.get_rank(ref_group), dist.get_world_size(ref_group)),
+        f"({rank}, {ws}) vs ({dist.get_rank(ref_group)}, {dist.get_world_size(ref_group)})",
+    )
     grank = dist.get_rank()
     for dtype, op in ((torch.float32, "SUM"), (torch.int64, "MAX"), (torch.float32, "AVG"), (torch.int32, "PRODUCT")):
         case = f"{tag}: all_reduce op={op} dtype={dtype_name(dtype)} ws={ws} numel={numel}"

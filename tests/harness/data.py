@@ -4,6 +4,7 @@ Every rank derives its data from (rank, case name) alone (:func:`case_seed`), so
 rank, and any rerun, can rebuild any rank's input; the dtypes, reduction ops and
 sizes the batteries sweep are defined here too.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -53,7 +54,9 @@ def make_data(rank: int, case: str, shape: Sequence[int], dtype: torch.dtype, ki
     return vals.to(dtype)
 
 
-def make_random_float(rank: int, case: str, shape: Sequence[int], dtype: torch.dtype, kind: str = "normal") -> torch.Tensor:
+def make_random_float(
+    rank: int, case: str, shape: Sequence[int], dtype: torch.dtype, kind: str = "normal"
+) -> torch.Tensor:
     """Deterministic random floats, exactly representable in ``dtype``.
 
     kind ``"normal"``: standard normal; kind ``"product"``: random sign times a

@@ -5,6 +5,7 @@ Only relevant when ``RINGPG_TEST_BACKEND=gloo`` makes gloo the backend under tes
 against ringpg they always run.  Features are named by short strings; ask with
 :func:`known_gap`.
 """
+
 from __future__ import annotations
 
 import torch

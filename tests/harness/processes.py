@@ -13,6 +13,7 @@ back as a formatted traceback and the parent raises ``AssertionError`` with all 
 them (after a short grace period the still-running ranks, typically blocked in a
 collective their failed peer never joined, are killed).
 """
+
 from __future__ import annotations
 
 import os
@@ -93,12 +94,16 @@ def _init_child(rank: int, ws: int, rdv: _Rendezvous) -> Groups:
     timeout = timedelta(seconds=PG_TIMEOUT_S)
     method = rdv.spec.method
     if method == "tcp":
-        dist.init_process_group(default_backend, init_method=f"tcp://127.0.0.1:{rdv.port}", rank=rank, world_size=ws, timeout=timeout)
+        dist.init_process_group(
+            default_backend, init_method=f"tcp://127.0.0.1:{rdv.port}", rank=rank, world_size=ws, timeout=timeout
+        )
     elif method == "env":
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(rdv.port), RANK=str(rank), WORLD_SIZE=str(ws))
         dist.init_process_group(default_backend, init_method="env://", timeout=timeout)
     elif method == "file":
-        dist.init_process_group(default_backend, init_method=f"file://{rdv.file_path}", rank=rank, world_size=ws, timeout=timeout)
+        dist.init_process_group(
+            default_backend, init_method=f"file://{rdv.file_path}", rank=rank, world_size=ws, timeout=timeout
+        )
     elif method == "store":
         store = dist.TCPStore("127.0.0.1", rdv.port, ws, is_master=(rank == 0), timeout=timeout)
         dist.init_process_group(default_backend, store=store, rank=rank, world_size=ws, timeout=timeout)
@@ -160,7 +165,7 @@ class WorkerPool:
     def __init__(
         self,
         world_size: int,
-        spec: InitSpec = InitSpec(),
+        spec: InitSpec = InitSpec(),  # noqa: B008 - frozen: one shared default is safe
         backend: Optional[str] = None,
         error_grace_s: float = ERROR_GRACE_S,
     ) -> None:
@@ -200,13 +205,22 @@ class WorkerPool:
         self._results = self._ctx.Queue()
         self._tasks = [self._ctx.Queue() for _ in range(self.world_size)]
         self._procs = [
-            self._ctx.Process(target=_child_main, args=(r, self.world_size, rdv, self._tasks[r], self._results), daemon=True, name=f"ringpg-test-rank{r}")
+            self._ctx.Process(
+                target=_child_main,
+                args=(r, self.world_size, rdv, self._tasks[r], self._results),
+                daemon=True,
+                name=f"ringpg-test-rank{r}",
+            )
             for r in range(self.world_size)
         ]
         for p in self._procs:
             p.start()
         try:
-            self._collect(-1, f"initialisation ({self.spec.method}://, default backend {self.spec.default_backend or self.backend})", timeout)
+            self._collect(
+                -1,
+                f"initialisation ({self.spec.method}://, default backend {self.spec.default_backend or self.backend})",
+                timeout,
+            )
         except AssertionError as e:
             self._init_failure = str(e)
             raise
@@ -271,7 +285,9 @@ class WorkerPool:
             parts.append(f"--- rank {r} raised ---\n{errors[r]}")
         if missing:
             if errors:
-                parts.append(f"ranks {missing} were still running {self.error_grace_s:.0f} s after a peer failed (killed)")
+                parts.append(
+                    f"ranks {missing} were still running {self.error_grace_s:.0f} s after a peer failed (killed)"
+                )
             else:
                 parts.append(f"ranks {missing} hung: no result within {timeout:.0f} s (all workers killed)")
         raise AssertionError("\n".join(parts))
@@ -296,7 +312,7 @@ def run_workers(
     fn: TaskFn,
     world_size: int,
     args: Any = None,
-    spec: InitSpec = InitSpec(),
+    spec: InitSpec = InitSpec(),  # noqa: B008 - frozen: one shared default is safe
     backend: Optional[str] = None,
     timeout: float = DEFAULT_RUN_TIMEOUT_S,
 ) -> list[Any]:

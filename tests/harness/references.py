@@ -4,6 +4,7 @@ Each reference runs the gloo op on a copy of the input; AVG is SUM divided by th
 group size (gloo has no AVG), and reduce_scatter's reference is a block of a gloo
 all_reduce, so it does not depend on gloo's reduce_scatter.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence

@@ -12,6 +12,7 @@ The dead-peer scenario that several fault batteries share lives here too:
 (one rank dies while the others loop over a collective) and
 :func:`assert_survivors_raised_fast` (what every survivor must have seen).
 """
+
 from __future__ import annotations
 
 import os
@@ -45,14 +46,22 @@ def _scenario_child(fn: ScenarioFn, rank: int, ws: int, port: int, args: Any, ou
     os._exit(0)  # skip destructors of a deliberately broken group
 
 
-def run_scenario(fn: ScenarioFn, ws: int, args: Any = None, expect: Optional[set[int]] = None,
-                 timeout: float = 90.0, env: Optional[dict[str, str]] = None) -> dict[int, dict]:
+def run_scenario(
+    fn: ScenarioFn,
+    ws: int,
+    args: Any = None,
+    expect: Optional[set[int]] = None,
+    timeout: float = 90.0,
+    env: Optional[dict[str, str]] = None,
+) -> dict[int, dict]:
     """Runs fn(rank, ws, port, args) on ws ranks (with `env` set in each); returns results of the ranks in `expect`."""
     ctx = worker_context()
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_scenario_child, args=(fn, r, ws, port, args, out, env or {}), daemon=True)
-             for r in range(ws)]
+    procs = [
+        ctx.Process(target=_scenario_child, args=(fn, r, ws, port, args, out, env or {}), daemon=True)
+        for r in range(ws)
+    ]
     for p in procs:
         p.start()
     return collect_results(procs, out, set(range(ws)) if expect is None else expect, timeout)
@@ -125,8 +134,15 @@ def die_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
         except Exception as e:  # noqa: BLE001
             t_err = time.time()
             kind, again, _ = expect_error(lambda: dist.all_reduce(torch.ones(8)))
-            return {"type": type(e).__name__, "msg": str(e), "t": t_err, "again_type": kind, "again": again,
-                    "transport": transport_of(dist.group.WORLD), "algorithm": algorithm}
+            return {
+                "type": type(e).__name__,
+                "msg": str(e),
+                "t": t_err,
+                "again_type": kind,
+                "again": again,
+                "transport": transport_of(dist.group.WORLD),
+                "algorithm": algorithm,
+            }
     return {"type": "", "msg": f"no error after 1000 {op} calls"}
 
 

@@ -6,6 +6,7 @@ collectives against a gloo group of the same ranks and prints ``OK rank=<r>``.
 The backend comes from ``$RINGPG_TEST_BACKEND`` (default ``ringpg``), so the
 launcher test can itself be validated against gloo.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Style check (CI): ruff's lint and format rules (pyproject.toml) over the Python, and
+# clang-format (.clang-format) over csrc/.  The tools are pinned and installed once from
+# PyPI into a cache directory of their own (not the environment ringpg runs in), so every
+# machine checks with the same versions.  --fix rewrites the files instead of checking.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUFF_VERSION=0.14.14
+CLANG_FORMAT_VERSION=18.1.8
+TOOLS="${RINGPG_LINT_DIR:-$HOME/.cache/ringpg-lint}/ruff-$RUFF_VERSION-clang-format-$CLANG_FORMAT_VERSION"
+if [ ! -x "$TOOLS/bin/ruff" ] || [ ! -x "$TOOLS/bin/clang-format" ]; then
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --target "$TOOLS" \
+    "ruff==$RUFF_VERSION" "clang-format==$CLANG_FORMAT_VERSION"
+fi
+ruff() { PYTHONPATH="$TOOLS" "$TOOLS/bin/ruff" "$@"; }
+clang_format() { PYTHONPATH="$TOOLS" "$TOOLS/bin/clang-format" "$@"; }
+mapfile -t CXX < <(git ls-files 'csrc/*.cpp' 'csrc/*.h' 'csrc/*.inc')
+if [ "${1:-}" = "--fix" ]; then
+  ruff check --fix .
+  ruff format .
+  clang_format -i "${CXX[@]}"
+  exit 0
+fi
+ruff check .
+ruff format --check .
+clang_format --dry-run -Werror "${CXX[@]}"
+echo "lint: clean (ruff $RUFF_VERSION, clang-format $CLANG_FORMAT_VERSION)"
