@@ -41,8 +41,8 @@ ClockOffset measureClockOffset(Engine& engine, const Config& cfg, int rank, int 
   EngineLink tcp(engine);
   const Topology ranks = Topology::singleHost(size); // direct exchanges only: no ring order needed
   const LinkTable links = LinkTable::engineOnly(tcp, engine, ranks);
-  OpContext c(links, cfg, OpTag{"trace_clock_sync", 0, rank}, size,
-              OpSignature(c10d::OpType::UNKNOWN, c10::kLong, 1), deadline, scratch, workspace);
+  OpContext c(links, cfg, OpTag{"trace_clock_sync", 0, rank}, size, OpSignature(c10d::OpType::UNKNOWN, c10::kLong, 1),
+              deadline, scratch, workspace);
   engine.setCurrentCollective(c.header());
   int64_t more = 1; // the ping: 1 while more rounds follow, 0 on the last
   int64_t answer = 0;
@@ -83,8 +83,8 @@ ClockOffset measureClockOffset(Engine& engine, const Config& cfg, int rank, int 
   return out;
 }
 
-std::unique_ptr<Tracer> openTrace(Engine& engine, const char* transport, const Config& cfg,
-                                  const std::string& group, int rank, int size, Deadline deadline) {
+std::unique_ptr<Tracer> openTrace(Engine& engine, const char* transport, const Config& cfg, const std::string& group,
+                                  int rank, int size, Deadline deadline) {
   if (cfg.traceDir.empty()) {
     return nullptr;
   }

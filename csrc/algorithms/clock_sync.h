@@ -45,7 +45,7 @@ ClockOffset measureClockOffset(Engine& engine, const Config& cfg, int rank, int 
 
 // The group's tracer when RINGPG_TRACE is set (after the clock exchange; collective),
 // else null.  `transport`: the group's ring transport, for the file's header.
-std::unique_ptr<Tracer> openTrace(Engine& engine, const char* transport, const Config& cfg,
-                                  const std::string& group, int rank, int size, Deadline deadline);
+std::unique_ptr<Tracer> openTrace(Engine& engine, const char* transport, const Config& cfg, const std::string& group,
+                                  int rank, int size, Deadline deadline);
 
 } // namespace ringpg

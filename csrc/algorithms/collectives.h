@@ -64,8 +64,7 @@ void allGatherIntoCoalesced(OpContext& c, const std::vector<at::Tensor>& inputs,
 // reduce_scatter_tensor: `output` = chunk `rank` of the reduction of every `input`.
 void reduceScatterInto(OpContext& c, const at::Tensor& input, const at::Tensor& output, const Reduction& red);
 // reduce_scatter: `inputs[q]` is this rank's contribution to rank q's `output`.
-void reduceScatter(OpContext& c, const std::vector<at::Tensor>& inputs, const at::Tensor& output,
-                   const Reduction& red);
+void reduceScatter(OpContext& c, const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Reduction& red);
 void reduceScatterIntoCoalesced(OpContext& c, const std::vector<at::Tensor>& inputs,
                                 const std::vector<at::Tensor>& outputs, const Reduction& red);
 

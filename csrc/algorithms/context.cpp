@@ -40,26 +40,25 @@ bool OpContext::fusedRecvReduce(int peer) const {
   return links_.from[peer]->fusesReceive(peer);
 }
 
-RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t count, size_t es, RedOp op,
-                                 int step, int chunk, int64_t segment) {
+RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t count, size_t es, RedOp op, int step,
+                                 int chunk, int64_t segment) {
   TORCH_INTERNAL_ASSERT(fusedRecvReduce(peer));
   const c10::ScalarType dtype = sig_.dtype;
   // Fragments start at multiples of the slot size, a multiple of 64 bytes, so each
   // holds whole elements.
   if (OpTrace* t = trace_) {
     // Traced: the same reduction, timed on the thread whose wait pulled the fragment.
-    return links_.from[peer]->postRecvInto(peer, header(), static_cast<size_t>(count) * es,
-                              [=](const char* src, size_t offset, size_t n) {
-                                const int64_t begin = traceNow();
-                                reduce(dtype, op, dst + offset, in + offset, src, static_cast<int64_t>(n / es));
-                                t->segment(TraceKind::Reduce, "reduce", begin, step, chunk, segment, peer,
-                                           static_cast<int64_t>(n));
-                              });
+    return links_.from[peer]->postRecvInto(
+        peer, header(), static_cast<size_t>(count) * es, [=](const char* src, size_t offset, size_t n) {
+          const int64_t begin = traceNow();
+          reduce(dtype, op, dst + offset, in + offset, src, static_cast<int64_t>(n / es));
+          t->segment(TraceKind::Reduce, "reduce", begin, step, chunk, segment, peer, static_cast<int64_t>(n));
+        });
   }
-  return links_.from[peer]->postRecvInto(peer, header(), static_cast<size_t>(count) * es,
-                            [=](const char* src, size_t offset, size_t n) {
-                              reduce(dtype, op, dst + offset, in + offset, src, static_cast<int64_t>(n / es));
-                            });
+  return links_.from[peer]->postRecvInto(
+      peer, header(), static_cast<size_t>(count) * es, [=](const char* src, size_t offset, size_t n) {
+        reduce(dtype, op, dst + offset, in + offset, src, static_cast<int64_t>(n / es));
+      });
 }
 
 void OpContext::wait(const RequestPtr& req) {
@@ -67,10 +66,10 @@ void OpContext::wait(const RequestPtr& req) {
   const bool done = links_.waitUntil(req, deadline_);
   if (!done) {
     const bool isSend = hasKind(req->hdr, FrameKind::Collective) && req->progress > 0;
-    const std::string msg = c10::str(
-        describe(tag_), ": Timed out waiting for rank ", req->peer, " after ", timeout_.count(), " ms (",
-        req->len, "-byte ", isSend ? "send" : "transfer", " pending; the op's timeout). "
-        "The peer may be stuck, stopped, or calling a different collective.");
+    const std::string msg = c10::str(describe(tag_), ": Timed out waiting for rank ", req->peer, " after ",
+                                     timeout_.count(), " ms (", req->len, "-byte ", isSend ? "send" : "transfer",
+                                     " pending; the op's timeout). "
+                                     "The peer may be stuck, stopped, or calling a different collective.");
     engine_.fail(msg, /*network=*/false, BreakCause::Timeout); // later ops fail at once with this cause
     throwBackend(msg);
   }

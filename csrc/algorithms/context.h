@@ -41,8 +41,8 @@ class OpContext {
       : links_(links), engine_(*links.engine), cfg_(cfg), tag_(tag), size_(size), sig_(sig), deadline_(deadline),
         // The op's timeout, for messages: the deadline was set to now + timeout just
         // before, so rounding the time left to whole ms gives the timeout back.
-        timeout_(std::chrono::round<std::chrono::milliseconds>(deadline - Clock::now())),
-        scratch_(scratch), workspace_(workspace) {}
+        timeout_(std::chrono::round<std::chrono::milliseconds>(deadline - Clock::now())), scratch_(scratch),
+        workspace_(workspace) {}
 
   int rank() const { return tag_.rank; }
   int size() const { return size_; }
@@ -78,8 +78,8 @@ class OpContext {
   // op's dtype (`elemSize` bytes each).  Requires fusedRecvReduce(peer); `in` must be
   // ready when it is posted.  When the op is traced, each fragment's reduction is a
   // "reduce" event of ring step `step`, chunk `chunk`, segment `segment`.
-  RequestPtr recvReduce(int peer, char* dst, const char* in, int64_t count, size_t elemSize, RedOp op,
-                        int step = -1, int chunk = -1, int64_t segment = -1);
+  RequestPtr recvReduce(int peer, char* dst, const char* in, int64_t count, size_t elemSize, RedOp op, int step = -1,
+                        int chunk = -1, int64_t segment = -1);
   // Where the group's links do not check what their frames carry (Gloo's pairs:
   // Link::checksFrames), the op is checked on the engine, its control link, instead:
   // an empty frame of this op to the right neighbour, and the receive of the left

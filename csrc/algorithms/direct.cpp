@@ -22,9 +22,7 @@ void rootedExchange(OpContext& c, int root, Direction dir, char* mine, const std
   const int r = c.rank();
   // The root receives what comes to it, every other rank what comes from it.
   const bool receives = (dir == Direction::ToRoot) == (r == root);
-  auto post = [&](int peer, char* buf) {
-    return receives ? c.recv(peer, buf, nbytes) : c.send(peer, buf, nbytes);
-  };
+  auto post = [&](int peer, char* buf) { return receives ? c.recv(peer, buf, nbytes) : c.send(peer, buf, nbytes); };
   std::vector<RequestPtr> reqs;
   if (r != root) {
     reqs.push_back(post(root, mine));

@@ -117,8 +117,8 @@ class AcrossHosts {
     std::unique_lock<std::mutex> lk(mu_);
     // Every wait of the other thread ends by the op's deadline, when it records its
     // timeout, so this one ends soon after; the grace only bounds a bug there.
-    const bool ended = cv_.wait_until(lk, c_.deadline() + kGrace,
-                                      [&] { return crossed_ > piece || state_ == State::Failed; });
+    const bool ended =
+        cv_.wait_until(lk, c_.deadline() + kGrace, [&] { return crossed_ > piece || state_ == State::Failed; });
     if (state_ == State::Failed) {
       std::rethrow_exception(error_);
     }
@@ -255,8 +255,12 @@ void hierAllreduce(OpContext& c, char* data, int64_t count, size_t es, RedOp op,
         const Range mine = chunkRange(P.length, rings.t.ranksPerHost(), rings.j);
         char* chunk = data + (P.offset + mine.offset) * static_cast<int64_t>(es);
         ringCollectiveOn(ctx, rings.cross,
-                         RingJob{.count = mine.length, .elemSize = es, .reduceScatter = true, .allGather = true,
-                                 .op = op, .finalize = finalize},
+                         RingJob{.count = mine.length,
+                                 .elemSize = es,
+                                 .reduceScatter = true,
+                                 .allGather = true,
+                                 .op = op,
+                                 .finalize = finalize},
                          RingBuffers{chunk, chunk, nullptr});
       },
       [&](int i) {
@@ -303,10 +307,10 @@ void hierReduceScatter(OpContext& c, const char* input, char* output, int64_t co
         //    of ring j is host h's local rank j, whose chunk is slot j*H + h.
         const Range P = piece(i);
         char* mine = slots(P) + static_cast<size_t>(rings.j * t.hosts * P.length) * es;
-        ringCollectiveOn(ctx, rings.cross,
-                         RingJob{.count = t.hosts * P.length, .elemSize = es, .reduceScatter = true, .op = op,
-                                 .finalize = finalize},
-                         RingBuffers{mine, mine, output + P.offset * static_cast<int64_t>(es)});
+        ringCollectiveOn(
+            ctx, rings.cross,
+            RingJob{.count = t.hosts * P.length, .elemSize = es, .reduceScatter = true, .op = op, .finalize = finalize},
+            RingBuffers{mine, mine, output + P.offset * static_cast<int64_t>(es)});
       },
       [](int) {});
 }
@@ -335,8 +339,7 @@ void hierAllGather(OpContext& c, const char* input, char* output, int64_t count,
         char* mine = L + static_cast<size_t>(rings.j * t.hosts) * len;
         const char* own = input + P.offset * static_cast<int64_t>(es);
         const bool inPlace = own == L + t.hierSlot(c.rank()) * len;
-        ringCollectiveOn(ctx, rings.cross,
-                         RingJob{.count = t.hosts * P.length, .elemSize = es, .allGather = true},
+        ringCollectiveOn(ctx, rings.cross, RingJob{.count = t.hosts * P.length, .elemSize = es, .allGather = true},
                          RingBuffers{nullptr, mine, inPlace ? nullptr : const_cast<char*>(own)});
       },
       [&](int i) {

@@ -107,9 +107,7 @@ class RingSweep {
   Range sendRange(int step, int64_t j) const;
   // Where range R of chunk `chunk` lives.
   char* home(int chunk, const Range& R) const;
-  bool isReduceStep(int step) const {
-    return step < p_ - 1;
-  }
+  bool isReduceStep(int step) const { return step < p_ - 1; }
   // Awaits chunk `chunk`'s local input once, before it is first read (CUDA staging).
   void needInput(int chunk);
   // Posts the receives of units [posted_, done + window).
@@ -165,7 +163,7 @@ RingSweep::RingSweep(OpContext& c, const RingView& ring, const RingJob& job, con
       trace_->algorithm = "ring"; // the hierarchical collectives name themselves first
     }
     trace_->ring = TraceRingPlan{job.count, static_cast<int64_t>(es_), plan_.segments, plan_.segElems, window_,
-                                 fused_, job.reduceScatter, job.allGather};
+                                 fused_,    job.reduceScatter,         job.allGather};
     postedAt_.assign(units_, 0);
   }
 }
@@ -224,7 +222,8 @@ void RingSweep::postSend(int step, int chunk, int64_t j, const char* src, int64_
   const int64_t begin = trace_ ? traceNow() : 0;
   // The right neighbour reduces what a reduce step sends (fused or from its staging).
   const size_t bytes = static_cast<size_t>(n) * es_;
-  sends_.push_back(isReduceStep(step) ? c_.sendToReducer(ring_.right(), src, bytes) : c_.send(ring_.right(), src, bytes));
+  sends_.push_back(isReduceStep(step) ? c_.sendToReducer(ring_.right(), src, bytes)
+                                      : c_.send(ring_.right(), src, bytes));
   if (trace_) {
     trace_->segment(TraceKind::Send, "send", begin, step, chunk, j, ring_.right(), n * static_cast<int64_t>(es_));
   }

@@ -24,9 +24,7 @@ namespace ringpg {
 struct Range {
   int64_t offset = 0;
   int64_t length = 0;
-  bool empty() const {
-    return length <= 0;
-  }
+  bool empty() const { return length <= 0; }
 };
 
 inline int mod(int64_t a, int64_t m) {

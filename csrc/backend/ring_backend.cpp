@@ -1,12 +1,12 @@
 #include "backend/ring_backend.h"
 
 #include <ATen/ATen.h>
-#include <c10/util/irange.h>
 #include <c10/util/Logging.h>
+#include <c10/util/irange.h>
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -57,8 +57,12 @@ bool allEqual(const std::vector<std::string>& values) {
 
 // Transports mix auto and tcp; gloo and shm only with themselves.
 bool transportsMix(const std::vector<std::string>& values) {
-  const auto all = [&](const char* v) { return std::all_of(values.begin(), values.end(), [&](auto& x) { return x == v; }); };
-  const auto any = [&](const char* v) { return std::any_of(values.begin(), values.end(), [&](auto& x) { return x == v; }); };
+  const auto all = [&](const char* v) {
+    return std::all_of(values.begin(), values.end(), [&](auto& x) { return x == v; });
+  };
+  const auto any = [&](const char* v) {
+    return std::any_of(values.begin(), values.end(), [&](auto& x) { return x == v; });
+  };
   return (!any("gloo") || all("gloo")) && (!any("shm") || all("shm"));
 }
 
@@ -188,8 +192,8 @@ void callHook(const char* kind, int64_t id, const Hook& hook, const Args&... arg
 } // namespace
 
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                         std::chrono::milliseconds timeout, std::string groupName,
-                         const std::string& transportChoice, const std::string& algoChoice)
+                         std::chrono::milliseconds timeout, std::string groupName, const std::string& transportChoice,
+                         const std::string& algoChoice)
     : c10d::Backend(rank, size), cfg_(configWithAlgo(algoChoice)),
       transportSetting_(transportChoice.empty() ? cfg_.transport
                                                 : Config::transportNamed(transportChoice, "transport ")),
@@ -224,9 +228,9 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   // What the group's links are, the same words on every rank: "shm" (one host),
   // "shm+tcp" (several hosts, some holding several ranks), "tcp"; "gloo" once attached.
   transportName_ = transportSetting_ == Config::Transport::Gloo ? "gloo"
-                   : !shmUsed                                  ? "tcp"
-                   : topology_.hosts == 1                      ? "shm"
-                                                               : "shm+tcp";
+                   : !shmUsed                                   ? "tcp"
+                   : topology_.hosts == 1                       ? "shm"
+                                                                : "shm+tcp";
   // The links: every peer on the engine, but the neighbours on this host's ring on
   // shared memory (the gloo transport replaces all of them once attached).
   engineLink_ = std::make_unique<EngineLink>(*engine_);
@@ -256,11 +260,9 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   if (rank == 0) {
     LOG(INFO) << "ringpg: group '" << groupName_ << "' size " << size << " on " << localAddress_ << ": "
               << cfg_.summary() << " transport=" << transport() << " same_host_copy=" << sameHostCopy()
-              << " hosts=" << topology_.hosts
-              << " ranks_per_host=" << topology_.ranksPerHost() << " allreduce=" << allreduceAlgorithm()
-              << " wait_spin_us="
-              << waitSpinMicros() << " reduce_isa=" << reduceIsa() << " tcp_congestion_in_use="
-              << tcpCongestion();
+              << " hosts=" << topology_.hosts << " ranks_per_host=" << topology_.ranksPerHost()
+              << " allreduce=" << allreduceAlgorithm() << " wait_spin_us=" << waitSpinMicros()
+              << " reduce_isa=" << reduceIsa() << " tcp_congestion_in_use=" << tcpCongestion();
   }
 }
 
@@ -484,10 +486,10 @@ c10::intrusive_ptr<c10d::Backend> RingBackend::makeChild(const c10::intrusive_pt
     // The gloo link is a ProcessGroupGloo made by torch's Python binding (which reads
     // GLOO_SOCKET_IFNAME): ringpg's registration builds the child as it builds any group.
     pybind11::gil_scoped_acquire gil;
-    pybind11::object child = pybind11::module_::import("ringpg._registration")
-                                 .attr("new_ring_backend")(store, rank, size, timeout, name,
-                                                           pybind11::arg("transport") = transport,
-                                                           pybind11::arg("algo") = algo);
+    pybind11::object child =
+        pybind11::module_::import("ringpg._registration")
+            .attr("new_ring_backend")(store, rank, size, timeout, name, pybind11::arg("transport") = transport,
+                                      pybind11::arg("algo") = algo);
     return child.cast<c10::intrusive_ptr<RingBackend>>();
   }
   // The rendezvous blocks: not with the GIL (if the caller held it).
@@ -659,7 +661,8 @@ void RingBackend::execute(Queued& q) {
                 ": the group's Gloo link was never attached (groups are made by ringpg's registration)");
     OpContext ctx(links_, cfg_, q.tag, getSize(), q.sig, Clock::now() + q.timeout, scratch_, workspace_);
     engine_->setCurrentCollective(ctx.header());
-    TraceOpScope traced(tracing() ? tracer_.get() : nullptr, q.tag.op, q.tag.seq, q.sig.numel, q.sig.dtype); // RINGPG_TRACE
+    TraceOpScope traced(tracing() ? tracer_.get() : nullptr, q.tag.op, q.tag.seq, q.sig.numel,
+                        q.sig.dtype); // RINGPG_TRACE
     ctx.setTrace(traced.op());
     std::vector<RequestPtr> signature = ctx.announce(); // links of bare bytes: checked on the engine
     q.fn(ctx);
@@ -732,8 +735,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::broadcast(std::vector<at::Tensor>& t
                  [t, root](OpContext& c) { collectives::broadcast(c, t, root); });
 }
 
-c10::intrusive_ptr<c10d::Work> RingBackend::reduce(std::vector<at::Tensor>& tensors,
-                                                   const c10d::ReduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> RingBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   const char* op = "reduce";
   checkSingle(op, tensors);
   checkRoot(op, opts.rootRank, getSize());
@@ -814,11 +816,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::_reduce_scatter_base(at::Tensor& out
   checkScaledPair(op, output, input, getSize(), "output", "input");
   const Reduction red = toReduction(op, opts.reduceOp, input.scalar_type());
   at::Tensor in = input, out = output;
-  return enqueue(op, "ringpg:reduce_scatter_tensor",
-                 OpSignature(OpType::_REDUCE_SCATTER_BASE, reduceDtype(input.scalar_type()), input.numel(),
-                             opts.reduceOp),
-                 opts.timeout, compat::asyncOp(opts), {output}, {input},
-                 [in, out, red](OpContext& c) { collectives::reduceScatterInto(c, in, out, red); });
+  return enqueue(
+      op, "ringpg:reduce_scatter_tensor",
+      OpSignature(OpType::_REDUCE_SCATTER_BASE, reduceDtype(input.scalar_type()), input.numel(), opts.reduceOp),
+      opts.timeout, compat::asyncOp(opts), {output}, {input},
+      [in, out, red](OpContext& c) { collectives::reduceScatterInto(c, in, out, red); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -829,11 +831,11 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter(std::vector<at::Tenso
   at::Tensor out = outputs[0];
   std::vector<at::Tensor> ins = checkPerRankList(op, inputs, out, getSize(), "input");
   const Reduction red = toReduction(op, opts.reduceOp, out.scalar_type());
-  return enqueue(op, "ringpg:reduce_scatter",
-                 OpSignature(OpType::REDUCE_SCATTER, reduceDtype(out.scalar_type()), out.numel() * getSize(),
-                             opts.reduceOp),
-                 opts.timeout, compat::asyncOp(opts), outputs, ins,
-                 [ins, out, red](OpContext& c) { collectives::reduceScatter(c, ins, out, red); });
+  return enqueue(
+      op, "ringpg:reduce_scatter",
+      OpSignature(OpType::REDUCE_SCATTER, reduceDtype(out.scalar_type()), out.numel() * getSize(), opts.reduceOp),
+      opts.timeout, compat::asyncOp(opts), outputs, ins,
+      [ins, out, red](OpContext& c) { collectives::reduceScatter(c, ins, out, red); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -855,8 +857,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::reduce_scatter_tensor_coalesced(std:
 }
 
 c10::intrusive_ptr<c10d::Work> RingBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                   std::vector<at::Tensor>& inputs,
-                                                   const c10d::GatherOptions& opts) {
+                                                   std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
   const char* op = "gather";
   checkSingle(op, inputs);
   checkRoot(op, opts.rootRank, getSize());
@@ -908,8 +909,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall_base(at::Tensor& output, at
                  [in, out, ins, outs](OpContext& c) { collectives::allToAllSingle(c, in, out, ins, outs); });
 }
 
-c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& outputs,
-                                                     std::vector<at::Tensor>& inputs,
+c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                      const c10d::AllToAllOptions& opts) {
   const char* op = "all_to_all";
   checkListLength(op, inputs.size(), getSize(), "the input list");
@@ -919,9 +919,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& ou
     checkTensor(op, outputs[i]);
     checkSameDevice(op, inputs[0], inputs[i]);
     checkSameDevice(op, inputs[0], outputs[i]);
-    RINGPG_CHECK(inputs[i].scalar_type() == inputs[0].scalar_type() &&
-                     outputs[i].scalar_type() == inputs[0].scalar_type(),
-                 op, "all tensors must share a dtype");
+    RINGPG_CHECK(
+        inputs[i].scalar_type() == inputs[0].scalar_type() && outputs[i].scalar_type() == inputs[0].scalar_type(), op,
+        "all tensors must share a dtype");
   }
   RINGPG_CHECK(inputs[getRank()].numel() == outputs[getRank()].numel(), op,
                "this rank's own input and output differ in size");
@@ -938,8 +938,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::barrier(const c10d::BarrierOptions& 
 
 // ---- Point-to-point ----------------------------------------------------------------
 
-c10::intrusive_ptr<c10d::Work> RingBackend::p2p(OpType type, const char* name, at::Tensor& tensor, int peer,
-                                                int tag) {
+c10::intrusive_ptr<c10d::Work> RingBackend::p2p(OpType type, const char* name, at::Tensor& tensor, int peer, int tag) {
   RINGPG_CHECK(tag >= 0, name, "tag must be non-negative, got ", tag);
   const bool isSend = type == OpType::SEND;
   uint64_t seq;
@@ -1004,4 +1003,3 @@ c10::intrusive_ptr<c10d::Work> RingBackend::recvAnysource(std::vector<at::Tensor
 }
 
 } // namespace ringpg
-

@@ -43,14 +43,11 @@ class RingBackend final : public c10d::Backend {
   // on a setting the group must share (gloo or shm on some ranks only, the algorithm,
   // the segment, one-shot or hierarchical piece size, tracing on or off) fail here,
   // every one of them, with a ValueError naming it and each rank's value.
-  RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-              std::chrono::milliseconds timeout, std::string groupName, const std::string& transportChoice = "",
-              const std::string& algoChoice = "");
+  RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
+              std::string groupName, const std::string& transportChoice = "", const std::string& algoChoice = "");
   ~RingBackend() override;
 
-  const std::string getBackendName() const override {
-    return "ringpg";
-  }
+  const std::string getBackendName() const override { return "ringpg"; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -58,8 +55,7 @@ class RingBackend final : public c10d::Backend {
                                            const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
-                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts) override;
@@ -71,23 +67,20 @@ class RingBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs,
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
-      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& outputSplits,
-                                               std::vector<int64_t>& inputSplits,
+                                               std::vector<int64_t>& outputSplits, std::vector<int64_t>& inputSplits,
                                                const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
@@ -98,9 +91,7 @@ class RingBackend final : public c10d::Backend {
 
   uint64_t getSequenceNumberForGroup() override;
   void setSequenceNumberForGroup() override {}
-  bool supportsCoalescing() const RINGPG_OVERRIDE_SINCE_2_7 {
-    return false;
-  }
+  bool supportsCoalescing() const RINGPG_OVERRIDE_SINCE_2_7 { return false; }
   // Virtuals of c10d::Backend since torch 2.7 (common/torch_compat.h); before that
   // they are ringpg's own, reached through ringpg.backend(group).
   void shutdown() RINGPG_OVERRIDE_SINCE_2_7;
@@ -129,17 +120,13 @@ class RingBackend final : public c10d::Backend {
   void unregisterAbortHook(int64_t hookId) override;
 #endif
 #if RINGPG_HAS_BACKEND_COMPLETION_HOOKS
-  bool supportsAbortHooks() const override {
-    return true;
-  }
+  bool supportsAbortHooks() const override { return true; }
   // Completion hooks (torch's Hooks.hpp): run once per op that completed successfully
   // (failed and timed-out ones fire nothing, as Hooks.hpp asks), with its duration, on
   // the thread that completed it (the worker, the engine's thread for point-to-point,
   // or the caller's for an op run inline), after the Work reads completed and before
   // its Future completes.  Same id rules as the abort hooks.
-  bool supportsCompletionHooks() const override {
-    return true;
-  }
+  bool supportsCompletionHooks() const override { return true; }
   void registerCompletionHook(int64_t hookId, c10d::CompletionHook hook) override;
   void unregisterCompletionHook(int64_t hookId) override;
 #endif
@@ -149,23 +136,18 @@ class RingBackend final : public c10d::Backend {
   // of its own; it never uses the parent's connections, so a broken parent (a dead
   // peer, an abort) still splits and shrinks.
 #if RINGPG_HAS_BACKEND_SPLIT
-  bool supportsSplitting() const override {
-    return true;
-  }
+  bool supportsSplitting() const override { return true; }
   // A fresh copy on every call (torch 2.9 to 2.14 edit what they get): this group's
   // default timeout and name.
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
   // dist.split_group(): every rank of the parent calls it with the ranks of its part
   // (a rank in no part passes another part's and gets nullptr); the child's rank is
   // this rank's position in `ranks`, its keys go under `store` (torch's namespace).
-  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
-                                          const std::vector<int>& ranks,
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
 #endif
 #if RINGPG_HAS_BACKEND_SHRINK
-  bool supportsShrinking() const override {
-    return true;
-  }
+  bool supportsShrinking() const override { return true; }
   // dist.distributed_c10d.shrink_group(): the survivors alone call it, alike; they
   // meet under a new namespace of this group's Store, never waiting on an excluded
   // rank.  SHRINK_ABORT aborts this group first (its pending ops fail at once).
@@ -178,60 +160,42 @@ class RingBackend final : public c10d::Backend {
   void attachGlooLink(c10::intrusive_ptr<c10d::Backend> gloo);
 
   // Test hook (see Engine::debugSendRaw).
-  void debugSendRaw(int peer, std::string bytes) {
-    engine_->debugSendRaw(peer, std::move(bytes));
-  }
+  void debugSendRaw(int peer, std::string bytes) { engine_->debugSendRaw(peer, std::move(bytes)); }
 
   // The links collectives move over, the same on every rank: "gloo" (Gloo's pairs,
   // RINGPG_TRANSPORT=gloo), "shm" (shared memory, one host), "shm+tcp" (shared memory
   // within hosts, ringpg's engine between them), "tcp" (the engine everywhere)
   // (diagnostics, traces, tests).
-  const std::string& transport() const {
-    return transportName_;
-  }
+  const std::string& transport() const { return transportName_; }
   // What a large allreduce on host memory runs here: "hier" (algorithms/hierarchical.h)
   // or "ring" (the group's algo, RINGPG_ALGO or `algoChoice`, and its shape decide).
   const char* allreduceAlgorithm() const;
   // Where the group's ranks run (transport/topology.h): hosts, their ranks, ring order.
-  const Topology& topology() const {
-    return topology_;
-  }
+  const Topology& topology() const { return topology_; }
   // How same-host messages of at least RINGPG_CMA_BYTES move, the same on every rank:
   // "cma" (single copy, cross-memory attach), "slots" (two copies through shared
   // memory), "" where the group has no shared-memory link on this rank.
-  const char* sameHostCopy() const {
-    return !shm_ ? "" : shm_->singleCopy() ? "cma" : "slots";
-  }
+  const char* sameHostCopy() const { return !shm_ ? "" : shm_->singleCopy() ? "cma" : "slots"; }
   // Microseconds the group's waits spin before sleeping (RINGPG_SPIN_US, or what
   // auto chose for this transport and host).
-  int waitSpinMicros() const {
-    return shm_ ? shmSpinMicros_ : cfg_.engineSpinMicros();
-  }
+  int waitSpinMicros() const { return shm_ ? shmSpinMicros_ : cfg_.engineSpinMicros(); }
 
   // The TCP congestion control of the group's data sockets: RINGPG_TCP_CONGESTION, or
   // the host's default; "" in a group of one (diagnostics and tests).
-  std::string tcpCongestion() const {
-    return engine_->congestionControl();
-  }
+  std::string tcpCongestion() const { return engine_->congestionControl(); }
 
   // RINGPG_TRACE: whether this group's ops are being traced.  Off without RINGPG_TRACE;
   // with it, on from the start and switchable at any time (trace a window of a job,
   // or alternate in the bench); a switch applies from the next op.
-  bool tracing() const {
-    return tracing_.load(std::memory_order_relaxed);
-  }
+  bool tracing() const { return tracing_.load(std::memory_order_relaxed); }
   void setTracing(bool on);
 
   // This group's namespace in its Store ("ringpg/<instance>/"; "" in a group of one):
   // a link made beside it (the gloo transport's) takes its keys below it.
-  const std::string& keyPrefix() const {
-    return keyPrefix_;
-  }
+  const std::string& keyPrefix() const { return keyPrefix_; }
 
   // The address this rank's listener used (diagnostics and tests).
-  const std::string& localAddress() const {
-    return localAddress_;
-  }
+  const std::string& localAddress() const { return localAddress_; }
 
  private:
   using OpFn = std::function<void(OpContext&)>;
@@ -246,12 +210,12 @@ class RingBackend final : public c10d::Backend {
   // Stage 2: takes a sequence number and queues `fn` for the worker, or, for a
   // synchronous call on CPU tensors while the group is idle, runs it right here in
   // the caller's thread (same order, same deadline, no thread hand-offs).
-  c10::intrusive_ptr<c10d::Work> enqueue(const char* name, const char* profilingTitle, OpSignature sig, std::chrono::milliseconds timeout, bool asyncOp,
+  c10::intrusive_ptr<c10d::Work> enqueue(const char* name, const char* profilingTitle, OpSignature sig,
+                                         std::chrono::milliseconds timeout, bool asyncOp,
                                          std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs,
                                          OpFn fn);
   void execute(Queued& q);
-  c10::intrusive_ptr<c10d::Work> p2p(c10d::OpType type, const char* name, at::Tensor& tensor, int peer,
-                                     int tag);
+  c10::intrusive_ptr<c10d::Work> p2p(c10d::OpType type, const char* name, at::Tensor& tensor, int peer, int tag);
   void workerLoop();
   void stop(bool graceful);
   // The engine's failure listener: the group broke (once, on the thread that broke

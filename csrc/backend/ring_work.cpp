@@ -15,8 +15,7 @@ namespace {
 std::vector<c10::Device> devicesOf(const std::vector<at::Tensor>& tensors) {
   std::vector<c10::Device> devices;
   for (const auto& t : tensors) {
-    if (t.defined() && !t.device().is_cpu() &&
-        std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+    if (t.defined() && !t.device().is_cpu() && std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
       devices.push_back(t.device());
     }
   }
@@ -38,12 +37,8 @@ RingWork::RingWork(int rank, c10d::OpType opType, const char* opName, uint64_t s
                    std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs,
                    std::chrono::milliseconds timeout)
     : c10d::Work(rank, opType, profilingTitle, std::optional<std::vector<at::Tensor>>(inputs)),
-      outputs_(std::move(outputs)),
-      opName_(opName),
-      seq_(seq),
-      timeout_(timeout),
-      completionKey_(nextCompletionKey.fetch_add(1, std::memory_order_relaxed)),
-      startNs_(nowNs()) {}
+      outputs_(std::move(outputs)), opName_(opName), seq_(seq), timeout_(timeout),
+      completionKey_(nextCompletionKey.fetch_add(1, std::memory_order_relaxed)), startNs_(nowNs()) {}
 
 void RingWork::markStarted() {
   startNs_.store(nowNs(), std::memory_order_relaxed);
@@ -93,8 +88,8 @@ c10::intrusive_ptr<c10::ivalue::Future> RingWork::getFuture() {
     if (future_) {
       return future_;
     }
-    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                       devicesOf(outputs_));
+    future_ =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devicesOf(outputs_));
     f = future_;
     done = outcome_ != Outcome::Pending; // complete() ran before there was a Future
   }
@@ -150,8 +145,8 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
       // bounds a worker that never gets there.
       constexpr auto kReportGrace = std::chrono::seconds(60);
       while (!completed_) {
-        const auto until = std::chrono::steady_clock::time_point(
-                               std::chrono::nanoseconds(startNs_.load(std::memory_order_relaxed))) +
+        const auto until =
+            std::chrono::steady_clock::time_point(std::chrono::nanoseconds(startNs_.load(std::memory_order_relaxed))) +
             timeout_ + kReportGrace;
         if (std::chrono::steady_clock::now() >= until) {
           timedOut(timeout_ + std::chrono::duration_cast<std::chrono::milliseconds>(kReportGrace));

@@ -22,8 +22,7 @@ class RingWork : public c10d::Work {
  public:
   // `opName`: the op's c10d name ("all_reduce"), as every ringpg message names it.
   RingWork(int rank, c10d::OpType opType, const char* opName, uint64_t seq, const char* profilingTitle,
-           std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs,
-           std::chrono::milliseconds timeout);
+           std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs, std::chrono::milliseconds timeout);
 
   // Completes with success (error == nullptr) or with the error; called once.
   // `onFinished` runs once the Work reads completed (is_completed(), its duration) and
@@ -53,14 +52,10 @@ class RingWork : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout) override;
   void synchronize() override;
 
-  void setSourceRank(int r) {
-    sourceRank_ = r;
-  }
+  void setSourceRank(int r) { sourceRank_ = r; }
   // Run in the caller's thread by synchronize() (which Work::wait calls after completion):
   // (CUDA: make the current stream wait on the op's completion event).
-  void setOnSynchronize(std::function<void()> fn) {
-    onSynchronize_ = std::move(fn);
-  }
+  void setOnSynchronize(std::function<void()> fn) { onSynchronize_ = std::move(fn); }
 
  private:
   // Completes `f` with this Work's outcome (complete() has run).

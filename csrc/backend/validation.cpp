@@ -10,8 +10,7 @@ void checkTensor(const char* op, const at::Tensor& t) {
   RINGPG_CHECK(t.defined(), op, "undefined tensor");
   RINGPG_CHECK(t.layout() == at::kStrided, op, "only dense (strided) tensors are supported, got ", t.layout(),
                " (sparse tensors are not supported)");
-  RINGPG_CHECK(t.device().is_cpu() || t.device().is_cuda(), op, "tensors must be on cpu or cuda, got ",
-               t.device());
+  RINGPG_CHECK(t.device().is_cpu() || t.device().is_cuda(), op, "tensors must be on cpu or cuda, got ", t.device());
 }
 
 void checkSingle(const char* op, const std::vector<at::Tensor>& ts) {
@@ -27,8 +26,8 @@ void checkSameDevice(const char* op, const at::Tensor& a, const at::Tensor& b) {
 void checkSameTypeAndSize(const char* op, const at::Tensor& ref, const at::Tensor& t, const char* what) {
   checkTensor(op, t);
   checkSameDevice(op, ref, t);
-  RINGPG_CHECK(t.scalar_type() == ref.scalar_type(), op, what, " has dtype ", t.scalar_type(),
-               " but the input has ", ref.scalar_type());
+  RINGPG_CHECK(t.scalar_type() == ref.scalar_type(), op, what, " has dtype ", t.scalar_type(), " but the input has ",
+               ref.scalar_type());
   RINGPG_CHECK(t.numel() == ref.numel(), op, what, " has ", t.numel(), " elements but the input has ", ref.numel());
 }
 
@@ -54,8 +53,8 @@ void checkScaledPair(const char* op, const at::Tensor& small, const at::Tensor& 
                  index, " must have the ", smallName, "'s dtype and numel x group size");
     return;
   }
-  RINGPG_CHECK(big.scalar_type() == small.scalar_type(), op, bigName, " dtype ", big.scalar_type(),
-               " differs from ", smallName, " dtype ", small.scalar_type());
+  RINGPG_CHECK(big.scalar_type() == small.scalar_type(), op, bigName, " dtype ", big.scalar_type(), " differs from ",
+               smallName, " dtype ", small.scalar_type());
   RINGPG_CHECK(big.numel() == small.numel() * size, op, bigName, " has ", big.numel(), " elements, expected ",
                smallName, " numel x group size = ", small.numel() * size);
 }
@@ -90,8 +89,8 @@ std::vector<at::Tensor> checkRootList(const char* op, const std::vector<std::vec
 }
 
 void checkPeer(const char* op, int peer, int rank, int size, const char* what) {
-  RINGPG_CHECK(peer >= 0 && peer < size && peer != rank, op, "invalid ", what, " rank ", peer, " (group size ",
-               size, ", this rank ", rank, ")");
+  RINGPG_CHECK(peer >= 0 && peer < size && peer != rank, op, "invalid ", what, " rank ", peer, " (group size ", size,
+               ", this rank ", rank, ")");
 }
 
 Reduction toReduction(const char* op, const c10d::ReduceOp& rop, at::ScalarType dtype) {
@@ -100,14 +99,31 @@ Reduction toReduction(const char* op, const c10d::ReduceOp& rop, at::ScalarType 
                    rop.op_ == c10d::ReduceOp::PREMUL_SUM,
                op, "complex tensors support SUM, AVG and PREMUL_SUM only");
   switch (rop.op_) {
-    case c10d::ReduceOp::SUM: r.op = RedOp::Sum; break;
-    case c10d::ReduceOp::AVG: r.op = RedOp::Sum; r.average = true; break;
-    case c10d::ReduceOp::PRODUCT: r.op = RedOp::Prod; break;
-    case c10d::ReduceOp::MIN: r.op = RedOp::Min; break;
-    case c10d::ReduceOp::MAX: r.op = RedOp::Max; break;
-    case c10d::ReduceOp::BAND: r.op = RedOp::Band; break;
-    case c10d::ReduceOp::BOR: r.op = RedOp::Bor; break;
-    case c10d::ReduceOp::BXOR: r.op = RedOp::Bxor; break;
+    case c10d::ReduceOp::SUM:
+      r.op = RedOp::Sum;
+      break;
+    case c10d::ReduceOp::AVG:
+      r.op = RedOp::Sum;
+      r.average = true;
+      break;
+    case c10d::ReduceOp::PRODUCT:
+      r.op = RedOp::Prod;
+      break;
+    case c10d::ReduceOp::MIN:
+      r.op = RedOp::Min;
+      break;
+    case c10d::ReduceOp::MAX:
+      r.op = RedOp::Max;
+      break;
+    case c10d::ReduceOp::BAND:
+      r.op = RedOp::Band;
+      break;
+    case c10d::ReduceOp::BOR:
+      r.op = RedOp::Bor;
+      break;
+    case c10d::ReduceOp::BXOR:
+      r.op = RedOp::Bxor;
+      break;
     case c10d::ReduceOp::PREMUL_SUM: {
       r.op = RedOp::Sum;
       auto* sup = dynamic_cast<compat::PreMulSumSupplement*>(rop.supplement_.get());

@@ -19,8 +19,8 @@ namespace {
 
 // The whole plan of a ring over `count` elements for `rank`: for each step and
 // segment, (step, segment, send_offset, send_length, recv_offset, recv_length).
-std::vector<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>> ringSchedule(
-    int64_t count, int size, int rank, int64_t maxSegElems) {
+std::vector<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>> ringSchedule(int64_t count, int size,
+                                                                                       int rank, int64_t maxSegElems) {
   using namespace ringpg;
   const SegmentPlan plan = segmentPlan(count, size, maxSegElems);
   std::vector<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>> out;
@@ -63,10 +63,13 @@ PYBIND11_MODULE(_C, m) {
            py::arg("transport") = "", py::arg("algo") = "", py::call_guard<py::gil_scoped_release>(),
            "`transport` (auto, shm, tcp, gloo; \"\": RINGPG_TRANSPORT's) and `algo` (auto, ring, hier; \"\": "
            "RINGPG_ALGO's) pick this group's links and algorithm; every rank must pass the same")
-      .def("_attach_gloo_link", [](ringpg::RingBackend& b, const py::object& gloo) {
+      .def(
+          "_attach_gloo_link",
+          [](ringpg::RingBackend& b, const py::object& gloo) {
         // A torch ProcessGroupGloo: its Python type derives from c10d's Backend binding.
-        b.attachGlooLink(gloo.cast<c10::intrusive_ptr<c10d::Backend>>());
-      }, py::arg("gloo"), "The gloo transport's link, a ProcessGroupGloo of the same ranks (the registration's step).")
+            b.attachGlooLink(gloo.cast<c10::intrusive_ptr<c10d::Backend>>());
+          },
+          py::arg("gloo"), "The gloo transport's link, a ProcessGroupGloo of the same ranks (the registration's step).")
       .def_property_readonly("local_address", &ringpg::RingBackend::localAddress)
       .def_property_readonly("_key_prefix", &ringpg::RingBackend::keyPrefix,
                              "this group's namespace in its Store (links made beside it key below it)")
@@ -79,26 +82,33 @@ PYBIND11_MODULE(_C, m) {
                              "'cma' (one copy, straight from the sender's buffer: cross-memory attach), 'slots' (two "
                              "copies through shared memory: the kernel refused the probe somewhere, or "
                              "RINGPG_CMA_BYTES=0), '' (no shared-memory link on this rank)")
-      .def_property_readonly("hosts", [](const ringpg::RingBackend& b) { return b.topology().hosts; },
-                             "how many hosts the group's ranks run on (RINGPG_HOSTID, else hostname, boot id, netns)")
-      .def_property_readonly("host_of", [](const ringpg::RingBackend& b) { return b.topology().hostOf; },
-                             "each rank's host, numbered by first appearance")
-      .def_property_readonly("ranks_per_host", [](const ringpg::RingBackend& b) { return b.topology().ranksPerHost(); },
-                             "K when every host holds K of the group's ranks, else 0")
-      .def_property_readonly("allreduce_algorithm", &ringpg::RingBackend::allreduceAlgorithm,
-                             "what a large allreduce on host memory runs: 'hier' (host rings, then rings across "
-                             "hosts) or 'ring' (the group's algo, RINGPG_ALGO or ringpg.use_algorithm, and its shape decide)")
-      .def_property_readonly("ring_order", [](const ringpg::RingBackend& b) { return b.topology().ring; },
-                             "the ranks in ring order: each host's ranks one after another")
-      .def_property_readonly("tcp_congestion", &ringpg::RingBackend::tcpCongestion,
-                             "TCP congestion control of the data sockets (RINGPG_TCP_CONGESTION, or the host's default)")
+      .def_property_readonly(
+          "hosts", [](const ringpg::RingBackend& b) { return b.topology().hosts; },
+          "how many hosts the group's ranks run on (RINGPG_HOSTID, else hostname, boot id, netns)")
+      .def_property_readonly(
+          "host_of", [](const ringpg::RingBackend& b) { return b.topology().hostOf; },
+          "each rank's host, numbered by first appearance")
+      .def_property_readonly(
+          "ranks_per_host", [](const ringpg::RingBackend& b) { return b.topology().ranksPerHost(); },
+          "K when every host holds K of the group's ranks, else 0")
+      .def_property_readonly(
+          "allreduce_algorithm", &ringpg::RingBackend::allreduceAlgorithm,
+          "what a large allreduce on host memory runs: 'hier' (host rings, then rings across "
+          "hosts) or 'ring' (the group's algo, RINGPG_ALGO or ringpg.use_algorithm, and its shape decide)")
+      .def_property_readonly(
+          "ring_order", [](const ringpg::RingBackend& b) { return b.topology().ring; },
+          "the ranks in ring order: each host's ranks one after another")
+      .def_property_readonly(
+          "tcp_congestion", &ringpg::RingBackend::tcpCongestion,
+          "TCP congestion control of the data sockets (RINGPG_TCP_CONGESTION, or the host's default)")
       .def_property("tracing", &ringpg::RingBackend::tracing, &ringpg::RingBackend::setTracing,
                     "whether this group's ops are traced (RINGPG_TRACE); switchable, from the next op")
       .def_property_readonly("wait_spin_us", &ringpg::RingBackend::waitSpinMicros,
                              "microseconds a wait polls before it sleeps (RINGPG_SPIN_US, or auto's choice)")
-      .def("_debug_send_raw", [](ringpg::RingBackend& b, int peer, py::bytes data) {
-        b.debugSendRaw(peer, std::string(data));
-      }, "Test hook: put raw bytes on the connection to `peer` (plays a hostile peer).");
+      .def(
+          "_debug_send_raw",
+          [](ringpg::RingBackend& b, int peer, py::bytes data) { b.debugSendRaw(peer, std::string(data)); },
+          "Test hook: put raw bytes on the connection to `peer` (plays a hostile peer).");
 #if !RINGPG_HAS_BACKEND_ABORT_SHUTDOWN
   // torch's own Backend binding has these from 2.7 on (common/torch_compat.h).
   backend
@@ -119,8 +129,9 @@ PYBIND11_MODULE(_C, m) {
   // A backend that supports splitting gets this call from dist.new_group() on the ranks
   // outside the new group, when the default group has a bound device (NCCL must split
   // on every rank).  A ringpg group is made by its members alone: nothing to do.
-  backend.def("perform_nocolor_split", [](ringpg::RingBackend&, const py::object& /*device*/) {},
-              py::arg("device"), "No-op: ringpg's subgroups need nothing from non-members");
+  backend.def(
+      "perform_nocolor_split", [](ringpg::RingBackend&, const py::object& /*device*/) {}, py::arg("device"),
+      "No-op: ringpg's subgroups need nothing from non-members");
 #endif
 
   // Which c10d APIs this build was compiled with (common/torch_compat.h; read by
@@ -167,25 +178,33 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("op"), py::arg("out"), py::arg("a"), py::arg("b"), py::arg("isa") = "",
       "out = a (op) b with ringpg's kernels (for tests); `isa` picks one of reduce_isas()");
-  m.def("ring_order_by_host", [](const std::vector<std::string>& hostIds) {
-    const auto t = ringpg::Topology::fromHosts(hostIds);
-    return std::make_tuple(t.ring, t.hostOf, t.ranksPerHost());
-  }, py::arg("host_ids"), "(ring order, host of each rank, ranks per host or 0) of ranks on these hosts "
-     "(transport/topology.h); for the tests");
+  m.def(
+      "ring_order_by_host",
+      [](const std::vector<std::string>& hostIds) {
+        const auto t = ringpg::Topology::fromHosts(hostIds);
+        return std::make_tuple(t.ring, t.hostOf, t.ranksPerHost());
+      },
+      py::arg("host_ids"),
+      "(ring order, host of each rank, ranks per host or 0) of ranks on these hosts "
+      "(transport/topology.h); for the tests");
   m.def("reduce_isa", &ringpg::reduceIsa);
   m.def("reduce_isas", &ringpg::reduceIsas, "instruction sets whose kernels this CPU can run, best first");
   m.def("config_summary", [] { return ringpg::Config::get().summary(); });
-  m.def("transport_setting", [] { return ringpg::Config::transportName(ringpg::Config::get().transport); },
-        "RINGPG_TRANSPORT as this process read it: auto, tcp or gloo");
-  m.def("gloo_tag", [](uint64_t seq, int opcode, int dtype, int reduceOp, uint64_t numel, uint32_t index) {
-    ringpg::FrameHeader h{};
-    h.key = seq;
-    h.opcode = static_cast<uint8_t>(opcode);
-    h.dtype = static_cast<uint8_t>(dtype);
-    h.reduceOp = static_cast<uint8_t>(reduceOp);
-    h.opNumel = numel;
-    return ringpg::GlooLink::tagOf(h, index);
-  }, "The Gloo tag of message `index` of an op (transport/gloo_link.h); for the tests");
+  m.def(
+      "transport_setting", [] { return ringpg::Config::transportName(ringpg::Config::get().transport); },
+      "RINGPG_TRANSPORT as this process read it: auto, tcp or gloo");
+  m.def(
+      "gloo_tag",
+      [](uint64_t seq, int opcode, int dtype, int reduceOp, uint64_t numel, uint32_t index) {
+        ringpg::FrameHeader h{};
+        h.key = seq;
+        h.opcode = static_cast<uint8_t>(opcode);
+        h.dtype = static_cast<uint8_t>(dtype);
+        h.reduceOp = static_cast<uint8_t>(reduceOp);
+        h.opNumel = numel;
+        return ringpg::GlooLink::tagOf(h, index);
+      },
+      "The Gloo tag of message `index` of an op (transport/gloo_link.h); for the tests");
   m.def("cpus_from_cpu_max", &ringpg::cpusFromCpuMax,
         "CPUs a cgroup v2 cpu.max text allows (None: unlimited or unreadable); for tests");
   m.def("cgroup_path", &ringpg::cgroupPath, py::arg("proc_self_cgroup"), py::arg("controller"),

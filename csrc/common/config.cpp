@@ -1,8 +1,8 @@
 #include "common/config.h"
 
 #include <c10/util/Exception.h>
-#include <c10/util/env.h>
 #include <c10/util/StringUtil.h>
+#include <c10/util/env.h>
 
 #include <algorithm>
 #include <cctype>
@@ -28,20 +28,20 @@ int64_t envInt(const char* name, int64_t dflt, int64_t lo, int64_t hi) {
 
 Config load() {
   Config c;
-  c.segmentBytes = static_cast<size_t>(
-      envInt("RINGPG_SEGMENT_BYTES", static_cast<int64_t>(c.segmentBytes), 4096, 1LL << 30));
-  c.oneShotBytes = static_cast<size_t>(
-      envInt("RINGPG_ONESHOT_BYTES", static_cast<int64_t>(c.oneShotBytes), 0, 1LL << 30));
+  c.segmentBytes =
+      static_cast<size_t>(envInt("RINGPG_SEGMENT_BYTES", static_cast<int64_t>(c.segmentBytes), 4096, 1LL << 30));
+  c.oneShotBytes =
+      static_cast<size_t>(envInt("RINGPG_ONESHOT_BYTES", static_cast<int64_t>(c.oneShotBytes), 0, 1LL << 30));
   c.recvWindow = static_cast<int>(envInt("RINGPG_RECV_WINDOW", c.recvWindow, 1, 1024));
   if (auto v = c10::utils::get_env("RINGPG_RECV_WINDOW"); v && !v->empty()) {
     c.recvWindowSet = true;
   }
   c.socketBuffer = static_cast<int>(envInt("RINGPG_SOCKET_BUFFER", c.socketBuffer, 0, 1LL << 30));
-  c.workCacheBytes = static_cast<size_t>(
-      envInt("RINGPG_WORK_CACHE_BYTES", static_cast<int64_t>(c.workCacheBytes), 0, 1LL << 40));
+  c.workCacheBytes =
+      static_cast<size_t>(envInt("RINGPG_WORK_CACHE_BYTES", static_cast<int64_t>(c.workCacheBytes), 0, 1LL << 40));
   c.cmaBytes = static_cast<size_t>(envInt("RINGPG_CMA_BYTES", static_cast<int64_t>(c.cmaBytes), 0, 1LL << 40));
-  c.hierPieceBytes = static_cast<size_t>(
-      envInt("RINGPG_HIER_PIECE_BYTES", static_cast<int64_t>(c.hierPieceBytes), 0, 1LL << 40));
+  c.hierPieceBytes =
+      static_cast<size_t>(envInt("RINGPG_HIER_PIECE_BYTES", static_cast<int64_t>(c.hierPieceBytes), 0, 1LL << 40));
   if (auto v = c10::utils::get_env("RINGPG_SPIN_US"); v && *v == "auto") {
     c.spinMicros = Config::kSpinAuto;
   } else {
@@ -53,8 +53,8 @@ Config load() {
   if (auto v = c10::utils::get_env("RINGPG_TCP_CONGESTION"); v && !v->empty() && *v != "default") {
     // A kernel module name: letters, digits, '_' and '-', shorter than TCP_CA_NAME_MAX (16).
     const bool plain = v->size() < 16 && std::all_of(v->begin(), v->end(), [](char ch) {
-      return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
-    });
+                         return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+                       });
     TORCH_CHECK(plain, "ringpg: RINGPG_TCP_CONGESTION=", *v, " is not an algorithm name (e.g. cubic, bbr, reno)");
     c.tcpCongestion = *v;
   }
@@ -127,17 +127,16 @@ const Config& Config::get() {
 }
 
 std::string Config::summary() const {
-  return c10::str(
-      "segment_bytes=", segmentBytes, " oneshot_bytes=", oneShotBytes,
-      " recv_window=", recvWindowSet ? std::to_string(recvWindow) : c10::str(recvWindow, "(gloo:", kGlooRecvWindow, ")"),
-      " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
-      " work_cache_bytes=", workCacheBytes, " hier_piece_bytes=", hierPieceBytes, " cma_bytes=", cmaBytes,
-      " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
-      " transport_setting=", transportName(transport), " algo=", algoName(algo),
-      " tcp_congestion=", tcpCongestion.empty() ? std::string("default") : tcpCongestion,
-      " hostid=", hostId.empty() ? std::string("(auto)") : hostId,
-      " ifname=", ifname.empty() ? std::string("(hostname)") : ifname,
-      " trace=", traceDir.empty() ? std::string("off") : traceDir);
+  return c10::str("segment_bytes=", segmentBytes, " oneshot_bytes=", oneShotBytes, " recv_window=",
+                  recvWindowSet ? std::to_string(recvWindow) : c10::str(recvWindow, "(gloo:", kGlooRecvWindow, ")"),
+                  " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
+                  " work_cache_bytes=", workCacheBytes, " hier_piece_bytes=", hierPieceBytes, " cma_bytes=", cmaBytes,
+                  " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
+                  " transport_setting=", transportName(transport), " algo=", algoName(algo),
+                  " tcp_congestion=", tcpCongestion.empty() ? std::string("default") : tcpCongestion,
+                  " hostid=", hostId.empty() ? std::string("(auto)") : hostId,
+                  " ifname=", ifname.empty() ? std::string("(hostname)") : ifname,
+                  " trace=", traceDir.empty() ? std::string("off") : traceDir);
 }
 
 } // namespace ringpg

@@ -9,8 +9,8 @@
 // which reads the RINGPG_HAS_* values below through ringpg._C.torch_compat().
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/version.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #define RINGPG_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))

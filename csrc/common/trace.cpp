@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cerrno>
+#include <charconv>
 #include <cstdarg>
 #include <cstring>
 #include <filesystem>
@@ -126,10 +126,10 @@ Tracer::Tracer(const std::string& dir, const std::string& group, int rank, int s
           rank);
   appendf(head, ",\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_index\":%d}}",
           rank, rank);
-  head += c10::str(",\n{\"name\":\"ringpg\",\"ph\":\"M\",\"pid\":", rank, ",\"tid\":0,\"args\":{\"group\":",
-                   jsonString(group), ",\"rank\":", rank, ",\"size\":", size, ",\"transport\":", jsonString(transport),
-                   ",\"clock_offset_ns\":", clockOffsetNs, ",\"clock_rtt_ns\":", clockRttNs,
-                   ",\"clock_rounds\":", clockRounds, ",\"pid\":", ::getpid(), "}}");
+  head += c10::str(",\n{\"name\":\"ringpg\",\"ph\":\"M\",\"pid\":", rank,
+                   ",\"tid\":0,\"args\":{\"group\":", jsonString(group), ",\"rank\":", rank, ",\"size\":", size,
+                   ",\"transport\":", jsonString(transport), ",\"clock_offset_ns\":", clockOffsetNs,
+                   ",\"clock_rtt_ns\":", clockRttNs, ",\"clock_rounds\":", clockRounds, ",\"pid\":", ::getpid(), "}}");
   // Buffered: an op's events reach the disk when a MiB has gathered, after a failed
   // op, and when the group stops (a write per op slowed the op's thread).
   std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);

@@ -83,21 +83,17 @@ struct TraceRingPlan {
 // never run at once), so appending takes no lock.
 class OpTrace {
  public:
-  void add(const TraceEvent& e) {
-    events_.push_back(e);
-  }
+  void add(const TraceEvent& e) { events_.push_back(e); }
   // One segment event that began at `begin` and ends now.
   void segment(TraceKind kind, const char* name, int64_t begin, int step, int chunk, int64_t segment, int peer,
                int64_t bytes, int64_t posted = 0) {
-    events_.push_back(TraceEvent{name, kind, begin, traceNow(), step, chunk, static_cast<int32_t>(segment), peer,
-                                 bytes, posted});
+    events_.push_back(
+        TraceEvent{name, kind, begin, traceNow(), step, chunk, static_cast<int32_t>(segment), peer, bytes, posted});
   }
 
   // Appends the events `other` recorded: a second thread's of the same op (the
   // hierarchical pipeline's), once that thread has ended.
-  void absorb(const OpTrace& other) {
-    events_.insert(events_.end(), other.events_.begin(), other.events_.end());
-  }
+  void absorb(const OpTrace& other) { events_.insert(events_.end(), other.events_.begin(), other.events_.end()); }
   const char* algorithm = nullptr; // "ring", "one_shot", ...; null: not said
   TraceRingPlan ring;
   // A hierarchical collective's pieces (a coalesced op's: all its collectives') and the
@@ -122,9 +118,7 @@ class Tracer {
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;
 
-  const std::string& path() const {
-    return path_;
-  }
+  const std::string& path() const { return path_; }
 
   // The op that starts now on this thread; every event of it goes into the returned
   // buffer until endOp() writes it out.
@@ -165,10 +159,9 @@ class Tracer {
 class TraceOpScope {
  public:
   TraceOpScope(Tracer* tracer, const char* name, uint64_t seq, uint64_t numel, c10::ScalarType dtype)
-      : tracer_(tracer),
-        op_(tracer ? tracer->beginOp(name, seq, static_cast<int64_t>(numel * c10::elementSize(dtype)),
-                                     c10::toString(dtype))
-                   : nullptr) {}
+      : tracer_(tracer), op_(tracer ? tracer->beginOp(name, seq, static_cast<int64_t>(numel * c10::elementSize(dtype)),
+                                                      c10::toString(dtype))
+                                    : nullptr) {}
   ~TraceOpScope() {
     if (tracer_) {
       tracer_->endOp(std::uncaught_exceptions() > 0);
@@ -176,9 +169,7 @@ class TraceOpScope {
   }
   TraceOpScope(const TraceOpScope&) = delete;
   TraceOpScope& operator=(const TraceOpScope&) = delete;
-  OpTrace* op() const {
-    return op_;
-  }
+  OpTrace* op() const { return op_; }
 
  private:
   Tracer* tracer_;

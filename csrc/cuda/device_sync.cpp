@@ -7,8 +7,7 @@
 
 namespace ringpg {
 
-DeviceSync::DeviceSync(c10::Device device)
-    : device_(device), ready_(device.type()), done_(device.type()) {}
+DeviceSync::DeviceSync(c10::Device device) : device_(device), ready_(device.type()), done_(device.type()) {}
 
 std::shared_ptr<DeviceSync> DeviceSync::capture(const char* op, const std::vector<at::Tensor>& tensors) {
   std::optional<c10::Device> dev;

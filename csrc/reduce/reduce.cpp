@@ -23,8 +23,7 @@
 // The SVE copy needs the ACLE's SVE intrinsics under a target pragma (GCC 10 and later;
 // built with GCC 11 and 12, tested with 12; clang builds the NEON and baseline copies).
 // -DRINGPG_NO_SVE leaves it out.
-#if !defined(RINGPG_NO_SVE) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10 && \
-    __has_include(<arm_sve.h>)
+#if !defined(RINGPG_NO_SVE) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10 && __has_include(<arm_sve.h>)
 #define RINGPG_HAVE_SVE 1
 #include <arm_sve.h>
 #endif
@@ -177,8 +176,8 @@ Dispatch choose() {
     return copies.front();
   }
   const Dispatch* d = byName(copies, *want);
-  TORCH_CHECK(d, "ringpg: RINGPG_REDUCE_ISA=", *want, " cannot run on this CPU (it runs: ",
-              c10::Join(", ", namesOf(copies)), "; or auto)");
+  TORCH_CHECK(d, "ringpg: RINGPG_REDUCE_ISA=", *want,
+              " cannot run on this CPU (it runs: ", c10::Join(", ", namesOf(copies)), "; or auto)");
   return *d;
 }
 
@@ -191,13 +190,20 @@ const Dispatch& dispatch() {
 
 const char* redOpName(RedOp op) {
   switch (op) {
-    case RedOp::Sum: return "SUM";
-    case RedOp::Prod: return "PRODUCT";
-    case RedOp::Min: return "MIN";
-    case RedOp::Max: return "MAX";
-    case RedOp::Band: return "BAND";
-    case RedOp::Bor: return "BOR";
-    case RedOp::Bxor: return "BXOR";
+    case RedOp::Sum:
+      return "SUM";
+    case RedOp::Prod:
+      return "PRODUCT";
+    case RedOp::Min:
+      return "MIN";
+    case RedOp::Max:
+      return "MAX";
+    case RedOp::Band:
+      return "BAND";
+    case RedOp::Bor:
+      return "BOR";
+    case RedOp::Bxor:
+      return "BXOR";
   }
   return "?";
 }
@@ -245,15 +251,24 @@ void divideLoop(void* data, int64_t n, int64_t divisor) {
 void divideIntegers(c10::ScalarType dtype, void* data, int64_t n, int64_t divisor) {
   using c10::ScalarType;
   switch (dtype) {
-    case ScalarType::Char: return divideLoop<int8_t>(data, n, divisor);
-    case ScalarType::Byte: return divideLoop<uint8_t>(data, n, divisor);
-    case ScalarType::Short: return divideLoop<int16_t>(data, n, divisor);
-    case ScalarType::Int: return divideLoop<int32_t>(data, n, divisor);
-    case ScalarType::Long: return divideLoop<int64_t>(data, n, divisor);
-    case ScalarType::UInt16: return divideLoop<uint16_t>(data, n, divisor);
-    case ScalarType::UInt32: return divideLoop<uint32_t>(data, n, divisor);
-    case ScalarType::UInt64: return divideLoop<uint64_t>(data, n, divisor);
-    default: TORCH_INTERNAL_ASSERT(false, "ringpg: integer division of ", dtype);
+    case ScalarType::Char:
+      return divideLoop<int8_t>(data, n, divisor);
+    case ScalarType::Byte:
+      return divideLoop<uint8_t>(data, n, divisor);
+    case ScalarType::Short:
+      return divideLoop<int16_t>(data, n, divisor);
+    case ScalarType::Int:
+      return divideLoop<int32_t>(data, n, divisor);
+    case ScalarType::Long:
+      return divideLoop<int64_t>(data, n, divisor);
+    case ScalarType::UInt16:
+      return divideLoop<uint16_t>(data, n, divisor);
+    case ScalarType::UInt32:
+      return divideLoop<uint32_t>(data, n, divisor);
+    case ScalarType::UInt64:
+      return divideLoop<uint64_t>(data, n, divisor);
+    default:
+      TORCH_INTERNAL_ASSERT(false, "ringpg: integer division of ", dtype);
   }
 }
 
@@ -265,8 +280,8 @@ std::vector<std::string> reduceIsas() {
   return namesOf(runnable());
 }
 
-void reduceWithIsa(const std::string& isa, c10::ScalarType dtype, RedOp op, void* out, const void* a,
-                   const void* b, int64_t n) {
+void reduceWithIsa(const std::string& isa, c10::ScalarType dtype, RedOp op, void* out, const void* a, const void* b,
+                   int64_t n) {
   const std::vector<Dispatch> copies = runnable();
   const Dispatch* d = byName(copies, isa);
   TORCH_CHECK(d, "ringpg: the ", isa, " kernels cannot run on this CPU (it runs: ", c10::Join(", ", namesOf(copies)),

@@ -41,7 +41,7 @@ const char* reduceIsa();
 // is the first.  reduceWithIsa() runs one of them by name (tests compare each copy
 // with torch; benchmarks compare them with each other); TORCH_CHECK if it cannot run.
 std::vector<std::string> reduceIsas();
-void reduceWithIsa(const std::string& isa, c10::ScalarType dtype, RedOp op, void* out, const void* a,
-                   const void* b, int64_t n);
+void reduceWithIsa(const std::string& isa, c10::ScalarType dtype, RedOp op, void* out, const void* a, const void* b,
+                   int64_t n);
 
 } // namespace ringpg

@@ -275,9 +275,8 @@ bool Engine::waitUntil(const RequestPtr& req, Deadline deadline) {
     return true;
   }
   std::unique_lock<std::mutex> lk(mu_); // cv_'s mutex: completions notify after taking it
-  return cv_.wait_until(lk, deadline, [&] {
-    return req->state.load(std::memory_order_acquire) != Request::State::Pending;
-  });
+  return cv_.wait_until(lk, deadline,
+                        [&] { return req->state.load(std::memory_order_acquire) != Request::State::Pending; });
 }
 
 void Engine::pollPeer(int p) {
@@ -621,8 +620,10 @@ void Engine::endPeerQuietlyLocked(int p, Completions& done) {
     failRequest(P.txq.back(), why, done);
     P.txq.pop_back();
   }
-  for (auto& r : P.collPosted) failRequest(r, why, done);
-  for (auto& r : P.p2pPosted) failRequest(r, why, done);
+  for (auto& r : P.collPosted)
+    failRequest(r, why, done);
+  for (auto& r : P.p2pPosted)
+    failRequest(r, why, done);
   P.collPosted.clear();
   P.p2pPosted.clear();
   if (!P.rxBusy) { // else its reader finds the connection closed itself
@@ -647,8 +648,7 @@ bool Engine::writePeer(int p, std::unique_lock<std::mutex>& lk, Completions& don
     iovec iov[2];
     int cnt = 0;
     if (req->progress < sizeof(FrameHeader)) {
-      iov[cnt++] = iovec{reinterpret_cast<char*>(&req->hdr) + req->progress,
-                         sizeof(FrameHeader) - req->progress};
+      iov[cnt++] = iovec{reinterpret_cast<char*>(&req->hdr) + req->progress, sizeof(FrameHeader) - req->progress};
       if (req->len > 0) {
         iov[cnt++] = iovec{req->buf, std::min(req->len, budget)};
       }
@@ -746,8 +746,8 @@ void Engine::routeHeader(int p, Completions& done) {
   TORCH_INTERNAL_ASSERT(rx.state() == RxState::kPaused && !P.rxBusy);
   const FrameHeader& h = rx.header();
   if (h.magic != kFrameMagic) {
-    failLocked(c10::str("ringpg: rank ", rank_, " received a corrupt frame from rank ", p,
-                        " (bad magic 0x", std::hex, h.magic, "); closing the group"),
+    failLocked(c10::str("ringpg: rank ", rank_, " received a corrupt frame from rank ", p, " (bad magic 0x", std::hex,
+                        h.magic, "); closing the group"),
                done);
     return;
   }
@@ -757,8 +757,10 @@ void Engine::routeHeader(int p, Completions& done) {
       goodbyes_.fetch_add(1, std::memory_order_release);
       // Receives still waiting on this peer can never complete.
       const std::string why = shutDownBy(p);
-      for (auto& r : P.collPosted) failRequest(r, why, done);
-      for (auto& r : P.p2pPosted) failRequest(r, why, done);
+      for (auto& r : P.collPosted)
+        failRequest(r, why, done);
+      for (auto& r : P.p2pPosted)
+        failRequest(r, why, done);
       P.collPosted.clear();
       P.p2pPosted.clear();
       return;
@@ -777,8 +779,8 @@ void Engine::routeHeader(int p, Completions& done) {
       routeP2P(p, done);
       break;
     default:
-      failLocked(c10::str("ringpg: rank ", rank_, " received a corrupt frame from rank ", p,
-                          " (unknown kind ", int(h.kind), ")"),
+      failLocked(c10::str("ringpg: rank ", rank_, " received a corrupt frame from rank ", p, " (unknown kind ",
+                          int(h.kind), ")"),
                  done);
       return;
   }
@@ -881,8 +883,7 @@ void Engine::finishPayload(int p, Completions& done) {
       drainStash(p, done);
       break;
     case FrameKind::Abort:
-      failLocked(abortedBy(p, std::string(s.data.begin(), s.data.end())), done, /*network=*/true,
-                 BreakCause::Remote);
+      failLocked(abortedBy(p, std::string(s.data.begin(), s.data.end())), done, /*network=*/true, BreakCause::Remote);
       break;
     default:
       TORCH_INTERNAL_ASSERT(false, "stashed a ", describeFrame(s.hdr)); // routeHeader stashes no other kind

@@ -56,8 +56,8 @@ class Engine {
  public:
   // tx[q] / rx[q]: connected sockets to / from peer q (invalid for q == rank).
   // `congestion`: TCP congestion control for every data socket, "" = the host's default.
-  Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int socketBuffer,
-         const std::string& congestion, int spinMicros);
+  Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int socketBuffer, const std::string& congestion,
+         int spinMicros);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -95,18 +95,14 @@ class Engine {
   // on its engine socket) before it closes, and the progress thread may be about to read it.
   bool awaitBroken(Deadline deadline);
   // The same question without the lock, for polling loops.
-  bool isBroken() const {
-    return brokenFlag_.load(std::memory_order_acquire);
-  }
+  bool isBroken() const { return brokenFlag_.load(std::memory_order_acquire); }
 
   // Why nothing more comes from `peer`, nor is taken by it, if it has shut its group
   // down (its goodbye arrived), else "".  The shared-memory ring's sends and waits ask,
   // since their data never passes this engine; while no peer has said goodbye the
   // answer is one load, no lock.
   std::string goodbyeFrom(int peer);
-  bool anyGoodbye() const {
-    return goodbyes_.load(std::memory_order_acquire) != 0;
-  }
+  bool anyGoodbye() const { return goodbyes_.load(std::memory_order_acquire) != 0; }
 
   // The TCP congestion control the data sockets run ("" in a group of one).
   std::string congestionControl() const;

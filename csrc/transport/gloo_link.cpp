@@ -18,8 +18,7 @@ struct GlooRequest : Request {
 
 // A byte tensor viewing `len` bytes at `data` (Gloo reads or writes them in place).
 at::Tensor bytesAt(const void* data, size_t len) {
-  return at::from_blob(const_cast<void*>(data), {static_cast<int64_t>(len)},
-                       at::TensorOptions().dtype(at::kByte));
+  return at::from_blob(const_cast<void*>(data), {static_cast<int64_t>(len)}, at::TensorOptions().dtype(at::kByte));
 }
 
 } // namespace

@@ -22,11 +22,10 @@
 // Failures.  Control stays on ringpg's engine, which every group has: when a Gloo post
 // or wait fails (a lost peer) the link first gives the engine a moment to read the
 // peer's own Abort frame (the peer failed first and said why), else breaks the engine
-// as a lost peer, whose Abort frames reach every rank at once; when the engine breaks for any reason (a peer's abort, a timeout, abort())
-// the engine's failure listener calls abortWaits(), which wakes the wait in progress
-// and fails every later one.  A Gloo request's Work holds Gloo's buffer registration;
-// dropping the Work (when the op's requests are released, before its buffers go back
-// to their owner) withdraws it, so Gloo never touches a buffer after its op ended.
+// as a lost peer, whose Abort frames reach every rank at once; when the engine breaks for any reason (a peer's abort, a
+// timeout, abort()) the engine's failure listener calls abortWaits(), which wakes the wait in progress and fails every
+// later one.  A Gloo request's Work holds Gloo's buffer registration; dropping the Work (when the op's requests are
+// released, before its buffers go back to their owner) withdraws it, so Gloo never touches a buffer after its op ended.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -49,15 +48,9 @@ class GlooLink final : public Link {
   // group's failure state, which outlives the link.
   GlooLink(c10::intrusive_ptr<c10d::Backend> gloo, Engine& engine, int rank, int size);
 
-  const char* transport() const override {
-    return "gloo";
-  }
-  bool sendWaitsForReceive() const override {
-    return true;
-  }
-  bool checksFrames() const override {
-    return false;
-  }
+  const char* transport() const override { return "gloo"; }
+  bool sendWaitsForReceive() const override { return true; }
+  bool checksFrames() const override { return false; }
   // `op`: the header of the op's frames (its key is the op's sequence number).
   RequestPtr postSend(int peer, const FrameHeader& op, const void* data, size_t len) override;
   RequestPtr postRecv(int peer, const FrameHeader& op, void* data, size_t len) override;
@@ -89,8 +82,8 @@ class GlooLink final : public Link {
   Engine& engine_;
   const int rank_;
   uint64_t countsKey_ = ~uint64_t{0}; // the op whose messages sent_/received_ count
-  std::vector<uint32_t> sent_;        // per peer, messages of that op posted to it
-  std::vector<uint32_t> received_;    // per peer, receives of that op posted from it
+  std::vector<uint32_t> sent_; // per peer, messages of that op posted to it
+  std::vector<uint32_t> received_; // per peer, receives of that op posted from it
 
   // mu_ guards aborted_ and waiting_: abortWaits() runs on whichever thread broke the
   // engine while the op's thread waits.

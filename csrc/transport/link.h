@@ -49,20 +49,14 @@ class Link {
   // Whether the link compares what arrives with what the receive expects (op, dtype,
   // numel, ReduceOp), as the engine's and shared memory's frame headers let them; a
   // link of bare bytes (Gloo's pairs) has each op's signature checked on the engine.
-  virtual bool checksFrames() const {
-    return true;
-  }
+  virtual bool checksFrames() const { return true; }
 
   // Whether a send moves only once the peer has posted its receive (Gloo's pairs): a
   // ring then posts receives further ahead (Config::recvWindowFor).
-  virtual bool sendWaitsForReceive() const {
-    return false;
-  }
+  virtual bool sendWaitsForReceive() const { return false; }
 
   // Whether postRecvInto() works for frames from `peer`.
-  virtual bool fusesReceive(int /*peer*/) const {
-    return false;
-  }
+  virtual bool fusesReceive(int /*peer*/) const { return false; }
   // A receive of `len` bytes whose fragments go to `consume` as they arrive.
   virtual RequestPtr postRecvInto(int /*peer*/, const FrameHeader& /*op*/, size_t /*len*/,
                                   FragmentConsumer /*consume*/) {
@@ -77,21 +71,15 @@ class Link {
   // A link moved only by its waiters (shared memory: no progress thread of its own)
   // says whether it holds queued sends or posted receives, and moves what can move
   // now (true if anything moved).  Links with a progress thread keep the defaults.
-  virtual bool hasQueued() const {
-    return false;
-  }
-  virtual bool progress() {
-    return false;
-  }
+  virtual bool hasQueued() const { return false; }
+  virtual bool progress() { return false; }
 };
 
 // ringpg's TCP engine as a Link.
 class EngineLink final : public Link {
  public:
   explicit EngineLink(Engine& engine) : engine_(engine) {}
-  const char* transport() const override {
-    return "tcp";
-  }
+  const char* transport() const override { return "tcp"; }
   RequestPtr postSend(int peer, const FrameHeader& op, const void* data, size_t len) override;
   RequestPtr postRecv(int peer, const FrameHeader& op, void* data, size_t len) override;
   bool waitUntil(const RequestPtr& req, Deadline deadline) override;

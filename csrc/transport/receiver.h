@@ -56,20 +56,12 @@ class FrameReceiver {
   // What the bytes given to advance() completed.
   enum class Completed : uint8_t { kNothing, kHeader, kPayload };
 
-  State state() const {
-    return state_;
-  }
+  State state() const { return state_; }
   // kPaused and kClosed leave the socket alone; every other state reads it.
-  bool readsSocket() const {
-    return state_ != State::kPaused && state_ != State::kClosed;
-  }
-  bool closed() const {
-    return state_ == State::kClosed;
-  }
+  bool readsSocket() const { return state_ != State::kPaused && state_ != State::kClosed; }
+  bool closed() const { return state_ == State::kClosed; }
   // The frame being received: complete from kPaused until the payload is done.
-  const FrameHeader& header() const {
-    return hdr_;
-  }
+  const FrameHeader& header() const { return hdr_; }
 
   // Where the next recv() writes, and at most how many bytes (a payload's read is also
   // capped by `budget`, the bytes left to this pass of the progress loop).
@@ -139,9 +131,7 @@ class FrameReceiver {
     state_ = State::kClosed;
   }
   // Whether the payload state just entered is already complete (a 0-byte payload).
-  bool payloadComplete() const {
-    return isPayloadState() && got_ == hdr_.nbytes;
-  }
+  bool payloadComplete() const { return isPayloadState() && got_ == hdr_.nbytes; }
 
   // --- Ending a complete payload; each goes back to kHeader ---
 

@@ -46,8 +46,8 @@ struct Hello {
 // Accepts one receive socket from every peer.  Connections are served concurrently
 // (a stray client that connects and stays silent cannot hold up the real peers) and
 // each must present a valid hello within kHelloWindow, or it is dropped.
-void acceptPeers(int listenFd, int rank, int size, uint64_t nonce, Deadline deadline,
-                 std::chrono::milliseconds timeout, const std::atomic<bool>& abandon, std::vector<Fd>& rx) {
+void acceptPeers(int listenFd, int rank, int size, uint64_t nonce, Deadline deadline, std::chrono::milliseconds timeout,
+                 const std::atomic<bool>& abandon, std::vector<Fd>& rx) {
   constexpr auto kHelloWindow = std::chrono::seconds(5);
   struct Pending {
     Fd fd;
@@ -93,8 +93,8 @@ void acceptPeers(int listenFd, int rank, int size, uint64_t nonce, Deadline dead
         continue;
       }
       const Hello& h = c.hello;
-      const bool ours = h.magic == kHelloMagic && h.version == kProtocolVersion && h.dst == rank &&
-          h.nonce == nonce && h.src >= 0 && h.src < size && h.src != rank && !rx[h.src].valid();
+      const bool ours = h.magic == kHelloMagic && h.version == kProtocolVersion && h.dst == rank && h.nonce == nonce &&
+                        h.src >= 0 && h.src < size && h.src != rank && !rx[h.src].valid();
       uint8_t ack = 1;
       if (ours && sendAll(c.fd.get(), &ack, 1, now + kHelloWindow)) {
         rx[h.src] = std::move(c.fd);
@@ -127,8 +127,7 @@ void waitForAll(c10d::Store& store, const std::string& key, int size, Deadline d
   }
 }
 
-Mesh connectMesh(c10d::Store& store, int rank, int size, const std::string& ifname,
-                 std::chrono::milliseconds timeout) {
+Mesh connectMesh(c10d::Store& store, int rank, int size, const std::string& ifname, std::chrono::milliseconds timeout) {
   Mesh mesh;
   mesh.tx.resize(size);
   mesh.rx.resize(size);
@@ -177,8 +176,8 @@ Mesh connectMesh(c10d::Store& store, int rank, int size, const std::string& ifna
       Hello h{kHelloMagic, kProtocolVersion, rank, q, peerNonce};
       uint8_t ack = 0;
       if (!sendAll(conn.get(), &h, sizeof(h), deadline) || !recvAll(conn.get(), &ack, 1, deadline) || ack != 1) {
-        throwNetwork(c10::str("ringpg: rank ", rank, " could not complete the handshake with rank ", q,
-                              " at ", peerAddr, " during rendezvous"));
+        throwNetwork(c10::str("ringpg: rank ", rank, " could not complete the handshake with rank ", q, " at ",
+                              peerAddr, " during rendezvous"));
       }
       mesh.tx[q] = std::move(conn);
     }

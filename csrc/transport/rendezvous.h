@@ -30,7 +30,6 @@ std::vector<uint8_t> toBytes(const std::string& s);
 // after which ranks may raise without pulling the store from under a slower one.
 void waitForAll(c10d::Store& store, const std::string& key, int size, Deadline deadline);
 
-Mesh connectMesh(c10d::Store& store, int rank, int size, const std::string& ifname,
-                 std::chrono::milliseconds timeout);
+Mesh connectMesh(c10d::Store& store, int rank, int size, const std::string& ifname, std::chrono::milliseconds timeout);
 
 } // namespace ringpg

@@ -134,8 +134,7 @@ struct ShmRing::Region {
   // Creates and maps a fresh region; null when the system refuses (no /dev/shm, or
   // not enough room for it: pages are reserved now, so a full /dev/shm cannot turn
   // into a SIGBUS later).
-  static std::unique_ptr<Region> create(const std::string& name, uint64_t nonce, size_t slotBytes,
-                                         std::string& why) {
+  static std::unique_ptr<Region> create(const std::string& name, uint64_t nonce, size_t slotBytes, std::string& why) {
     const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
       why = c10::str("shm_open(", name, "): ", std::strerror(errno));
@@ -164,8 +163,7 @@ struct ShmRing::Region {
   }
 
   // Maps a neighbour's region and checks that it is the one it announced.
-  static std::unique_ptr<Region> open(const std::string& name, uint64_t nonce, size_t slotBytes,
-                                       std::string& why) {
+  static std::unique_ptr<Region> open(const std::string& name, uint64_t nonce, size_t slotBytes, std::string& why) {
     const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
     if (fd < 0) {
       why = c10::str("shm_open(", name, "): ", std::strerror(errno));
@@ -198,8 +196,7 @@ struct ShmRing::Region {
 };
 
 ShmRing::ShmRing(Engine& engine, int rank, int left, int right, size_t slotBytes, int spinMicros)
-    : engine_(engine), rank_(rank), left_(left), right_(right),
-      slotBytes_(slotBytes), spinMicros_(spinMicros) {}
+    : engine_(engine), rank_(rank), left_(left), right_(right), slotBytes_(slotBytes), spinMicros_(spinMicros) {}
 
 ShmRing::~ShmRing() = default;
 
@@ -208,9 +205,8 @@ ShmRing::Region& ShmRing::toRight() {
 }
 
 std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, const std::string& prefix,
-                                          const Topology& topo, int rank, Config::Transport setting,
-                                          size_t slotBytes, int spinMicros, size_t cmaBytes, Deadline deadline,
-                                          bool* used) {
+                                          const Topology& topo, int rank, Config::Transport setting, size_t slotBytes,
+                                          int spinMicros, size_t cmaBytes, Deadline deadline, bool* used) {
   *used = false;
   const int size = topo.size();
   // No two ranks share a host: every rank knows it from the same topology, so none
@@ -285,7 +281,7 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
     if (ok && cmaOk) {
       RegionHeader probe{};
       cmaOk = self->readLeft(reinterpret_cast<char*>(&probe), leftBase, sizeof(probe), &cmaWhy) &&
-          probe.magic == kRegionMagic && probe.nonce == self->fromLeft_->header().nonce;
+              probe.magic == kRegionMagic && probe.nonce == self->fromLeft_->header().nonce;
       if (!cmaOk && cmaWhy.empty()) {
         cmaWhy = "the probe read the wrong bytes";
       }
@@ -353,12 +349,14 @@ RequestPtr ShmRing::postSendToReducer(int peer, const FrameHeader& hdr, const vo
 }
 
 RequestPtr ShmRing::post(int peer, const FrameHeader& hdr, const void* data, size_t len, bool lendable) {
-  TORCH_INTERNAL_ASSERT(peer == right_ && sendsRight(), "ringpg: the shared-memory ring sends to a same-host right neighbour only");
+  TORCH_INTERNAL_ASSERT(peer == right_ && sendsRight(),
+                        "ringpg: the shared-memory ring sends to a same-host right neighbour only");
   RequestPtr req = makeRequest(hdr, data, len, right_);
   req->hdr.magic = kFrameMagic;
   req->link = this;
   req->lendable = lendable;
-  if (std::string why = engine_.goodbyeFrom(right_); !why.empty()) { // as the engine refuses a send to a peer that shut down
+  if (std::string why = engine_.goodbyeFrom(right_);
+      !why.empty()) { // as the engine refuses a send to a peer that shut down
     markFailed(*req, why, /*network=*/true);
     return req;
   }
@@ -368,7 +366,8 @@ RequestPtr ShmRing::post(int peer, const FrameHeader& hdr, const void* data, siz
 }
 
 RequestPtr ShmRing::postRecv(int peer, const FrameHeader& expect, void* data, size_t len) {
-  TORCH_INTERNAL_ASSERT(peer == left_ && receivesLeft(), "ringpg: the shared-memory ring receives from a same-host left neighbour only");
+  TORCH_INTERNAL_ASSERT(peer == left_ && receivesLeft(),
+                        "ringpg: the shared-memory ring receives from a same-host left neighbour only");
   RequestPtr req = makeRequest(expect, data, len, left_);
   req->sourceRank = left_;
   req->link = this;
@@ -455,10 +454,11 @@ bool ShmRing::pullRecvs() {
     // reducing receive are never lent (postSendToReducer).
     if (!ofThisReceive || sh.frame.kind != req.hdr.kind || sh.offset != req.progress || sh.length != want ||
         (lent && (cmaBytes_ == 0 || r.consume))) {
-      std::string msg = ofThisReceive
-          ? c10::str("ringpg: rank ", rank_, " received a corrupt shared-memory fragment from rank ", left_,
-                     " (offset ", sh.offset, ", length ", sh.length, "; expected ", req.progress, ", ", want, ")")
-          : collectiveMismatch(rank_, left_, req.hdr, sh.frame);
+      std::string msg =
+          ofThisReceive
+              ? c10::str("ringpg: rank ", rank_, " received a corrupt shared-memory fragment from rank ", left_,
+                         " (offset ", sh.offset, ", length ", sh.length, "; expected ", req.progress, ", ", want, ")")
+              : collectiveMismatch(rank_, left_, req.hdr, sh.frame);
       engine_.fail(msg, /*network=*/false);
       failAll(msg, false);
       return true;
@@ -467,8 +467,8 @@ bool ShmRing::pullRecvs() {
       // Straight from the sender's buffer into ours.
       std::string why;
       if (!readLeft(req.buf + req.progress, sh.remote, want, &why)) {
-        const std::string msg = c10::str("ringpg: rank ", rank_, " could not read rank ", left_,
-                                         "'s message (cross-memory attach): ", why);
+        const std::string msg =
+            c10::str("ringpg: rank ", rank_, " could not read rank ", left_, "'s message (cross-memory attach): ", why);
         engine_.fail(msg, /*network=*/true);
         failAll(msg, true);
         return true;
@@ -517,7 +517,8 @@ bool ShmRing::readLeft(char* dst, uint64_t remote, size_t n, std::string* why) {
       if (got < 0 && errno == EINTR) {
         continue;
       }
-      *why = got < 0 ? c10::str("process_vm_readv: ", std::strerror(errno)) : std::string("process_vm_readv read nothing");
+      *why =
+          got < 0 ? c10::str("process_vm_readv: ", std::strerror(errno)) : std::string("process_vm_readv read nothing");
       return false;
     }
     done += static_cast<size_t>(got);

@@ -79,9 +79,8 @@ class ShmRing final : public Link {
   // `cmaBytes`: the smallest message sent as a descriptor (RINGPG_CMA_BYTES; 0: this
   // rank never does, and the group does not probe for it).
   static std::unique_ptr<ShmRing> connect(c10d::Store& store, Engine& engine, const std::string& prefix,
-                                          const Topology& topo, int rank, Config::Transport setting,
-                                          size_t slotBytes, int spinMicros, size_t cmaBytes, Deadline deadline,
-                                          bool* used);
+                                          const Topology& topo, int rank, Config::Transport setting, size_t slotBytes,
+                                          int spinMicros, size_t cmaBytes, Deadline deadline, bool* used);
   ~ShmRing() override;
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;
@@ -99,9 +98,7 @@ class ShmRing final : public Link {
   // its CPUs, and RINGPG_SPIN_US asked for a spin anyway) instead of pausing on it.
   void setSpinYields(bool yields) { spinYields_ = yields; }
 
-  const char* transport() const override {
-    return "shm";
-  }
+  const char* transport() const override { return "shm"; }
   // Collective frames to the right neighbour / from the left one (the only peers a
   // LinkTable routes here), matched in order.
   RequestPtr postSend(int peer, const FrameHeader& hdr, const void* data, size_t len) override;
@@ -109,9 +106,7 @@ class ShmRing final : public Link {
   RequestPtr postSendToReducer(int peer, const FrameHeader& hdr, const void* data, size_t len) override;
   // A receive whose fragments are handed to `consume` straight from shared memory
   // (recvReduce without a staging copy).
-  bool fusesReceive(int peer) const override {
-    return peer == left_ && receivesLeft();
-  }
+  bool fusesReceive(int peer) const override { return peer == left_ && receivesLeft(); }
   RequestPtr postRecvInto(int peer, const FrameHeader& expect, size_t len, FragmentConsumer consume) override;
 
   // Drives both directions until `req` is no longer pending (true) or `deadline`
@@ -120,9 +115,7 @@ class ShmRing final : public Link {
   bool waitUntil(const RequestPtr& req, Deadline deadline) override;
   // Only the waiting thread moves shared memory, so a wait on another link of the
   // group drives this one meanwhile (LinkTable::waitUntil).
-  bool hasQueued() const override {
-    return !sends_.empty() || !recvs_.empty() || !lent_.empty();
-  }
+  bool hasQueued() const override { return !sends_.empty() || !recvs_.empty() || !lent_.empty(); }
   bool progress() override;
 
  private:

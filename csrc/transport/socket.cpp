@@ -57,9 +57,8 @@ void Fd::reset() {
 std::string SockAddr::str() const {
   char host[NI_MAXHOST] = {0};
   char port[NI_MAXSERV] = {0};
-  int rc = ::getnameinfo(
-      reinterpret_cast<const sockaddr*>(&storage), len, host, sizeof(host), port, sizeof(port),
-      NI_NUMERICHOST | NI_NUMERICSERV);
+  int rc = ::getnameinfo(reinterpret_cast<const sockaddr*>(&storage), len, host, sizeof(host), port, sizeof(port),
+                         NI_NUMERICHOST | NI_NUMERICSERV);
   TORCH_CHECK(rc == 0, "ringpg: getnameinfo failed: ", gai_strerror(rc));
   if (storage.ss_family == AF_INET6) {
     return c10::str("[", host, "]:", port);
@@ -71,8 +70,8 @@ SockAddr SockAddr::parse(const std::string& s) {
   std::string host, port;
   if (!s.empty() && s[0] == '[') {
     auto close = s.find(']');
-    TORCH_CHECK(close != std::string::npos && close + 1 < s.size() && s[close + 1] == ':',
-                "ringpg: bad peer address '", s, "'");
+    TORCH_CHECK(close != std::string::npos && close + 1 < s.size() && s[close + 1] == ':', "ringpg: bad peer address '",
+                s, "'");
     host = s.substr(1, close - 1);
     port = s.substr(close + 2);
   } else {
@@ -179,8 +178,8 @@ Fd listenOn(SockAddr& addr, int backlog) {
   } else {
     reinterpret_cast<sockaddr_in6*>(&addr.storage)->sin6_port = 0;
   }
-  TORCH_CHECK(::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr.storage), addr.len) == 0,
-              "ringpg: cannot bind ", addr.str(), ": ", std::strerror(errno));
+  TORCH_CHECK(::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr.storage), addr.len) == 0, "ringpg: cannot bind ",
+              addr.str(), ": ", std::strerror(errno));
   TORCH_CHECK(::listen(fd.get(), backlog) == 0, "ringpg: listen failed: ", std::strerror(errno));
   socklen_t len = sizeof(addr.storage);
   TORCH_CHECK(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr.storage), &len) == 0,
@@ -212,8 +211,7 @@ Fd connectTo(const SockAddr& addr, Deadline deadline) {
       return fd;
     }
     if (Clock::now() >= deadline) {
-      throwNetwork(c10::str("ringpg: could not connect to ", addr.str(), " before the deadline: ",
-                            std::strerror(err)));
+      throwNetwork(c10::str("ringpg: could not connect to ", addr.str(), " before the deadline: ", std::strerror(err)));
     }
     // The peer may not be listening yet: retry with a bounded exponential backoff.
     std::this_thread::sleep_for(backoff);

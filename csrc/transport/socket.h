@@ -26,12 +26,8 @@ class Fd {
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   ~Fd();
-  int get() const {
-    return fd_;
-  }
-  bool valid() const {
-    return fd_ >= 0;
-  }
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
   int release();
   void reset();
 

@@ -32,19 +32,11 @@ struct Topology {
   // A group of `size` ranks on one host (a group of one; ring = rank order).
   static Topology singleHost(int size);
 
-  int size() const {
-    return static_cast<int>(ring.size());
-  }
-  bool sameHost(int a, int b) const {
-    return hostOf[a] == hostOf[b];
-  }
+  int size() const { return static_cast<int>(ring.size()); }
+  bool sameHost(int a, int b) const { return hostOf[a] == hostOf[b]; }
   // Ring neighbours of `rank`.
-  int left(int rank) const {
-    return ring[(position[rank] + size() - 1) % size()];
-  }
-  int right(int rank) const {
-    return ring[(position[rank] + 1) % size()];
-  }
+  int left(int rank) const { return ring[(position[rank] + size() - 1) % size()]; }
+  int right(int rank) const { return ring[(position[rank] + 1) % size()]; }
   // Neighbours of `rank` on the ring of its host's ranks (ascending, closing from the
   // last to the first): the same as on the group's ring except where the group's ring
   // leaves the host.  `rank` itself when it is alone on its host.
@@ -57,36 +49,24 @@ struct Topology {
     return rs[(local[rank] + 1) % rs.size()];
   }
   // Ranks on host h.
-  int ranksOn(int h) const {
-    return static_cast<int>(hostRanks[h].size());
-  }
+  int ranksOn(int h) const { return static_cast<int>(hostRanks[h].size()); }
   // The ranks of host h, in ring order (ascending).
-  const std::vector<int>& ranksOfHost(int h) const {
-    return hostRanks[h];
-  }
+  const std::vector<int>& ranksOfHost(int h) const { return hostRanks[h]; }
   // The j-th rank of every host that has one, hosts in order: the ring of local rank j
   // across hosts (the hierarchical collectives' inter-host rings).
   std::vector<int> localRanks(int j) const;
   // Which of its host's ranks `rank` is (0-based, ascending).
-  int localIndex(int rank) const {
-    return local[rank];
-  }
+  int localIndex(int rank) const { return local[rank]; }
   // Where rank r's chunk sits in the hierarchical reduce-scatter's and all-gather's
   // layout (algorithms/hierarchical.h): local-rank-major, localIndex(r) * hosts +
   // hostOf[r], so the chunks of one cross-host ring (one local index) are contiguous,
   // in host order.  Requires ranksPerHost() > 0.  The identity for a cyclic placement
   // (rank r on host r % H).
-  int hierSlot(int rank) const {
-    return localIndex(rank) * hosts + hostOf[rank];
-  }
+  int hierSlot(int rank) const { return localIndex(rank) * hosts + hostOf[rank]; }
   // K when every host holds K ranks, else 0.
-  int ranksPerHost() const {
-    return perHost;
-  }
+  int ranksPerHost() const { return perHost; }
   // The most ranks any host holds.
-  int mostRanksOnAHost() const {
-    return mostPerHost;
-  }
+  int mostRanksOnAHost() const { return mostPerHost; }
   // Whether some host holds two ranks or more (a same-host link exists).
   bool anyHostShared() const;
 };

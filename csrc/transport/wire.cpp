@@ -16,11 +16,27 @@ constexpr const char* kSameCollectivesHint =
 // The names of c10d::OpType's values (Work.hpp), by value; torch's opTypeToString
 // asserts on a value it does not know, and these bytes come from a peer.
 const char* opTypeName(uint8_t opcode) {
-  static constexpr const char* kNames[] = {
-      "broadcast", "allreduce", "allreduce_coalesced", "reduce", "allgather", "_allgather_base",
-      "allgather_coalesced", "gather", "scatter", "reduce_scatter", "alltoall_base", "alltoall", "send", "recv",
-      "recvanysource", "barrier", "_reduce_scatter_base", "coalesced", "_allreduce_sparse",
-      "reduce_scatter_tensor_coalesced", "allgather_into_tensor_coalesced"};
+  static constexpr const char* kNames[] = {"broadcast",
+                                           "allreduce",
+                                           "allreduce_coalesced",
+                                           "reduce",
+                                           "allgather",
+                                           "_allgather_base",
+                                           "allgather_coalesced",
+                                           "gather",
+                                           "scatter",
+                                           "reduce_scatter",
+                                           "alltoall_base",
+                                           "alltoall",
+                                           "send",
+                                           "recv",
+                                           "recvanysource",
+                                           "barrier",
+                                           "_reduce_scatter_base",
+                                           "coalesced",
+                                           "_allreduce_sparse",
+                                           "reduce_scatter_tensor_coalesced",
+                                           "allgather_into_tensor_coalesced"};
   if (opcode < std::size(kNames)) {
     return kNames[opcode];
   }
@@ -29,8 +45,8 @@ const char* opTypeName(uint8_t opcode) {
 
 // c10d::ReduceOp::RedOpType's names, by value (Types.hpp); kNoReduceOp is UNUSED.
 const char* reduceOpName(uint8_t op) {
-  static constexpr const char* kNames[] = {"SUM", "AVG",  "PRODUCT",    "MIN", "MAX",
-                                           "BAND", "BOR", "BXOR", "PREMUL_SUM", "none"};
+  static constexpr const char* kNames[] = {"SUM",  "AVG", "PRODUCT", "MIN",        "MAX",
+                                           "BAND", "BOR", "BXOR",    "PREMUL_SUM", "none"};
   return op < std::size(kNames) ? kNames[op] : nullptr;
 }
 
@@ -42,7 +58,7 @@ std::string named(const char* name, uint8_t value) {
 std::string dtypeName(uint8_t dtype) {
   const auto t = static_cast<c10::ScalarType>(dtype);
   return dtype < static_cast<uint8_t>(c10::ScalarType::NumOptions) ? std::string(c10::toString(t))
-                                                                    : named(nullptr, dtype);
+                                                                   : named(nullptr, dtype);
 }
 
 // "op=…, dtype=…, reduce_op=…, op_numel=…": the fields every rank must agree on.
@@ -55,10 +71,14 @@ std::string describeOp(const FrameHeader& h) {
 
 const char* frameKindName(uint8_t kind) {
   switch (static_cast<FrameKind>(kind)) {
-    case FrameKind::Collective: return "collective";
-    case FrameKind::P2P: return "p2p";
-    case FrameKind::Bye: return "goodbye";
-    case FrameKind::Abort: return "abort";
+    case FrameKind::Collective:
+      return "collective";
+    case FrameKind::P2P:
+      return "p2p";
+    case FrameKind::Bye:
+      return "goodbye";
+    case FrameKind::Abort:
+      return "abort";
   }
   return "unknown";
 }
@@ -73,13 +93,13 @@ std::string collectiveMismatch(int rank, int peer, const FrameHeader& expected, 
 }
 
 std::string runningOpMismatch(int rank, int peer, const FrameHeader& op, const FrameHeader& got) {
-  return c10::str("ringpg: collective mismatch between ranks: rank ", rank, " runs seq ", op.key, " (",
-                  describeOp(op), ") but rank ", peer, " sent ", describeFrame(got), kSameCollectivesHint);
+  return c10::str("ringpg: collective mismatch between ranks: rank ", rank, " runs seq ", op.key, " (", describeOp(op),
+                  ") but rank ", peer, " sent ", describeFrame(got), kSameCollectivesHint);
 }
 
 std::string p2pSizeMismatch(int rank, int peer, size_t expected, uint64_t tag, uint64_t got) {
-  return c10::str(opName("recv"), ": rank ", rank, " expected ", expected, " bytes with tag ", tag, " from rank ",
-                  peer, " but the message has ", got, " bytes");
+  return c10::str(opName("recv"), ": rank ", rank, " expected ", expected, " bytes with tag ", tag, " from rank ", peer,
+                  " but the message has ", got, " bytes");
 }
 
 } // namespace ringpg
