@@ -2,7 +2,7 @@
 
 Skipped where torch sees no GPU (CI, and machines without one).  Covers the serial
 staging path (small tensors, every collective), the pipelined staging of large
-allreduces (cuda/staging.h), point-to-point through host copies, and the stream
+allreduces (algorithms/staged_ring.h), point-to-point through host copies, and the stream
 contract: an op is ordered after the work queued on the caller's current stream
 (side streams included, the FSDP2 pattern), and Work.wait() orders the current
 stream after the op.

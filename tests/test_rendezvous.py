@@ -245,3 +245,86 @@ def test_ranks_that_leave_together_fail_no_one(pool: WorkerPool) -> None:
     32 ranks it did, in about half of the runs)."""
     bad = [f"rank {r}: {e}" for r, errs in enumerate(pool.run(leave_together_worker, 12)) for e in errs]
     assert not bad, "\n".join(bad)
+
+
+class CountingStore(dist.Store):
+    """A Store that counts the calls this rank makes through it (ringpg's and torch's)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner = inner
+        self.calls: dict[str, int] = {}
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def set(self, key: str, value: Any) -> None:
+        self._count("set")
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        self._count("get")
+        return self.inner.get(key)
+
+    def add(self, key: str, amount: int) -> int:
+        self._count("add")
+        return self.inner.add(key, amount)
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        self._count("compare_set")
+        return self.inner.compare_set(key, expected, desired)
+
+    def check(self, keys: list[str]) -> bool:
+        self._count("check")
+        return self.inner.check(keys)
+
+    def wait(self, keys: list[str], timeout: Any = None) -> None:
+        self._count("wait")
+        if timeout is None:
+            self.inner.wait(keys)
+        else:
+            self.inner.wait(keys, timeout)
+
+    def delete_key(self, key: str) -> bool:
+        self._count("delete_key")
+        return self.inner.delete_key(key)
+
+    def num_keys(self) -> int:
+        return self.inner.num_keys()
+
+
+def store_calls_rank(rank: int, ws: int, port: int, q: Any) -> None:
+    """One rank: a ringpg group (no gloo beside it) created on a counting Store."""
+    import datetime
+
+    inner = dist.TCPStore("127.0.0.1", port, ws, rank == 0, timeout=datetime.timedelta(seconds=60))
+    store = CountingStore(inner)
+    dist.init_process_group("ringpg", store=store, rank=rank, world_size=ws)
+    dist.barrier()
+    calls = dict(store.calls)
+    x = torch.ones(8)
+    dist.all_reduce(x)
+    calls["ok"] = bool((x == ws).all())
+    dist.destroy_process_group()
+    q.put((rank, calls))
+
+
+@pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringpg's group creation")
+def test_group_creation_takes_the_same_store_round_trips_per_rank_at_any_size() -> None:
+    """Every set-up step that hears from every rank (addresses, settings, host
+    identities, shared-memory regions and verdicts) reads one Store value holding all
+    ranks' values: a rank's Store calls at creation do not grow with the group (the
+    rank that gathers each step reads each key once more).  Before, every rank read
+    every rank's key in each step: 4 x N gets."""
+    from benchmarks.launch import run_ranks
+
+    per_size = {}
+    for ws in (2, 8):
+        got = dict(run_ranks(store_calls_rank, ws, (), 120, "forkserver"))
+        assert all(c.pop("ok") for c in got.values()), got
+        per_size[ws] = got
+    gets = {ws: sorted(c.get("get", 0) for c in got.values()) for ws, got in per_size.items()}
+    # The median rank gathered no step: its reads are the same at 2 and 8 ranks.
+    assert gets[8][len(gets[8]) // 2] <= gets[2][-1], gets
+    # In all, the Store serves O(N) reads per step, not O(N^2).
+    assert sum(gets[8]) <= 4 * sum(gets[2]) + 8 * 8, gets

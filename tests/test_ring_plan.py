@@ -1,5 +1,6 @@
 """Exhaustive tests of the ring's pure offset arithmetic (csrc/algorithms/ring_plan.h),
-and of the tags its segments carry over Gloo's pairs (csrc/transport/gloo_link.h).
+the tags its segments carry over Gloo's pairs (csrc/transport/gloo_link.h), and the
+one-value encoding of every rank's Store value (csrc/transport/store_exchange.h).
 
 Small sizes are enumerated completely (count 0..40, world size 1..8, every segment
 cap): the chunks must tile the buffer, segments must tile each chunk, neighbours must
@@ -148,3 +149,23 @@ def test_ring_runs_host_by_host(hosts: list[str]) -> None:
     assert crossings == (len(first_seen) if len(first_seen) > 1 else 0)
     counts = {h: hosts.count(h) for h in first_seen}
     assert per_host == (counts[hosts[0]] if len(set(counts.values())) == 1 else 0)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[], [b""], [b"", b""], [b"10.0.0.1:29500 123"], [b"1:2:3", b"::", b"9", b"\x00\xff\n"], [b"x" * 1000] * 7],
+)
+def test_store_values_pack_and_unpack_exactly(values: list[bytes]) -> None:
+    """The one Store value holding every rank's (csrc/transport/store_exchange.h): a
+    value may hold the separator, digits, newlines, NULs or nothing; each comes back
+    whole and in rank order."""
+    packed = _C.pack_values(values)
+    assert _C.unpack_values(packed, len(values)) == values
+
+
+@pytest.mark.parametrize("packed, count", [(b"3:ab", 1), (b"x:ab", 1), (b":ab", 1), (b"2:ab", 2), (b"2:ab2", 1)])
+def test_malformed_store_values_are_refused(packed: bytes, count: int) -> None:
+    """A value cut short, a length that is not a number, or another count than the
+    group's is an error naming the Store, never a wrong address or setting."""
+    with pytest.raises(RuntimeError, match="Store"):
+        _C.unpack_values(packed, count)

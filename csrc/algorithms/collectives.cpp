@@ -11,7 +11,7 @@
 #include "algorithms/host_buffer.h"
 #include "algorithms/ring.h"
 #include "algorithms/ring_plan.h"
-#include "cuda/staging.h"
+#include "algorithms/staged_ring.h"
 
 namespace ringpg {
 namespace collectives {
@@ -166,7 +166,7 @@ AllreduceAlgo chooseAllreduce(const OpContext& c, size_t bytes, const c10::Devic
   if (bytes * static_cast<size_t>(c.size() - 1) * sharers <= c.config().oneShotBytes) {
     return AllreduceAlgo::OneShot;
   }
-  // Large contiguous device tensors: chunked copies overlap the ring (cuda/staging.h).
+  // Large contiguous device tensors: chunked copies overlap the ring (staged_ring.h).
   if (!device.is_cpu() && contiguous) {
     return AllreduceAlgo::StagedRing;
   }

@@ -4,6 +4,8 @@
 #include "algorithms/ring_plan.h"
 #include "common/host.h"
 
+#include <c10/util/irange.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
@@ -22,6 +24,26 @@ namespace {
 constexpr int64_t kMinSegments = 16;
 // At most this many pieces: each costs the network a ring's fill and drain.
 constexpr int kMaxPieces = 16;
+
+// Where rank r's chunk sits in the hierarchical reduce-scatter's and all-gather's
+// layout (hierarchical.h): local-rank-major, localIndex(r) * hosts + host of r, so the
+// chunks of one cross-host ring (one local index) are contiguous, in host order.
+// Requires equal hosts (ranksPerHost() > 0).  The identity for a cyclic placement
+// (rank r on host r % H).
+int hierSlot(const Topology& t, int rank) {
+  return t.localIndex(rank) * t.hosts + t.hostOf[rank];
+}
+
+// Whether hierSlot is the identity, so the layout is the rank order itself (an O(N)
+// look per op, against an op that moves at least N chunks).
+bool hierSlotIsRank(const Topology& t) {
+  for (const auto r : c10::irange(t.size())) {
+    if (hierSlot(t, r) != r) {
+      return false;
+    }
+  }
+  return true;
+}
 
 // What every hierarchical collective of this rank runs on: its host's ring and the ring
 // of its local index across hosts.  Made at the start of the op, which it names in the
@@ -59,8 +81,9 @@ int piecesFor(const OpContext& c, size_t bytes, int64_t units) {
   }
   const RingView cross = RingView::of(t.localRanks(t.localIndex(c.rank())), c.rank(), kMinSegments);
   const LinkTable& links = c.links();
-  if (std::string(links.to[cross.right()]->transport()) != "tcp" ||
-      std::string(links.from[cross.left()]->transport()) != "tcp") {
+  // Shared memory is moved by its waiters, and Gloo's pairs count each op's messages
+  // on one thread: rings across hosts on those stay on the op's thread, in one piece.
+  if (!links.to[cross.right()]->servesASecondThread() || !links.from[cross.left()]->servesASecondThread()) {
     return 1;
   }
   return static_cast<int>(pieces);
@@ -283,7 +306,7 @@ void hierReduceScatter(OpContext& c, const char* input, char* output, int64_t co
   const int64_t n = count / t.size();
   const int pieces = piecesFor(c, static_cast<size_t>(count) * es, n);
   // One piece in rank order: the host ring reads the input where it is.
-  const bool direct = pieces == 1 && t.hierSlotIsRank;
+  const bool direct = pieces == 1 && hierSlotIsRank(t);
   auto piece = [&](int i) { return chunkRange(n, pieces, i); };
   auto slots = [&](const Range& P) { return layout + static_cast<size_t>(t.size() * P.offset) * es; };
   runPieces(
@@ -294,7 +317,7 @@ void hierReduceScatter(OpContext& c, const char* input, char* output, int64_t co
         const size_t len = static_cast<size_t>(P.length) * es;
         if (!direct) {
           for (int r = 0; r < t.size(); ++r) {
-            std::memcpy(L + t.hierSlot(r) * len, input + (r * n + P.offset) * static_cast<int64_t>(es), len);
+            std::memcpy(L + hierSlot(t, r) * len, input + (r * n + P.offset) * static_cast<int64_t>(es), len);
           }
         }
         // 1. Reduce-scatter on the host: slots [j*H, (j+1)*H) end here, summed over the host.
@@ -316,7 +339,7 @@ void hierReduceScatter(OpContext& c, const char* input, char* output, int64_t co
 }
 
 bool hierAllGatherInPlace(const OpContext& c, size_t bytes, int64_t perRank) {
-  return c.topology().hierSlotIsRank && piecesFor(c, bytes, perRank) == 1;
+  return hierSlotIsRank(c.topology()) && piecesFor(c, bytes, perRank) == 1;
 }
 
 void hierAllGather(OpContext& c, const char* input, char* output, int64_t count, size_t es, char* layout) {
@@ -324,7 +347,7 @@ void hierAllGather(OpContext& c, const char* input, char* output, int64_t count,
   const Topology& t = rings.t;
   const int64_t n = count / t.size();
   const int pieces = piecesFor(c, static_cast<size_t>(count) * es, n);
-  TORCH_INTERNAL_ASSERT(layout != output || (pieces == 1 && t.hierSlotIsRank), "ringpg: all-gather layout");
+  TORCH_INTERNAL_ASSERT(layout != output || (pieces == 1 && hierSlotIsRank(t)), "ringpg: all-gather layout");
   auto piece = [&](int i) { return chunkRange(n, pieces, i); };
   auto slots = [&](const Range& P) { return layout + static_cast<size_t>(t.size() * P.offset) * es; };
   runPieces(
@@ -338,7 +361,7 @@ void hierAllGather(OpContext& c, const char* input, char* output, int64_t count,
         char* L = slots(P);
         char* mine = L + static_cast<size_t>(rings.j * t.hosts) * len;
         const char* own = input + P.offset * static_cast<int64_t>(es);
-        const bool inPlace = own == L + t.hierSlot(c.rank()) * len;
+        const bool inPlace = own == L + hierSlot(t, c.rank()) * len;
         ringCollectiveOn(ctx, rings.cross, RingJob{.count = t.hosts * P.length, .elemSize = es, .allGather = true},
                          RingBuffers{nullptr, mine, inPlace ? nullptr : const_cast<char*>(own)});
       },
@@ -351,7 +374,7 @@ void hierAllGather(OpContext& c, const char* input, char* output, int64_t count,
                          RingBuffers{nullptr, L, nullptr});
         if (layout != output) {
           for (int r = 0; r < t.size(); ++r) {
-            std::memcpy(output + (r * n + P.offset) * static_cast<int64_t>(es), L + t.hierSlot(r) * len, len);
+            std::memcpy(output + (r * n + P.offset) * static_cast<int64_t>(es), L + hierSlot(t, r) * len, len);
           }
         }
       });

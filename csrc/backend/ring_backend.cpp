@@ -23,6 +23,7 @@
 #include "cuda/device_sync.h"
 #include "reduce/reduce.h"
 #include "transport/rendezvous.h"
+#include "transport/store_exchange.h"
 
 namespace ringpg {
 
@@ -96,12 +97,11 @@ void agreeOnSettings(c10d::Store& store, const std::string& prefix, int rank, in
   for (const auto& s : mine) {
     line += s.value + "\n";
   }
-  store.set(c10::str(prefix, "settings/", rank), toBytes(line));
+  const std::vector<std::string> lines = allGatherValues(store, prefix + "settings", rank, size, line);
   std::vector<std::vector<std::string>> values(mine.size()); // [setting][rank]
   for (const auto q : c10::irange(size)) {
-    const auto bytes = store.get(c10::str(prefix, "settings/", q));
     std::vector<std::string> theirs(1);
-    for (const auto ch : bytes) {
+    for (const auto ch : lines[q]) {
       if (ch == '\n') {
         theirs.emplace_back();
       } else {
@@ -127,7 +127,7 @@ void agreeOnSettings(c10d::Store& store, const std::string& prefix, int rank, in
   }
   if (!why.empty()) {
     // Every rank raises, so the store's host may soon be gone: leave together.
-    waitForAll(store, prefix + "settings/read", size, deadline);
+    leaveTogether(store, prefix + "settings/read", size, deadline);
     TORCH_CHECK_VALUE(false, "ringpg: the ranks of a group disagree on ", why);
   }
 }
@@ -244,7 +244,8 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     }
     links_.driven = shm_.get();
   }
-  links_.ringFusedEverywhere = transportName_ == "shm";
+  // Agreed facts only (every rank must plan alike): shared memory, and one host.
+  links_.ringFusedEverywhere = shmUsed && topology_.hosts == 1;
   tracer_ = openTrace(*engine_, transport().c_str(), cfg_, groupName_, rank, size, Clock::now() + timeout);
   tracing_ = tracer_ != nullptr;
   worker_ = std::thread([this] {

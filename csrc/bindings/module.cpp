@@ -12,6 +12,7 @@
 #include "common/host.h"
 #include "common/torch_compat.h"
 #include "reduce/reduce.h"
+#include "transport/store_exchange.h"
 
 namespace py = pybind11;
 
@@ -205,6 +206,19 @@ PYBIND11_MODULE(_C, m) {
         return ringpg::GlooLink::tagOf(h, index);
       },
       "The Gloo tag of message `index` of an op (transport/gloo_link.h); for the tests");
+  m.def(
+      "pack_values", [](const std::vector<std::string>& values) { return py::bytes(ringpg::packValues(values)); },
+      "Every rank's value as one Store value (transport/store_exchange.h); for the tests");
+  m.def(
+      "unpack_values",
+      [](const std::string& packed, size_t count) {
+        py::list out;
+        for (const auto& v : ringpg::unpackValues(packed, count)) {
+          out.append(py::bytes(v));
+        }
+        return out;
+      },
+      py::arg("packed"), py::arg("count"), "The inverse of pack_values; for the tests");
   m.def("cpus_from_cpu_max", &ringpg::cpusFromCpuMax,
         "CPUs a cgroup v2 cpu.max text allows (None: unlimited or unreadable); for tests");
   m.def("cgroup_path", &ringpg::cgroupPath, py::arg("proc_self_cgroup"), py::arg("controller"),

@@ -33,7 +33,8 @@ class Link {
  public:
   virtual ~Link() = default;
 
-  // "tcp", "shm" or "gloo".
+  // "tcp", "shm" or "gloo": for messages and traces; what a link can do is asked
+  // through the capabilities below, never through this name.
   virtual const char* transport() const = 0;
 
   // `op`: the header every frame of the running op carries (its key is the op's
@@ -54,6 +55,12 @@ class Link {
   // Whether a send moves only once the peer has posted its receive (Gloo's pairs): a
   // ring then posts receives further ahead (Config::recvWindowFor).
   virtual bool sendWaitsForReceive() const { return false; }
+
+  // Whether a second thread of an op may post and wait on this link while the op's
+  // thread does too, each for its own peers, with the link moving the bytes itself (a
+  // progress thread of its own): what a hierarchical op in pieces needs of the links
+  // its rings across hosts take (algorithms/hierarchical.cpp).
+  virtual bool servesASecondThread() const { return false; }
 
   // Whether postRecvInto() works for frames from `peer`.
   virtual bool fusesReceive(int /*peer*/) const { return false; }
@@ -80,6 +87,8 @@ class EngineLink final : public Link {
  public:
   explicit EngineLink(Engine& engine) : engine_(engine) {}
   const char* transport() const override { return "tcp"; }
+  // The engine's progress thread moves every socket, and its queues take posts from any thread.
+  bool servesASecondThread() const override { return true; }
   RequestPtr postSend(int peer, const FrameHeader& op, const void* data, size_t len) override;
   RequestPtr postRecv(int peer, const FrameHeader& op, void* data, size_t len) override;
   bool waitUntil(const RequestPtr& req, Deadline deadline) override;

@@ -18,12 +18,9 @@
 
 #include "common/errors.h"
 #include "common/host.h"
+#include "transport/store_exchange.h"
 
 namespace ringpg {
-
-std::vector<uint8_t> toBytes(const std::string& s) {
-  return std::vector<uint8_t>(s.begin(), s.end());
-}
 
 uint64_t randomNonce() {
   std::random_device rd;
@@ -117,16 +114,6 @@ void acceptPeers(int listenFd, int rank, int size, uint64_t nonce, Deadline dead
 
 } // namespace
 
-void waitForAll(c10d::Store& store, const std::string& key, int size, Deadline deadline) {
-  try {
-    store.add(key, 1);
-    while (store.add(key, 0) < size && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  } catch (const std::exception&) {
-  }
-}
-
 Mesh connectMesh(c10d::Store& store, int rank, int size, const std::string& ifname, std::chrono::milliseconds timeout) {
   Mesh mesh;
   mesh.tx.resize(size);
@@ -147,7 +134,8 @@ Mesh connectMesh(c10d::Store& store, int rank, int size, const std::string& ifna
   Fd listener = listenOn(addr, 2 * size + 16);
   mesh.localAddress = addr.str();
   const uint64_t nonce = randomNonce();
-  store.set(prefix + "addr/" + std::to_string(rank), toBytes(c10::str(mesh.localAddress, " ", nonce)));
+  const std::vector<std::string> addrs =
+      allGatherValues(store, prefix + "addr", rank, size, c10::str(mesh.localAddress, " ", nonce));
 
   // Accept the peers' send sockets on a helper thread while this thread connects ours:
   // doing both on one thread would deadlock two ranks connecting to each other.
@@ -167,8 +155,7 @@ Mesh connectMesh(c10d::Store& store, int rank, int size, const std::string& ifna
     for (const auto step : c10::irange(1, size)) {
       // Connect in ring order (right neighbour first) to spread the load.
       const int q = (rank + step) % size;
-      auto bytes = store.get(prefix + "addr/" + std::to_string(q));
-      std::istringstream in(std::string(bytes.begin(), bytes.end()));
+      std::istringstream in(addrs[q]);
       std::string peerAddr;
       uint64_t peerNonce = 0;
       in >> peerAddr >> peerNonce;

@@ -23,12 +23,6 @@ struct Mesh {
 };
 
 uint64_t randomNonce();
-std::vector<uint8_t> toBytes(const std::string& s);
-
-// Every rank of a group of `size` adds one to `key` and waits until all have (or
-// `deadline` passes; a store gone meanwhile means its host has been and left): a step
-// after which ranks may raise without pulling the store from under a slower one.
-void waitForAll(c10d::Store& store, const std::string& key, int size, Deadline deadline);
 
 Mesh connectMesh(c10d::Store& store, int rank, int size, const std::string& ifname, std::chrono::milliseconds timeout);
 

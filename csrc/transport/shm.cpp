@@ -22,6 +22,7 @@
 
 #include "common/host.h"
 #include "transport/rendezvous.h"
+#include "transport/store_exchange.h"
 
 namespace ringpg {
 namespace {
@@ -241,14 +242,14 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
   }
   // Name and nonce of our region, and where it sits in this process (pid and address:
   // the right neighbour probes single copy by reading its header from here).
-  store.set(c10::str(prefix, "shm/", rank),
-            toBytes(c10::str(self->own_ ? name : std::string("-"), " ", nonce, " ", ::getpid(), " ",
-                             reinterpret_cast<uintptr_t>(self->own_ ? self->own_->base : nullptr))));
+  const std::vector<std::string> regions =
+      allGatherValues(store, prefix + "shm/region", rank, size,
+                      c10::str(self->own_ ? name : std::string("-"), " ", nonce, " ", ::getpid(), " ",
+                               reinterpret_cast<uintptr_t>(self->own_ ? self->own_->base : nullptr)));
 
   // Maps same-host neighbour q's region; `pid` and `base` say where it lives in q.
   auto mapPeer = [&](int q, int* pid = nullptr, uint64_t* base = nullptr) -> std::unique_ptr<Region> {
-    auto bytes = store.get(c10::str(prefix, "shm/", q));
-    std::istringstream in(std::string(bytes.begin(), bytes.end()));
+    std::istringstream in(regions[q]);
     std::string peerName;
     uint64_t peerNonce = 0;
     int peerPid = 0;
@@ -292,19 +293,11 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
     ok = self->fromRight_ != nullptr;
   }
 
-  // Agreement: count the ranks that succeeded; the last to arrive publishes "done".
-  const std::string okKey = prefix + "shm/ok";
-  const std::string doneKey = prefix + "shm/done";
-  const std::string cmaKey = prefix + "shm/cma";
-  store.add(okKey, ok ? 1 : 0);
-  store.add(cmaKey, cmaOk ? 1 : 0);
-  if (store.add(prefix + "shm/arrived", 1) == size) {
-    store.set(doneKey, toBytes("1"));
-  }
-  const auto msLeft = std::max<int64_t>(1, msUntil(deadline));
-  store.wait({doneKey}, std::chrono::milliseconds(msLeft));
-  const bool all = store.add(okKey, 0) == size;
-  const bool allCma = store.add(cmaKey, 0) == size;
+  // Agreement: every rank's verdicts, "<links usable><single copy usable>" as two digits.
+  const std::vector<std::string> verdicts =
+      allGatherValues(store, prefix + "shm/verdict", rank, size, c10::str(ok ? 1 : 0, cmaOk ? 1 : 0));
+  const bool all = std::all_of(verdicts.begin(), verdicts.end(), [](const std::string& v) { return v[0] == '1'; });
+  const bool allCma = std::all_of(verdicts.begin(), verdicts.end(), [](const std::string& v) { return v[1] == '1'; });
   if (cmaWanted && !allCma && !cmaWhy.empty()) {
     LOG(INFO) << "ringpg: rank " << rank << " cannot read rank " << left
               << "'s memory (cross-memory attach): " << cmaWhy << "; the group keeps two copies per byte";
@@ -317,7 +310,7 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
   if (!all) {
     if (setting == Config::Transport::Shm) {
       // Every rank raises, so the store's host may soon be gone: leave together.
-      waitForAll(store, prefix + "shm/read", size, deadline);
+      leaveTogether(store, prefix + "shm/read", size, deadline);
     }
     TORCH_CHECK(setting != Config::Transport::Shm, "ringpg: RINGPG_TRANSPORT=shm, but rank ", rank,
                 " cannot use shared memory with its same-host ring neighbours",

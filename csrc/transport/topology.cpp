@@ -10,6 +10,7 @@
 
 #include "common/config.h"
 #include "transport/rendezvous.h"
+#include "transport/store_exchange.h"
 
 namespace ringpg {
 
@@ -46,10 +47,6 @@ Topology Topology::fromHosts(const std::vector<std::string>& hostIds) {
   t.perHost = equal ? k : 0;
   for (const auto& h : t.hostRanks) {
     t.mostPerHost = std::max(t.mostPerHost, static_cast<int>(h.size()));
-  }
-  t.hierSlotIsRank = true;
-  for (const auto r : c10::irange(n)) {
-    t.hierSlotIsRank = t.hierSlotIsRank && t.hierSlot(r) == r;
   }
   return t;
 }
@@ -100,13 +97,7 @@ Topology exchangeTopology(c10d::Store& store, const std::string& prefix, int ran
   if (size == 1) {
     return Topology::singleHost(1);
   }
-  store.set(c10::str(prefix, "host/", rank), toBytes(hostIdentity()));
-  std::vector<std::string> ids(size);
-  for (const auto q : c10::irange(size)) {
-    const auto bytes = store.get(c10::str(prefix, "host/", q));
-    ids[q].assign(bytes.begin(), bytes.end());
-  }
-  return Topology::fromHosts(ids);
+  return Topology::fromHosts(allGatherValues(store, prefix + "host", rank, size, hostIdentity()));
 }
 
 } // namespace ringpg

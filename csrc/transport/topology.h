@@ -25,7 +25,6 @@ struct Topology {
   std::vector<int> local;                  // local[rank]: which of its host's ranks it is
   int perHost = 0;                         // K when every host holds K ranks, else 0
   int mostPerHost = 0;                     // the most ranks any host holds
-  bool hierSlotIsRank = false;             // hierSlot(r) == r for every rank (see hierSlot)
 
   // The topology of ranks whose host identities are `hostIds` (index = rank).
   static Topology fromHosts(const std::vector<std::string>& hostIds);
@@ -57,12 +56,6 @@ struct Topology {
   std::vector<int> localRanks(int j) const;
   // Which of its host's ranks `rank` is (0-based, ascending).
   int localIndex(int rank) const { return local[rank]; }
-  // Where rank r's chunk sits in the hierarchical reduce-scatter's and all-gather's
-  // layout (algorithms/hierarchical.h): local-rank-major, localIndex(r) * hosts +
-  // hostOf[r], so the chunks of one cross-host ring (one local index) are contiguous,
-  // in host order.  Requires ranksPerHost() > 0.  The identity for a cyclic placement
-  // (rank r on host r % H).
-  int hierSlot(int rank) const { return localIndex(rank) * hosts + hostOf[rank]; }
   // K when every host holds K ranks, else 0.
   int ranksPerHost() const { return perHost; }
   // The most ranks any host holds.

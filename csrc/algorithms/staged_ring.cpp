@@ -1,4 +1,4 @@
-#include "cuda/staging.h"
+#include "algorithms/staged_ring.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>
