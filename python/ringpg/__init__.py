@@ -26,8 +26,9 @@ from __future__ import annotations
 # among them, which must find this package's modules whole, not half-imported.
 import torch  # noqa: F401
 
-from ._features import FeatureUnavailable, features
+from ._features import FeatureUnavailable
 from ._introspect import backend
+from ._loader import features
 from ._registration import BACKEND_NAME, register, use_algorithm, use_transport
 
 __all__ = ["BACKEND_NAME", "FeatureUnavailable", "backend", "features", "register", "use_algorithm", "use_transport"]

@@ -4,7 +4,8 @@ ringpg builds against every torch from 2.6 on; some of what it offers rides on c
 APIs that a torch release introduced (csrc/common/torch_compat.h says which).  On an
 older torch such a feature is absent, never a crash:
 
-* ``ringpg.features()`` says which of ringpg's features this build carries;
+* ``ringpg.features()`` says which of ringpg's features this build carries (the table
+  here, read against the loaded extension by ``_loader.features``);
 * ``ringpg.backend(group).<a newer torch's Backend method>`` (``shrink``,
   ``set_timeout``, ``register_abort_hook``, ...) raises :class:`FeatureUnavailable`
   (an ``AttributeError``, so ``hasattr`` stays False) naming the torch release that has
@@ -130,24 +131,6 @@ def torch_release(version: str = torch.__version__) -> Tuple[int, int]:
 
 def _fmt(release: Tuple[int, int]) -> str:
     return f"{release[0]}.{release[1]}"
-
-
-def features() -> Dict[str, bool]:
-    """Which of ringpg's torch-dependent features this build carries (see FEATURES)."""
-    from ._loader import load_extension
-
-    compiled = load_extension().torch_compat()
-    return {name: bool(compiled[f.compat_flag]) for name, f in FEATURES.items()}
-
-
-def require(name: str) -> None:
-    """Raise FeatureUnavailable unless this build of ringpg carries feature ``name``."""
-    f = FEATURES[name]
-    if not features()[name]:
-        raise FeatureUnavailable(
-            f"ringpg: {name} ({f.what}) needs torch >= {_fmt(f.since)}; this is torch {torch.__version__}. "
-            f"Here: {f.before}."
-        )
 
 
 def missing_backend_attribute(obj: Any, attr: str) -> Any:

@@ -9,8 +9,11 @@ running torch *before* the shared object is loaded.
 from __future__ import annotations
 
 import types
+from typing import Dict
 
 import torch
+
+from ._features import FEATURES, install
 
 
 class RingpgBuildMismatch(ImportError):
@@ -44,7 +47,12 @@ def load_extension() -> types.ModuleType:
     import torch.distributed as _dist  # noqa: F401  (registers the c10d pybind base classes)
 
     from . import _C
-    from ._features import install
 
     install(_C.RingBackend)
     return _C
+
+
+def features() -> Dict[str, bool]:
+    """Which of ringpg's torch-dependent features this build carries (_features.FEATURES)."""
+    compiled = load_extension().torch_compat()
+    return {name: bool(compiled[f.compat_flag]) for name, f in FEATURES.items()}
