@@ -3,9 +3,6 @@
 #include <ATen/ATen.h>
 #include <c10/util/Logging.h>
 #include <c10/util/irange.h>
-#include <pybind11/chrono.h>
-#include <pybind11/pybind11.h>
-#include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
@@ -20,6 +17,7 @@
 #include "algorithms/host_buffer.h"
 #include "backend/validation.h"
 #include "common/host.h"
+#include "common/interpreter.h"
 #include "cuda/device_sync.h"
 #include "reduce/reduce.h"
 #include "transport/rendezvous.h"
@@ -33,105 +31,6 @@ using c10d::OpType;
 
 namespace {
 
-// The settings every rank of a group must share, agreed on in one Store round trip
-// (after the mesh is up, so every rank is here): each rank publishes one line of them
-// under the group's keys and reads every other rank's.
-//  - RINGPG_TRANSPORT: Gloo's pairs need a ProcessGroupGloo on every rank (one rank
-//    alone on them would wait for the others until the timeout), and shm, which refuses
-//    a group that cannot use shared memory, must be asked for by all or its refusal
-//    would reach some ranks only; auto and tcp mix (the shared-memory agreement then
-//    keeps the whole group on TCP).
-//  - the wire plan: the algorithm (hierarchical or ring), the one-shot limit, the
-//    segment size (frame sizes; the shared-memory slot size) and the hierarchical piece
-//    size decide which frames each rank sends and expects, so ranks that differ would
-//    fail their first op with a "collective mismatch" that names no setting; and a
-//    rank with RINGPG_TRACE set runs a clock sync with rank 0 that untraced ranks skip.
-// (Local settings stay local: the receive window, the spin, socket buffers, the work
-// cache, the reduction ISA, congestion control; tests/test_settings_agreement.py runs a
-// group whose ranks differ in the receive window.)
-// Whether the ranks' values of a setting (one per rank) may run together.
-using Agreement = bool (*)(const std::vector<std::string>& values);
-
-bool allEqual(const std::vector<std::string>& values) {
-  return std::all_of(values.begin(), values.end(), [&](const std::string& x) { return x == values[0]; });
-}
-
-// Transports mix auto and tcp; gloo and shm only with themselves.
-bool transportsMix(const std::vector<std::string>& values) {
-  const auto all = [&](const char* v) {
-    return std::all_of(values.begin(), values.end(), [&](auto& x) { return x == v; });
-  };
-  const auto any = [&](const char* v) {
-    return std::any_of(values.begin(), values.end(), [&](auto& x) { return x == v; });
-  };
-  return (!any("gloo") || all("gloo")) && (!any("shm") || all("shm"));
-}
-
-struct SharedSetting {
-  const char* name;  // as the user sets it
-  const char* rule;  // what the error asks for
-  Agreement agrees;  // when the ranks' values may run together
-  std::string value; // this rank's
-};
-
-std::vector<SharedSetting> sharedSettings(const Config& cfg, Config::Transport transport) {
-  constexpr const char* kSame = "it must be the same on every rank";
-  return {
-      {"RINGPG_TRANSPORT", "gloo and shm must be set on every rank or on none", transportsMix,
-       Config::transportName(transport)},
-      {"RINGPG_ALGO / ringpg.use_algorithm", kSame, allEqual, Config::algoName(cfg.algo)},
-      {"RINGPG_SEGMENT_BYTES", kSame, allEqual, std::to_string(cfg.segmentBytes)},
-      {"RINGPG_ONESHOT_BYTES", kSame, allEqual, std::to_string(cfg.oneShotBytes)},
-      {"RINGPG_HIER_PIECE_BYTES", kSame, allEqual, std::to_string(cfg.hierPieceBytes)},
-      {"RINGPG_TRACE", "set it on every rank or on none", allEqual, cfg.traceDir.empty() ? "off" : "on"},
-  };
-}
-
-void agreeOnSettings(c10d::Store& store, const std::string& prefix, int rank, int size, const Config& cfg,
-                     Config::Transport transport, Deadline deadline) {
-  if (size == 1) {
-    return;
-  }
-  const std::vector<SharedSetting> mine = sharedSettings(cfg, transport);
-  std::string line; // the values, one per setting, '\n'-separated (none holds a newline)
-  for (const auto& s : mine) {
-    line += s.value + "\n";
-  }
-  const std::vector<std::string> lines = allGatherValues(store, prefix + "settings", rank, size, line);
-  std::vector<std::vector<std::string>> values(mine.size()); // [setting][rank]
-  for (const auto q : c10::irange(size)) {
-    std::vector<std::string> theirs(1);
-    for (const auto ch : lines[q]) {
-      if (ch == '\n') {
-        theirs.emplace_back();
-      } else {
-        theirs.back() += static_cast<char>(ch);
-      }
-    }
-    TORCH_CHECK(theirs.size() > mine.size(), "ringpg: rank ", q, " published ", theirs.size() - 1,
-                " group settings where this rank has ", mine.size(), ": is it running another ringpg build?");
-    for (const auto i : c10::irange(mine.size())) {
-      values[i].push_back(theirs[i]);
-    }
-  }
-  std::string why;
-  for (const auto i : c10::irange(mine.size())) {
-    if (mine[i].agrees(values[i])) {
-      continue;
-    }
-    std::string listed;
-    for (const auto q : c10::irange(size)) {
-      listed += c10::str(q == 0 ? "" : ", ", "rank ", q, ": ", values[i][q]);
-    }
-    why += c10::str(why.empty() ? "" : "; and on ", mine[i].name, " (", listed, "); ", mine[i].rule);
-  }
-  if (!why.empty()) {
-    // Every rank raises, so the store's host may soon be gone: leave together.
-    leaveTogether(store, prefix + "settings/read", size, deadline);
-    TORCH_CHECK_VALUE(false, "ringpg: the ranks of a group disagree on ", why);
-  }
-}
-
 // The process's Config with `algoChoice` (a Config::Algo name; "" keeps RINGPG_ALGO's).
 Config configWithAlgo(const std::string& algoChoice) {
   Config c = Config::get();
@@ -139,18 +38,6 @@ Config configWithAlgo(const std::string& algoChoice) {
     c.algo = Config::algoNamed(algoChoice, "algo ");
   }
   return c;
-}
-
-// Runs fn without the GIL if this thread holds it: a thread that joins the worker must
-// not hold it, since a future callback or a Python hook on the worker may need it.
-template <class Fn>
-void withoutGil(Fn&& fn) {
-  if (Py_IsInitialized() && PyGILState_Check()) {
-    pybind11::gil_scoped_release noGil;
-    fn();
-  } else {
-    fn();
-  }
 }
 
 // A copy of `table` with `hook` added under `id` (TORCH_CHECK: a new id, a callable hook).
@@ -203,50 +90,8 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   if (!cfg_.tcpCongestion.empty()) {
     checkCongestionControl(cfg_.tcpCongestion); // likewise, before any connection
   }
-  Mesh mesh = connectMesh(*store, rank, size, cfg_.ifname, timeout);
-  agreeOnSettings(*store, mesh.keyPrefix, rank, size, cfg_, transportSetting_, Clock::now() + timeout);
-  localAddress_ = mesh.localAddress;
-  keyPrefix_ = mesh.keyPrefix;
-  engine_ = std::make_unique<Engine>(rank, size, std::move(mesh.tx), std::move(mesh.rx), cfg_.socketBuffer,
-                                     cfg_.tcpCongestion, cfg_.engineSpinMicros());
-  // The ring runs host by host (transport/topology.h); its hops between ranks of one
-  // host move through shared memory (transport/shm.h).  A slot holds one
-  // default-sized segment; larger segments travel as fragments.
-  topology_ = exchangeTopology(*store, mesh.keyPrefix, rank, size);
-  const size_t slotBytes = std::clamp<size_t>(cfg_.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
-  // Spin only while this host's ranks can each have a core.
-  const int localRanks = topology_.ranksOn(topology_.hostOf[rank]);
-  const int cpus = usableCpus();
-  shmSpinMicros_ = cfg_.shmSpinMicros(localRanks, cpus);
-  bool shmUsed = false;
-  shm_ = ShmRing::connect(*store, *engine_, mesh.keyPrefix, topology_, rank, transportSetting_, slotBytes,
-                          shmSpinMicros_, cfg_.cmaBytes, Clock::now() + timeout, &shmUsed);
-  if (shm_) {
-    // A spin set by hand on more ranks than CPUs: the rank it waits for may need this core.
-    shm_->setSpinYields(localRanks > cpus);
-  }
-  // What the group's links are, the same words on every rank: "shm" (one host),
-  // "shm+tcp" (several hosts, some holding several ranks), "tcp"; "gloo" once attached.
-  transportName_ = transportSetting_ == Config::Transport::Gloo ? "gloo"
-                   : !shmUsed                                   ? "tcp"
-                   : topology_.hosts == 1                       ? "shm"
-                                                                : "shm+tcp";
-  // The links: every peer on the engine, but the neighbours on this host's ring on
-  // shared memory (the gloo transport replaces all of them once attached).
-  engineLink_ = std::make_unique<EngineLink>(*engine_);
-  links_ = LinkTable::engineOnly(*engineLink_, *engine_, topology_);
-  if (shm_) {
-    if (shm_->sendsRight()) {
-      links_.to[shm_->right()] = shm_.get();
-    }
-    if (shm_->receivesLeft()) {
-      links_.from[shm_->left()] = shm_.get();
-    }
-    links_.driven = shm_.get();
-  }
-  // Agreed facts only (every rank must plan alike): shared memory, and one host.
-  links_.ringFusedEverywhere = shmUsed && topology_.hosts == 1;
-  tracer_ = openTrace(*engine_, transport().c_str(), cfg_, groupName_, rank, size, Clock::now() + timeout);
+  net_ = connectGroup(store, rank, size, timeout, cfg_, transportSetting_);
+  tracer_ = openTrace(*net_->engine, transport().c_str(), cfg_, groupName_, rank, size, Clock::now() + timeout);
   tracing_ = tracer_ != nullptr;
   worker_ = std::thread([this] {
     nameThisThread("ringpg-worker");
@@ -254,21 +99,21 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   });
   // Last, so that a constructor that throws never leaves the listener pointing at a
   // half-built backend; a failure that came before it is caught up on here.
-  engine_->setFailureListener([this] { onGroupFailed(/*wakeGlooWaits=*/false); });
-  if (engine_->isBroken()) {
-    onGroupFailed(/*wakeGlooWaits=*/false);
+  net_->engine->setFailureListener([this] { onGroupFailed(); });
+  if (net_->engine->isBroken()) {
+    onGroupFailed();
   }
   if (rank == 0) {
-    LOG(INFO) << "ringpg: group '" << groupName_ << "' size " << size << " on " << localAddress_ << ": "
+    LOG(INFO) << "ringpg: group '" << groupName_ << "' size " << size << " on " << net_->localAddress << ": "
               << cfg_.summary() << " transport=" << transport() << " same_host_copy=" << sameHostCopy()
-              << " hosts=" << topology_.hosts << " ranks_per_host=" << topology_.ranksPerHost()
+              << " hosts=" << net_->topology.hosts << " ranks_per_host=" << net_->topology.ranksPerHost()
               << " allreduce=" << allreduceAlgorithm() << " wait_spin_us=" << waitSpinMicros()
               << " reduce_isa=" << reduceIsa() << " tcp_congestion_in_use=" << tcpCongestion();
   }
 }
 
 RingBackend::~RingBackend() {
-  withoutGil([this] { stop(/*graceful=*/true); });
+  runBlocking([this] { stop(/*graceful=*/true); });
 }
 
 void RingBackend::stop(bool graceful) {
@@ -279,9 +124,9 @@ void RingBackend::stop(bool graceful) {
     }
     stopping_ = true;
   }
-  if (!graceful && engine_) {
+  if (!graceful && net_->engine) {
     // Runs the abort hooks here (the listener) unless the group had failed already.
-    engine_->fail("ringpg: the process group was aborted", /*network=*/false, BreakCause::Aborted);
+    net_->engine->fail("ringpg: the process group was aborted", /*network=*/false, BreakCause::Aborted);
   }
   queueCv_.notify_all();
   if (worker_.joinable()) {
@@ -290,30 +135,17 @@ void RingBackend::stop(bool graceful) {
   tracing_ = false;
   tracer_.reset(); // closes the trace file: a complete JSON array from here on
   closing_ = true; // what the engine reports from here on is its teardown
-  if (engine_) {
+  if (net_->engine) {
     if (graceful) {
-      engine_->shutdown(Clock::now() + std::chrono::seconds(2));
+      net_->engine->shutdown(Clock::now() + std::chrono::seconds(2));
     }
-    engine_.reset();
+    net_->engine.reset();
   }
-  gloo_.reset(); // after the engine, whose failure listener calls it
-}
-
-void RingBackend::attachGlooLink(c10::intrusive_ptr<c10d::Backend> gloo) {
-  TORCH_CHECK(transportSetting_ == Config::Transport::Gloo && !gloo_,
-              "ringpg: a Gloo link is attached once, to a group created for the gloo transport");
-  TORCH_CHECK(gloo && gloo->getSize() == getSize() && gloo->getRank() == getRank(),
-              "ringpg: the Gloo link must be a group of the same ranks");
-  gloo_ = std::make_unique<GlooLink>(std::move(gloo), *engine_, getRank(), getSize());
-  // A failure anywhere (a peer's Abort frame, a deadline, abort()) wakes Gloo waits.
-  engine_->setFailureListener([this] { onGroupFailed(/*wakeGlooWaits=*/true); });
-  // Every collective frame takes Gloo's pairs; the engine keeps control (LinkTable).
-  std::fill(links_.to.begin(), links_.to.end(), gloo_.get());
-  std::fill(links_.from.begin(), links_.from.end(), gloo_.get());
+  net_->gloo.reset(); // after the engine, whose failure listener calls it
 }
 
 const char* RingBackend::allreduceAlgorithm() const {
-  return hierarchicalApplies(topology_, cfg_.algo) ? "hier" : "ring";
+  return hierarchicalApplies(net_->topology, cfg_.algo) ? "hier" : "ring";
 }
 
 void RingBackend::setTracing(bool on) {
@@ -322,18 +154,18 @@ void RingBackend::setTracing(bool on) {
 }
 
 void RingBackend::shutdown() {
-  withoutGil([this] { stop(/*graceful=*/true); });
+  runBlocking([this] { stop(/*graceful=*/true); });
 }
 
 void RingBackend::abort() {
-  withoutGil([this] { stop(/*graceful=*/false); });
+  runBlocking([this] { stop(/*graceful=*/false); });
 }
 
 // ---- Failure state and hooks ---------------------------------------------------------
 
-void RingBackend::onGroupFailed(bool wakeGlooWaits) {
-  if (wakeGlooWaits) {
-    gloo_->abortWaits(); // first: the hooks may take a while (a trace dump)
+void RingBackend::onGroupFailed() {
+  if (net_->gloo) {
+    net_->gloo->abortWaits(); // first: the hooks may take a while (a trace dump)
   }
   if (closing_) {
     return;
@@ -344,7 +176,7 @@ void RingBackend::onGroupFailed(bool wakeGlooWaits) {
 
 void RingBackend::noteFailure() {
   BreakCause cause = BreakCause::Local;
-  if (engine_->brokenReason(nullptr, &cause).empty()) {
+  if (net_->engine->brokenReason(nullptr, &cause).empty()) {
     return;
   }
   int healthy = 0; // the first cause wins, as in the engine
@@ -483,22 +315,10 @@ c10::intrusive_ptr<c10d::Backend> RingBackend::makeChild(const c10::intrusive_pt
                                                          const std::string& name) const {
   const std::string transport = Config::transportName(transportSetting_);
   const std::string algo = Config::algoName(cfg_.algo);
-  if (transportSetting_ == Config::Transport::Gloo) {
-    // The gloo link is a ProcessGroupGloo made by torch's Python binding (which reads
-    // GLOO_SOCKET_IFNAME): ringpg's registration builds the child as it builds any group.
-    pybind11::gil_scoped_acquire gil;
-    pybind11::object child =
-        pybind11::module_::import("ringpg._registration")
-            .attr("new_ring_backend")(store, rank, size, timeout, name, pybind11::arg("transport") = transport,
-                                      pybind11::arg("algo") = algo);
-    return child.cast<c10::intrusive_ptr<RingBackend>>();
-  }
-  // The rendezvous blocks: not with the GIL (if the caller held it).
-  std::optional<pybind11::gil_scoped_release> noGil;
-  if (Py_IsInitialized() && PyGILState_Check()) {
-    noGil.emplace();
-  }
-  return c10::make_intrusive<RingBackend>(store, rank, size, timeout, name, transport, algo);
+  // The rendezvous blocks: not with the interpreter's lock, if the caller held it.
+  c10::intrusive_ptr<c10d::Backend> child;
+  runBlocking([&] { child = c10::make_intrusive<RingBackend>(store, rank, size, timeout, name, transport, algo); });
+  return child;
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> RingBackend::getBackendOptions() {
@@ -571,7 +391,7 @@ c10::intrusive_ptr<c10d::Backend> RingBackend::shrink(const std::vector<int64_t>
   // that disagree on them wait on different keys and time out rather than mix).
   std::vector<int64_t> sorted = ranksToExclude;
   std::sort(sorted.begin(), sorted.end());
-  const std::string prefix = c10::str(keyPrefix_, "shrink/", ++shrinks_, "/", joined(sorted), "/");
+  const std::string prefix = c10::str(net_->keyPrefix, "shrink/", ++shrinks_, "/", joined(sorted), "/");
   const auto timeout = optsOverride && optsOverride->timeout.count() > 0 ? optsOverride->timeout : timeout_.load();
   const std::string name =
       optsOverride && !optsOverride->group_name.empty() ? optsOverride->group_name : groupName_ + ":shrunk";
@@ -652,16 +472,14 @@ void RingBackend::execute(Queued& q) {
   q.work->markStarted();
   try {
     bool network = false;
-    const std::string broken = engine_->brokenReason(&network);
+    const std::string broken = net_->engine->brokenReason(&network);
     if (!broken.empty()) {
       // After a failure every later op fails at once, with the original cause.
       const std::string msg = c10::str(describe(q.tag), ": not run, the group failed earlier: ", broken);
       network ? throwNetwork(msg) : throwBackend(msg);
     }
-    TORCH_CHECK(transportSetting_ != Config::Transport::Gloo || gloo_ || getSize() == 1, describe(q.tag),
-                ": the group's Gloo link was never attached (groups are made by ringpg's registration)");
-    OpContext ctx(links_, cfg_, q.tag, getSize(), q.sig, Clock::now() + q.timeout, scratch_, workspace_);
-    engine_->setCurrentCollective(ctx.header());
+    OpContext ctx(net_->links, cfg_, q.tag, getSize(), q.sig, Clock::now() + q.timeout, scratch_, workspace_);
+    net_->engine->setCurrentCollective(ctx.header());
     TraceOpScope traced(tracing() ? tracer_.get() : nullptr, q.tag.op, q.tag.seq, q.sig.numel,
                         q.sig.dtype); // RINGPG_TRACE
     ctx.setTrace(traced.op());
@@ -672,11 +490,11 @@ void RingBackend::execute(Queued& q) {
     error = std::current_exception();
     // The op stopped part-way, so this rank's peers are out of step with it: break the
     // group with this cause (they hear it at once) rather than let the next op mismatch.
-    engine_->fail(c10::str(describe(q.tag), ": ", e.what_without_backtrace()), /*network=*/false);
+    net_->engine->fail(c10::str(describe(q.tag), ": ", e.what_without_backtrace()), /*network=*/false);
   } catch (const std::exception& e) {
     // Anything else (a std::bad_alloc, say) becomes a DistBackendError naming the op.
     const std::string msg = c10::str(describe(q.tag), ": ", e.what());
-    engine_->fail(msg, /*network=*/false);
+    net_->engine->fail(msg, /*network=*/false);
     try {
       throwBackend(msg);
     } catch (...) {
@@ -979,9 +797,9 @@ c10::intrusive_ptr<c10d::Work> RingBackend::p2p(OpType type, const char* name, a
   };
   // The callback keeps `tensor` and `host` alive until the engine is done with them.
   if (isSend) {
-    engine_->postSend(peer, h, host.data_ptr(), nbytes(host), done);
+    net_->engine->postSend(peer, h, host.data_ptr(), nbytes(host), done);
   } else {
-    engine_->postRecv(peer, h, host.data_ptr(), nbytes(host), done);
+    net_->engine->postRecv(peer, h, host.data_ptr(), nbytes(host), done);
   }
   return work;
 }

@@ -29,10 +29,7 @@
 #include "common/config.h"
 #include "common/torch_compat.h"
 #include "common/trace.h"
-#include "transport/engine.h"
-#include "transport/gloo_link.h"
-#include "transport/link.h"
-#include "transport/shm.h"
+#include "transport/connect.h"
 
 namespace ringpg {
 
@@ -155,34 +152,30 @@ class RingBackend final : public c10d::Backend {
                                            const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) override;
 #endif
 
-  // The gloo transport's link: a ProcessGroupGloo of the same ranks, made after this
-  // backend (ringpg's Python registration does both before torch sees the group).
-  void attachGlooLink(c10::intrusive_ptr<c10d::Backend> gloo);
-
   // Test hook (see Engine::debugSendRaw).
-  void debugSendRaw(int peer, std::string bytes) { engine_->debugSendRaw(peer, std::move(bytes)); }
+  void debugSendRaw(int peer, std::string bytes) { net_->engine->debugSendRaw(peer, std::move(bytes)); }
 
   // The links collectives move over, the same on every rank: "gloo" (Gloo's pairs,
   // RINGPG_TRANSPORT=gloo), "shm" (shared memory, one host), "shm+tcp" (shared memory
   // within hosts, ringpg's engine between them), "tcp" (the engine everywhere)
   // (diagnostics, traces, tests).
-  const std::string& transport() const { return transportName_; }
+  const std::string& transport() const { return net_->transport; }
   // What a large allreduce on host memory runs here: "hier" (algorithms/hierarchical.h)
   // or "ring" (the group's algo, RINGPG_ALGO or `algoChoice`, and its shape decide).
   const char* allreduceAlgorithm() const;
   // Where the group's ranks run (transport/topology.h): hosts, their ranks, ring order.
-  const Topology& topology() const { return topology_; }
+  const Topology& topology() const { return net_->topology; }
   // How same-host messages of at least RINGPG_CMA_BYTES move, the same on every rank:
   // "cma" (single copy, cross-memory attach), "slots" (two copies through shared
   // memory), "" where the group has no shared-memory link on this rank.
-  const char* sameHostCopy() const { return !shm_ ? "" : shm_->singleCopy() ? "cma" : "slots"; }
+  const char* sameHostCopy() const { return !net_->shm ? "" : net_->shm->singleCopy() ? "cma" : "slots"; }
   // Microseconds the group's waits spin before sleeping (RINGPG_SPIN_US, or what
   // auto chose for this transport and host).
-  int waitSpinMicros() const { return shm_ ? shmSpinMicros_ : cfg_.engineSpinMicros(); }
+  int waitSpinMicros() const { return net_->shm ? net_->shmSpinMicros : cfg_.engineSpinMicros(); }
 
   // The TCP congestion control of the group's data sockets: RINGPG_TCP_CONGESTION, or
   // the host's default; "" in a group of one (diagnostics and tests).
-  std::string tcpCongestion() const { return engine_->congestionControl(); }
+  std::string tcpCongestion() const { return net_->engine->congestionControl(); }
 
   // RINGPG_TRACE: whether this group's ops are being traced.  Off without RINGPG_TRACE;
   // with it, on from the start and switchable at any time (trace a window of a job,
@@ -192,10 +185,10 @@ class RingBackend final : public c10d::Backend {
 
   // This group's namespace in its Store ("ringpg/<instance>/"; "" in a group of one):
   // a link made beside it (the gloo transport's) takes its keys below it.
-  const std::string& keyPrefix() const { return keyPrefix_; }
+  const std::string& keyPrefix() const { return net_->keyPrefix; }
 
   // The address this rank's listener used (diagnostics and tests).
-  const std::string& localAddress() const { return localAddress_; }
+  const std::string& localAddress() const { return net_->localAddress; }
 
  private:
   using OpFn = std::function<void(OpContext&)>;
@@ -219,8 +212,9 @@ class RingBackend final : public c10d::Backend {
   void workerLoop();
   void stop(bool graceful);
   // The engine's failure listener: the group broke (once, on the thread that broke
-  // it), so note why and run the abort hooks.  Not for the engine's own teardown.
-  void onGroupFailed(bool wakeGlooWaits);
+  // it), so wake the Gloo link's waits, note why and run the abort hooks.  Not for the
+  // engine's own teardown.
+  void onGroupFailed();
   // Copies the engine's cause of failure into failure_ (getError).
   void noteFailure();
   // Runs every abort hook, outside hooksMu_, each in a try (a throwing hook is logged
@@ -244,16 +238,8 @@ class RingBackend final : public c10d::Backend {
   // callers read it to stamp their ops.
   std::atomic<std::chrono::milliseconds> timeout_;
   const std::string groupName_;
-  std::string localAddress_;
-  std::string keyPrefix_;
-  std::unique_ptr<Engine> engine_;
-  Topology topology_;             // who shares a host; the ring order
-  std::string transportName_;     // transport()
-  std::unique_ptr<ShmRing> shm_; // this rank's shared-memory links, or null (ShmRing::connect)
-  int shmSpinMicros_ = 0;          // how long waits on shm_ spin (Config::shmSpinMicros)
-  std::unique_ptr<GlooLink> gloo_; // RINGPG_TRANSPORT=gloo: every collective frame, else null
-  std::unique_ptr<EngineLink> engineLink_;
-  LinkTable links_; // where each peer's collective frames go (transport/link.h)
+  // The group's links, connected once by the constructor (transport/connect.h).
+  std::unique_ptr<GroupLinks> net_;
 
   // queueMu_ guards queue_, seq_, running_ and stopping_: taking the sequence number and
   // queueing under one lock keeps queue order == sequence order.

@@ -10,6 +10,7 @@
 #include "backend/ring_backend.h"
 #include "common/config.h"
 #include "common/host.h"
+#include "common/interpreter.h"
 #include "common/torch_compat.h"
 #include "reduce/reduce.h"
 #include "transport/store_exchange.h"
@@ -50,6 +51,25 @@ ringpg::RedOp redOpFromName(const std::string& name) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ringpg's compiled core";
   py::module_::import("torch.distributed");
+  // What ringpg's C++ needs of Python, installed once (common/interpreter.h,
+  // transport/gloo_link.h): blocking work with the interpreter's lock released, and
+  // the gloo transport's ProcessGroupGloo, which only torch's Python binding can make
+  // (it reads GLOO_SOCKET_IFNAME).
+  ringpg::setBlockingRunner([](const std::function<void()>& fn) {
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release noGil;
+      fn();
+    } else {
+      fn();
+    }
+  });
+  ringpg::setGlooBackendFactory(
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout) {
+        py::gil_scoped_acquire gil;
+        py::object gloo = py::module_::import("torch.distributed").attr("ProcessGroupGloo")(store, rank, size, timeout);
+    // Its Python type derives from c10d's Backend binding.
+        return gloo.cast<c10::intrusive_ptr<c10d::Backend>>();
+      });
 
   auto backend =
       py::class_<ringpg::RingBackend, c10d::Backend, c10::intrusive_ptr<ringpg::RingBackend>>(m, "RingBackend");
@@ -64,13 +84,6 @@ PYBIND11_MODULE(_C, m) {
            py::arg("transport") = "", py::arg("algo") = "", py::call_guard<py::gil_scoped_release>(),
            "`transport` (auto, shm, tcp, gloo; \"\": RINGPG_TRANSPORT's) and `algo` (auto, ring, hier; \"\": "
            "RINGPG_ALGO's) pick this group's links and algorithm; every rank must pass the same")
-      .def(
-          "_attach_gloo_link",
-          [](ringpg::RingBackend& b, const py::object& gloo) {
-        // A torch ProcessGroupGloo: its Python type derives from c10d's Backend binding.
-            b.attachGlooLink(gloo.cast<c10::intrusive_ptr<c10d::Backend>>());
-          },
-          py::arg("gloo"), "The gloo transport's link, a ProcessGroupGloo of the same ranks (the registration's step).")
       .def_property_readonly("local_address", &ringpg::RingBackend::localAddress)
       .def_property_readonly("_key_prefix", &ringpg::RingBackend::keyPrefix,
                              "this group's namespace in its Store (links made beside it key below it)")

@@ -21,7 +21,28 @@ at::Tensor bytesAt(const void* data, size_t len) {
   return at::from_blob(const_cast<void*>(data), {static_cast<int64_t>(len)}, at::TensorOptions().dtype(at::kByte));
 }
 
+// The factory the bindings installed; set once at module load, before any group.
+GlooBackendFactory& glooFactory() {
+  static GlooBackendFactory factory;
+  return factory;
+}
+
 } // namespace
+
+void setGlooBackendFactory(GlooBackendFactory factory) {
+  glooFactory() = std::move(factory);
+}
+
+c10::intrusive_ptr<c10d::Backend> makeGlooBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                  std::chrono::milliseconds timeout) {
+  TORCH_CHECK(static_cast<bool>(glooFactory()),
+              "ringpg: the gloo transport makes its ProcessGroupGloo through ringpg's Python module, which is not "
+              "loaded (import ringpg)");
+  auto gloo = glooFactory()(store, rank, size, timeout);
+  TORCH_CHECK(gloo && gloo->getSize() == size && gloo->getRank() == rank,
+              "ringpg: the Gloo link must be a group of the same ranks");
+  return gloo;
+}
 
 GlooLink::GlooLink(c10::intrusive_ptr<c10d::Backend> gloo, Engine& engine, int rank, int size)
     : gloo_(std::move(gloo)), engine_(engine), rank_(rank), sent_(size, 0), received_(size, 0) {

@@ -29,9 +29,11 @@
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -41,6 +43,17 @@
 #include "transport/request.h"
 
 namespace ringpg {
+
+// How a ProcessGroupGloo of a group's ranks is made.  torch's wheel ships no Gloo
+// headers, so its Python binding (which reads GLOO_SOCKET_IFNAME) is the only way: the
+// bindings install a factory that calls it, once, when ringpg's module loads
+// (bindings/module.cpp).  `store`: the prefix of the group's Store Gloo's rendezvous uses.
+using GlooBackendFactory = std::function<c10::intrusive_ptr<c10d::Backend>(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout)>;
+void setGlooBackendFactory(GlooBackendFactory factory);
+// A ProcessGroupGloo through the installed factory (TORCH_CHECK: one is installed).
+c10::intrusive_ptr<c10d::Backend> makeGlooBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                  std::chrono::milliseconds timeout);
 
 class GlooLink final : public Link {
  public:

@@ -196,8 +196,9 @@ struct ShmRing::Region {
   }
 };
 
-ShmRing::ShmRing(Engine& engine, int rank, int left, int right, size_t slotBytes, int spinMicros)
-    : engine_(engine), rank_(rank), left_(left), right_(right), slotBytes_(slotBytes), spinMicros_(spinMicros) {}
+ShmRing::ShmRing(Engine& engine, int rank, int left, int right, size_t slotBytes, int spinMicros, bool spinYields)
+    : engine_(engine), rank_(rank), left_(left), right_(right), slotBytes_(slotBytes), spinMicros_(spinMicros),
+      spinYields_(spinYields) {}
 
 ShmRing::~ShmRing() = default;
 
@@ -207,7 +208,8 @@ ShmRing::Region& ShmRing::toRight() {
 
 std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, const std::string& prefix,
                                           const Topology& topo, int rank, Config::Transport setting, size_t slotBytes,
-                                          int spinMicros, size_t cmaBytes, Deadline deadline, bool* used) {
+                                          int spinMicros, bool spinYields, size_t cmaBytes, Deadline deadline,
+                                          bool* used) {
   *used = false;
   const int size = topo.size();
   // No two ranks share a host: every rank knows it from the same topology, so none
@@ -227,7 +229,7 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
   const bool leftShared = left != rank;
   const bool rightShared = right != rank;
 
-  std::unique_ptr<ShmRing> self(new ShmRing(engine, rank, left, right, slotBytes, spinMicros));
+  std::unique_ptr<ShmRing> self(new ShmRing(engine, rank, left, right, slotBytes, spinMicros, spinYields));
   std::string why = wanted ? "" : c10::str("RINGPG_TRANSPORT=", Config::transportName(setting));
   const uint64_t nonce = randomNonce();
   const std::string name = c10::str("/ringpg-", ::getpid(), "-", hex(nonce));

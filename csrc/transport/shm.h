@@ -74,13 +74,17 @@ class ShmRing final : public Link {
   // transport), and `*used` says so on every rank.  Returns this rank's links, or null:
   // no rank shares a host, setting Tcp on some rank, shared memory unavailable, or
   // this rank alone on its host.  Setting Shm raises instead of
-  // falling back.  `spinMicros`: how long a waiter polls before it sleeps on its futex.
+  // falling back.  `spinMicros`: how long a waiter polls before it sleeps on its futex;
+  // `spinYields`: whether a spinning wait yields its core between looks (this host's
+  // ranks outnumber its CPUs, and RINGPG_SPIN_US asked for a spin anyway) instead of
+  // pausing on it.
   // `engine`: the group's failure state, which outlives the ring.
   // `cmaBytes`: the smallest message sent as a descriptor (RINGPG_CMA_BYTES; 0: this
   // rank never does, and the group does not probe for it).
   static std::unique_ptr<ShmRing> connect(c10d::Store& store, Engine& engine, const std::string& prefix,
                                           const Topology& topo, int rank, Config::Transport setting, size_t slotBytes,
-                                          int spinMicros, size_t cmaBytes, Deadline deadline, bool* used);
+                                          int spinMicros, bool spinYields, size_t cmaBytes, Deadline deadline,
+                                          bool* used);
   ~ShmRing() override;
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;
@@ -94,9 +98,6 @@ class ShmRing final : public Link {
   // Whether large messages go by single copy (cross-memory attach) on this group's
   // links: the same on every rank.
   bool singleCopy() const { return cmaBytes_ > 0; }
-  // Whether a spinning wait yields its core between looks (this host's ranks outnumber
-  // its CPUs, and RINGPG_SPIN_US asked for a spin anyway) instead of pausing on it.
-  void setSpinYields(bool yields) { spinYields_ = yields; }
 
   const char* transport() const override { return "shm"; }
   // Collective frames to the right neighbour / from the left one (the only peers a
@@ -131,7 +132,7 @@ class ShmRing final : public Link {
     uint64_t slot;
   };
 
-  ShmRing(Engine& engine, int rank, int left, int right, size_t slotBytes, int spinMicros);
+  ShmRing(Engine& engine, int rank, int left, int right, size_t slotBytes, int spinMicros, bool spinYields);
   RequestPtr post(int peer, const FrameHeader& hdr, const void* data, size_t len, bool lendable);
   bool pushSends();
   bool pullRecvs();
@@ -153,7 +154,7 @@ class ShmRing final : public Link {
   const int left_, right_;
   const size_t slotBytes_;
   const int spinMicros_;
-  bool spinYields_ = false;
+  const bool spinYields_;
   std::unique_ptr<Region> own_;   // we send into it; our bell is in it
   std::unique_ptr<Region> fromLeft_;  // we receive from it and ring the left's bell
   std::unique_ptr<Region> fromRight_; // mapped for its bell only; null when right == left

@@ -79,26 +79,19 @@ def new_ring_backend(
     """One C++ ``RingBackend`` of ``size`` ranks on ``store`` (every rank calls it alike).
 
     With ``RINGPG_TRANSPORT=gloo`` (or :func:`use_transport`) the collectives' data move
-    over Gloo's TCP pairs: a ProcessGroupGloo of the same ranks, on its own prefix of
-    the group's store (it honours ``GLOO_SOCKET_IFNAME``), is handed to the C++
-    backend as its link.  ``transport`` overrides both: the C++ backend passes its own
-    when it splits or shrinks a gloo-transport group (ring_backend.cpp, makeChild).
-    ``algo`` likewise overrides :func:`use_algorithm` and ``RINGPG_ALGO`` (the C++
-    backend's own default when neither is given).
+    over Gloo's TCP pairs: the C++ backend makes a ProcessGroupGloo of the same ranks
+    on its own prefix of the group's store (it honours ``GLOO_SOCKET_IFNAME``) as part
+    of its set-up (transport/connect.h).  ``transport`` overrides both.  ``algo``
+    likewise overrides :func:`use_algorithm` and ``RINGPG_ALGO`` (the C++ backend's own
+    default when neither is given).
     """
     from ._loader import load_extension
 
     _C = load_extension()
     choice = transport or _transport.current or _C.transport_setting()
-    # The C++ backend first: its rendezvous is where ranks that disagree about gloo fail.
-    backend = _C.RingBackend(
+    return _C.RingBackend(
         store, rank, size, timeout, group_name, transport=choice, algo=algo or _algorithm.current or ""
     )
-    if choice == "gloo" and size > 1:
-        backend._attach_gloo_link(
-            dist.ProcessGroupGloo(dist.PrefixStore(backend._key_prefix + "gloo_link/", store), rank, size, timeout)
-        )
-    return backend
 
 
 def _create_backend(dist_backend_opts: Any, pg_options: Any = None) -> Any:

@@ -1,0 +1,175 @@
+#include "transport/connect.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+#include <c10/util/irange.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <algorithm>
+#include <vector>
+
+#include "common/host.h"
+#include "transport/rendezvous.h"
+#include "transport/store_exchange.h"
+
+namespace ringpg {
+
+namespace {
+
+// The settings every rank of a group must share, agreed on in one Store round trip
+// (after the mesh is up, so every rank is here): each rank publishes one line of them
+// under the group's keys and reads every other rank's.
+//  - RINGPG_TRANSPORT: Gloo's pairs need a ProcessGroupGloo on every rank (one rank
+//    alone on them would wait for the others until the timeout), and shm, which refuses
+//    a group that cannot use shared memory, must be asked for by all or its refusal
+//    would reach some ranks only; auto and tcp mix (the shared-memory agreement then
+//    keeps the whole group on TCP).
+//  - the wire plan: the algorithm (hierarchical or ring), the one-shot limit, the
+//    segment size (frame sizes; the shared-memory slot size) and the hierarchical piece
+//    size decide which frames each rank sends and expects, so ranks that differ would
+//    fail their first op with a "collective mismatch" that names no setting; and a
+//    rank with RINGPG_TRACE set runs a clock sync with rank 0 that untraced ranks skip.
+// (Local settings stay local: the receive window, the spin, socket buffers, the work
+// cache, the reduction ISA, congestion control; tests/test_settings_agreement.py runs a
+// group whose ranks differ in the receive window.)
+// Whether the ranks' values of a setting (one per rank) may run together.
+using Agreement = bool (*)(const std::vector<std::string>& values);
+
+bool allEqual(const std::vector<std::string>& values) {
+  return std::all_of(values.begin(), values.end(), [&](const std::string& x) { return x == values[0]; });
+}
+
+// Transports mix auto and tcp; gloo and shm only with themselves.
+bool transportsMix(const std::vector<std::string>& values) {
+  const auto all = [&](const char* v) {
+    return std::all_of(values.begin(), values.end(), [&](auto& x) { return x == v; });
+  };
+  const auto any = [&](const char* v) {
+    return std::any_of(values.begin(), values.end(), [&](auto& x) { return x == v; });
+  };
+  return (!any("gloo") || all("gloo")) && (!any("shm") || all("shm"));
+}
+
+struct SharedSetting {
+  const char* name;  // as the user sets it
+  const char* rule;  // what the error asks for
+  Agreement agrees;  // when the ranks' values may run together
+  std::string value; // this rank's
+};
+
+std::vector<SharedSetting> sharedSettings(const Config& cfg, Config::Transport transport) {
+  constexpr const char* kSame = "it must be the same on every rank";
+  return {
+      {"RINGPG_TRANSPORT", "gloo and shm must be set on every rank or on none", transportsMix,
+       Config::transportName(transport)},
+      {"RINGPG_ALGO / ringpg.use_algorithm", kSame, allEqual, Config::algoName(cfg.algo)},
+      {"RINGPG_SEGMENT_BYTES", kSame, allEqual, std::to_string(cfg.segmentBytes)},
+      {"RINGPG_ONESHOT_BYTES", kSame, allEqual, std::to_string(cfg.oneShotBytes)},
+      {"RINGPG_HIER_PIECE_BYTES", kSame, allEqual, std::to_string(cfg.hierPieceBytes)},
+      {"RINGPG_TRACE", "set it on every rank or on none", allEqual, cfg.traceDir.empty() ? "off" : "on"},
+  };
+}
+
+void agreeOnSettings(c10d::Store& store, const std::string& prefix, int rank, int size, const Config& cfg,
+                     Config::Transport transport, Deadline deadline) {
+  if (size == 1) {
+    return;
+  }
+  const std::vector<SharedSetting> mine = sharedSettings(cfg, transport);
+  std::string line; // the values, one per setting, '\n'-separated (none holds a newline)
+  for (const auto& s : mine) {
+    line += s.value + "\n";
+  }
+  const std::vector<std::string> lines = allGatherValues(store, prefix + "settings", rank, size, line);
+  std::vector<std::vector<std::string>> values(mine.size()); // [setting][rank]
+  for (const auto q : c10::irange(size)) {
+    std::vector<std::string> theirs(1);
+    for (const auto ch : lines[q]) {
+      if (ch == '\n') {
+        theirs.emplace_back();
+      } else {
+        theirs.back() += static_cast<char>(ch);
+      }
+    }
+    TORCH_CHECK(theirs.size() > mine.size(), "ringpg: rank ", q, " published ", theirs.size() - 1,
+                " group settings where this rank has ", mine.size(), ": is it running another ringpg build?");
+    for (const auto i : c10::irange(mine.size())) {
+      values[i].push_back(theirs[i]);
+    }
+  }
+  std::string why;
+  for (const auto i : c10::irange(mine.size())) {
+    if (mine[i].agrees(values[i])) {
+      continue;
+    }
+    std::string listed;
+    for (const auto q : c10::irange(size)) {
+      listed += c10::str(q == 0 ? "" : ", ", "rank ", q, ": ", values[i][q]);
+    }
+    why += c10::str(why.empty() ? "" : "; and on ", mine[i].name, " (", listed, "); ", mine[i].rule);
+  }
+  if (!why.empty()) {
+    // Every rank raises, so the store's host may soon be gone: leave together.
+    leaveTogether(store, prefix + "settings/read", size, deadline);
+    TORCH_CHECK_VALUE(false, "ringpg: the ranks of a group disagree on ", why);
+  }
+}
+
+} // namespace
+
+std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                         std::chrono::milliseconds timeout, const Config& cfg,
+                                         Config::Transport transport) {
+  auto g = std::make_unique<GroupLinks>();
+  Mesh mesh = connectMesh(*store, rank, size, cfg.ifname, timeout);
+  agreeOnSettings(*store, mesh.keyPrefix, rank, size, cfg, transport, Clock::now() + timeout);
+  g->localAddress = mesh.localAddress;
+  g->keyPrefix = mesh.keyPrefix;
+  g->engine = std::make_unique<Engine>(rank, size, std::move(mesh.tx), std::move(mesh.rx), cfg.socketBuffer,
+                                       cfg.tcpCongestion, cfg.engineSpinMicros());
+  // The ring runs host by host (topology.h); its hops between ranks of one host move
+  // through shared memory (shm.h).  A slot holds one default-sized segment; larger
+  // segments travel as fragments.
+  g->topology = exchangeTopology(*store, mesh.keyPrefix, rank, size);
+  const size_t slotBytes = std::clamp<size_t>(cfg.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
+  // Spin only while this host's ranks can each have a core; a spin set by hand on more
+  // ranks than CPUs yields between looks (the rank it waits for may need this core).
+  const int localRanks = g->topology.ranksOn(g->topology.hostOf[rank]);
+  const int cpus = usableCpus();
+  g->shmSpinMicros = cfg.shmSpinMicros(localRanks, cpus);
+  bool shmUsed = false;
+  g->shm = ShmRing::connect(*store, *g->engine, mesh.keyPrefix, g->topology, rank, transport, slotBytes,
+                            g->shmSpinMicros, /*spinYields=*/localRanks > cpus, cfg.cmaBytes,
+                            Clock::now() + timeout, &shmUsed);
+  g->transport = transport == Config::Transport::Gloo ? "gloo"
+                 : !shmUsed                           ? "tcp"
+                 : g->topology.hosts == 1             ? "shm"
+                                                      : "shm+tcp";
+  // The links: every peer on the engine, but the neighbours on this host's ring on
+  // shared memory; with the gloo transport every collective frame on Gloo's pairs (the
+  // engine keeps control: announcements, aborts, point-to-point).
+  g->engineLink = std::make_unique<EngineLink>(*g->engine);
+  g->links = LinkTable::engineOnly(*g->engineLink, *g->engine, g->topology);
+  if (g->shm) {
+    if (g->shm->sendsRight()) {
+      g->links.to[g->shm->right()] = g->shm.get();
+    }
+    if (g->shm->receivesLeft()) {
+      g->links.from[g->shm->left()] = g->shm.get();
+    }
+    g->links.driven = g->shm.get();
+  }
+  if (transport == Config::Transport::Gloo && size > 1) {
+    // Gloo's rendezvous on a prefix of this group's keys, after ringpg's own, where
+    // ranks that disagree about the transport have failed already.
+    auto glooStore = c10::make_intrusive<c10d::PrefixStore>(mesh.keyPrefix + "gloo_link/", store);
+    g->gloo = std::make_unique<GlooLink>(makeGlooBackend(glooStore, rank, size, timeout), *g->engine, rank, size);
+    std::fill(g->links.to.begin(), g->links.to.end(), g->gloo.get());
+    std::fill(g->links.from.begin(), g->links.from.end(), g->gloo.get());
+  }
+  // Agreed facts only, since every rank must plan alike: shared memory, on one host.
+  g->links.ringFusedEverywhere = shmUsed && g->topology.hosts == 1;
+  return g;
+}
+
+} // namespace ringpg

@@ -1,0 +1,51 @@
+// A group's links, connected: the set-up RingBackend runs once and then serves ops over.
+//
+// connectGroup runs every collective step of a group's creation, in order: the mesh of
+// sockets (rendezvous.h), the settings every rank must share (one Store exchange; ranks
+// that differ fail here, every one, naming the setting), the engine, the host
+// topology (topology.h), the shared-memory links (shm.h) and, for the gloo transport,
+// Gloo's pairs (gloo_link.h, through the factory the bindings install).  What it
+// returns is complete and never rewired: the link each peer's frames take is decided
+// here, once.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "common/config.h"
+#include "transport/engine.h"
+#include "transport/gloo_link.h"
+#include "transport/link.h"
+#include "transport/shm.h"
+#include "transport/topology.h"
+
+namespace ringpg {
+
+struct GroupLinks {
+  std::string localAddress; // where this rank listens
+  std::string keyPrefix;    // this group's namespace in its Store ("ringpg/<instance>/")
+  // Declared before the engine, so destroyed after it: the engine's failure listener
+  // wakes the Gloo link's waits.
+  std::unique_ptr<GlooLink> gloo; // the gloo transport: every collective frame; else null
+  std::unique_ptr<Engine> engine; // the group's sockets, failure state and control channel
+  Topology topology;              // who shares a host; the ring order
+  std::unique_ptr<EngineLink> engineLink;
+  std::unique_ptr<ShmRing> shm; // this rank's shared-memory links, or null
+  int shmSpinMicros = 0;        // how long waits on shm spin (Config::shmSpinMicros)
+  // The links collectives move over, the same words on every rank: "gloo", "shm" (one
+  // host), "shm+tcp" (shared memory within hosts, the engine between), "tcp".
+  std::string transport;
+  LinkTable links; // where each peer's collective frames go
+};
+
+// Connects this rank's part of a group of `size` on `store` (collective: every rank
+// calls it alike), within `timeout`.  `cfg`: the process's settings with the group's
+// algorithm; `transport`: what the group was asked for.
+std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                         std::chrono::milliseconds timeout, const Config& cfg,
+                                         Config::Transport transport);
+
+} // namespace ringpg
