@@ -610,6 +610,17 @@ void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<
              remote ? BreakCause::Remote : BreakCause::Local);
 }
 
+void Engine::failPostedLocked(Peer& P, const std::string& why, Completions& done) {
+  for (auto& r : P.collPosted) {
+    failRequest(r, why, done);
+  }
+  for (auto& r : P.p2pPosted) {
+    failRequest(r, why, done);
+  }
+  P.collPosted.clear();
+  P.p2pPosted.clear();
+}
+
 void Engine::endPeerQuietlyLocked(int p, Completions& done) {
   Peer& P = peers_[p];
   const std::string why = shutDownBy(p);
@@ -620,12 +631,7 @@ void Engine::endPeerQuietlyLocked(int p, Completions& done) {
     failRequest(P.txq.back(), why, done);
     P.txq.pop_back();
   }
-  for (auto& r : P.collPosted)
-    failRequest(r, why, done);
-  for (auto& r : P.p2pPosted)
-    failRequest(r, why, done);
-  P.collPosted.clear();
-  P.p2pPosted.clear();
+  failPostedLocked(P, why, done);
   if (!P.rxBusy) { // else its reader finds the connection closed itself
     if (RequestPtr inFlight = P.rx.abandon()) {
       failRequest(inFlight, why, done);
@@ -756,13 +762,7 @@ void Engine::routeHeader(int p, Completions& done) {
       rx.close();
       goodbyes_.fetch_add(1, std::memory_order_release);
       // Receives still waiting on this peer can never complete.
-      const std::string why = shutDownBy(p);
-      for (auto& r : P.collPosted)
-        failRequest(r, why, done);
-      for (auto& r : P.p2pPosted)
-        failRequest(r, why, done);
-      P.collPosted.clear();
-      P.p2pPosted.clear();
+      failPostedLocked(P, shutDownBy(p), done);
       return;
     }
     case FrameKind::Abort:

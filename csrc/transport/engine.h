@@ -184,6 +184,8 @@ class Engine {
   // The connection to p failed (`how`): reads what p still had in flight for the
   // real cause and fails the group with it (see the definition).
   void failLostPeerLocked(int p, const std::string& how, std::unique_lock<std::mutex>& lk, Completions& done);
+  // Fails the receives posted for peer P's frames with `why` (P sends nothing more).
+  void failPostedLocked(Peer& P, const std::string& why, Completions& done);
   // While leaving: peer p's connection closed; fails what still waits on p (the
   // goodbye to it) and stops reading it, without breaking the engine.
   void endPeerQuietlyLocked(int p, Completions& done);
