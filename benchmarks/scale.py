@@ -8,13 +8,17 @@ torch once, so the start-up measured is the group's, not the interpreter's) each
 ``init_process_group`` (TCP rendezvous on loopback) plus a barrier, count their open
 sockets, threads and RSS, run a 1 MiB allreduce (checked), and count the sockets again.
 ``gloo-lazy`` is gloo with ``TORCH_GLOO_LAZY_INIT=1`` (connections on first use), where the
-torch has it. Printed: the slowest rank's creation time and the per-rank maxima.
+torch has it. The TCPStore's server runs in the launcher, so no rank counts its
+connections, and the clock starts once every rank has reached it. Each case runs
+``--repeat`` times, the backends interleaved; printed: a run's creation time (its
+slowest rank's), best and median over the runs, and the per-rank maxima over all runs.
 Issue 33 asks for these figures; they go to benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import time
 from typing import Any, Dict, List
@@ -38,14 +42,22 @@ def _sockets() -> int:
     return n
 
 
-def _rank(rank: int, ws: int, port: int, backend: str, env: Dict[str, str], q: Any) -> None:
+def _rank(rank: int, ws: int, _port: int, backend: str, env: Dict[str, str], store_port: int, q: Any) -> None:
     os.environ.update(env)
     torch.set_num_threads(1)
     if backend == "ringpg":
         import ringpg  # noqa: F401
     before = _sockets()
+    store = dist.TCPStore("127.0.0.1", store_port, ws, False, timeout=datetime.timedelta(seconds=120))
+    # Every rank has reached the Store before the clock starts: what is timed is the
+    # group's creation, not the ranks' start nor a connect to the Store's server that the
+    # kernel dropped and TCP retried seconds later (32 ranks connecting at once now and
+    # then meet that, whatever the backend).
+    store.add("scale/ready", 1)
+    while store.add("scale/ready", 0) < ws:
+        time.sleep(0.002)
     t0 = time.monotonic()
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=ws)
     dist.barrier()
     created = time.monotonic() - t0
     res = {
@@ -66,13 +78,18 @@ def _rank(rank: int, ws: int, port: int, backend: str, env: Dict[str, str], q: A
 
 def run(ws: int, name: str, timeout: float, method: str) -> List[Dict[str, Any]]:
     backend, env = BACKENDS[name]
-    return run_ranks(_rank, ws, (backend, env), timeout, method)
+    # The Store's server lives here, up before any rank: a rank that hosted it would
+    # count its connections (one per rank) as its own sockets, and ranks that came up
+    # before it would wait out TCPStore's connect back-off (seconds) in their creation time.
+    server = dist.TCPStore("127.0.0.1", 0, ws + 1, True, wait_for_workers=False)
+    return run_ranks(_rank, ws, (backend, env, server.port), timeout, method)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world-sizes", default="8,16,32")
     ap.add_argument("--backends", default="ringpg,gloo,gloo-lazy")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per world size and backend, interleaved (default 3)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per run, seconds")
     add_start_argument(ap)
     args = ap.parse_args()
@@ -80,23 +97,34 @@ def main() -> int:
         f"# group creation on loopback: torch {torch.__version__}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
     )
     print(
-        f"{'ranks':>5} {'backend':<10} {'create s':>9} {'sockets':>8} {'after AR':>9} {'threads':>8} {'RSS MB':>7}  ok"
+        f"{'ranks':>5} {'backend':<10} {'create s best/median':>21} {'sockets':>8} {'after AR':>9} "
+        f"{'threads':>8} {'RSS MB':>7}  ok"
     )
     bad = 0
     for ws in (int(w) for w in args.world_sizes.split(",")):
-        for name in args.backends.split(","):
-            try:
-                rs = run(ws, name, args.timeout, args.start)
-            except Exception as e:  # noqa: BLE001 - one failed run is a row, not the end
-                print(f"{ws:>5} {name:<10} failed: {type(e).__name__}: {e}")
-                bad += 1
+        names = args.backends.split(",")
+        runs: Dict[str, List[List[Dict[str, Any]]]] = {n: [] for n in names}
+        for _ in range(args.repeat):
+            for name in names:  # interleaved: a slow spell of the machine hits every backend
+                try:
+                    rs = run(ws, name, args.timeout, args.start)
+                except Exception as e:  # noqa: BLE001 - one failed run is a line, not the end
+                    print(f"{ws:>5} {name:<10} failed: {type(e).__name__}: {e}")
+                    bad += 1
+                    continue
+                ok = len(rs) == ws and all(r["ok"] for r in rs)
+                bad += not ok
+                runs[name].append(rs)
+        for name, done in runs.items():
+            if not done:
                 continue
-            ok = len(rs) == ws and all(r["ok"] for r in rs)
-            bad += not ok
+            slowest = sorted(max(r["create_s"] for r in rs) for rs in done)  # a run's creation: its slowest rank
+            every = [r for rs in done for r in rs]
+            ok = all(len(rs) == ws and all(r["ok"] for r in rs) for rs in done)
             print(
-                f"{ws:>5} {name:<10} {max(r['create_s'] for r in rs):9.2f} "
-                f"{max(r['sockets_created'] for r in rs):8d} {max(r['sockets_after_allreduce'] for r in rs):9d} "
-                f"{max(r['threads'] for r in rs):8d} {max(r['rss_mb'] for r in rs):7.0f}  {'yes' if ok else 'NO'}"
+                f"{ws:>5} {name:<10} {slowest[0]:10.2f}/{slowest[len(slowest) // 2]:<10.2f} "
+                f"{max(r['sockets_created'] for r in every):8d} {max(r['sockets_after_allreduce'] for r in every):9d} "
+                f"{max(r['threads'] for r in every):8d} {max(r['rss_mb'] for r in every):7.0f}  {'yes' if ok else 'NO'}"
             )
     return 1 if bad else 0
 

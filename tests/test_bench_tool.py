@@ -380,3 +380,21 @@ def test_workload_counts_checked_ops_and_reports_memory_and_faults() -> None:
     rss = [line.split() for line in p.stdout.splitlines() if line.strip().startswith(("ringpg ", "gloo "))]
     assert [r[0] for r in rss] == ["ringpg", "gloo"] and all(len(r) >= 3 for r in rss), p.stdout
     assert "0 wrong results" in p.stdout
+
+
+def test_scale_reports_creation_and_sockets_per_rank() -> None:
+    """benchmarks.scale at 3 ranks: both backends create, run a checked allreduce and leave;
+    a ringpg rank holds one socket to and one from each peer, plus its Store client."""
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.scale", "--world-sizes", "3", "--backends", "ringpg,gloo", "--repeat", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {line.split()[1]: line.split() for line in p.stdout.splitlines() if line.split()[:1] == ["3"]}
+    assert set(rows) == {"ringpg", "gloo"} and all(r[-1] == "yes" for r in rows.values()), p.stdout
+    best, median = (float(x) for x in rows["ringpg"][2].split("/"))
+    assert 0 < best <= median, rows
+    assert int(rows["ringpg"][3]) == 2 * (3 - 1) + 1 and int(rows["ringpg"][4]) == 2 * (3 - 1) + 1, rows
