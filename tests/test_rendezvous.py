@@ -324,7 +324,8 @@ def test_group_creation_takes_the_same_store_round_trips_per_rank_at_any_size() 
         assert all(c.pop("ok") for c in got.values()), got
         per_size[ws] = got
     gets = {ws: sorted(c.get("get", 0) for c in got.values()) for ws, got in per_size.items()}
-    # The median rank gathered no step: its reads are the same at 2 and 8 ranks.
-    assert gets[8][len(gets[8]) // 2] <= gets[2][-1], gets
+    # Which rank gathers a step is whichever arrives last, but at 8 ranks some rank
+    # gathered none of the 5 steps: it reads no more than the least-reading rank at 2.
+    assert gets[8][0] <= gets[2][0], gets
     # In all, the Store serves O(N) reads per step, not O(N^2).
     assert sum(gets[8]) <= 4 * sum(gets[2]) + 8 * 8, gets
