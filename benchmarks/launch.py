@@ -21,12 +21,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _parent_of(pid: int) -> Optional[int]:
-    """The parent of process ``pid`` (Linux /proc), or None if it is gone."""
+def proc_stat(pid: int) -> Optional[List[str]]:
+    """The fields of Linux's ``/proc/<pid>/stat`` after the command name, the state first
+    and the parent's pid next; None if the process is gone (or no /proc)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])  # the field after the state
-    except (OSError, ValueError, IndexError):
+            return f.read().rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
+    except (OSError, IndexError):
         return None
 
 
@@ -46,7 +47,8 @@ def die_with_parent(expected_parent: Optional[int] = None) -> None:
     except (OSError, AttributeError):
         return
     parent = os.getppid()
-    if expected_parent is not None and expected_parent not in (parent, _parent_of(parent)):
+    grandparent = (proc_stat(parent) or [None, None])[1]
+    if expected_parent is not None and expected_parent not in (parent, grandparent and int(grandparent)):
         # The launcher died before prctl took effect.
         print(
             f"rank process {os.getpid()}: its launcher {expected_parent} is gone; exiting", file=sys.stderr, flush=True

@@ -79,11 +79,10 @@ def _netns_list() -> List[str]:
 
 def _pid_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie -- dead, waiting for its parent to reap it -- does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    from benchmarks.launch import proc_stat  # here: `python benchmarks/netns.py` puts the package on the path late
+
+    fields = proc_stat(pid)
+    return bool(fields) and fields[0] != "Z"
 
 
 def remove_stale() -> List[str]:

@@ -112,8 +112,6 @@ def main() -> int:
                     print(f"{ws:>5} {name:<10} failed: {type(e).__name__}: {e}")
                     bad += 1
                     continue
-                ok = len(rs) == ws and all(r["ok"] for r in rs)
-                bad += not ok
                 runs[name].append(rs)
         for name, done in runs.items():
             if not done:
@@ -121,6 +119,7 @@ def main() -> int:
             slowest = sorted(max(r["create_s"] for r in rs) for rs in done)  # a run's creation: its slowest rank
             every = [r for rs in done for r in rs]
             ok = all(len(rs) == ws and all(r["ok"] for r in rs) for rs in done)
+            bad += not ok
             print(
                 f"{ws:>5} {name:<10} {slowest[0]:10.2f}/{slowest[len(slowest) // 2]:<10.2f} "
                 f"{max(r['sockets_created'] for r in every):8d} {max(r['sockets_after_allreduce'] for r in every):9d} "

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <optional>
 #include <thread>
 #include <vector>
 
@@ -20,8 +19,6 @@
 #include "common/interpreter.h"
 #include "cuda/device_sync.h"
 #include "reduce/reduce.h"
-#include "transport/rendezvous.h"
-#include "transport/store_exchange.h"
 
 namespace ringpg {
 

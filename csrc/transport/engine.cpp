@@ -318,14 +318,8 @@ void Engine::setFailureListener(std::function<void()> listener) {
 }
 
 bool Engine::awaitBroken(Deadline deadline) {
-  // Polled in short steps rather than signalled: breaking notifies cv_ only when it
-  // completes something, and this wait is rare and short.
-  while (!isBroken() && Clock::now() < deadline) {
-    std::unique_lock<std::mutex> lk(mu_); // cv_'s mutex
-    cv_.wait_until(lk, std::min(deadline, Clock::now() + std::chrono::milliseconds(2)),
-                   [&] { return !broken_.empty(); });
-  }
-  return isBroken();
+  std::unique_lock<std::mutex> lk(mu_); // cv_'s mutex; breaking always notifies it (failLocked)
+  return cv_.wait_until(lk, deadline, [&] { return !broken_.empty(); });
 }
 
 std::string Engine::brokenReason(bool* network, BreakCause* cause) {
@@ -500,13 +494,14 @@ void Engine::failLocked(const std::string& reason, Completions& done, bool netwo
     if (!stop_) {
       broadcastAbortLocked(); // not while being destroyed: peers got a goodbye already
     }
+    // One completion for the break itself, a request of no link: runCallbacks then
+    // wakes cv_'s waiters even when nothing was pending (awaitBroken), and runs the
+    // failure listener, if any, after the lock is released.
+    auto notice = std::make_shared<Request>();
     if (failureListener_) {
-      // Run with the completions, after the lock is released: a request of no link
-      // whose completion is the call.
-      auto notice = std::make_shared<Request>();
       notice->onComplete = [listener = failureListener_](Request&) { listener(); };
-      done.push_back(std::move(notice));
     }
+    done.push_back(std::move(notice));
   }
   auto failAll = [&](std::deque<RequestPtr>& q) {
     for (auto& r : q) {

@@ -350,8 +350,8 @@ RequestPtr ShmRing::post(int peer, const FrameHeader& hdr, const void* data, siz
   req->hdr.magic = kFrameMagic;
   req->link = this;
   req->lendable = lendable;
-  if (std::string why = engine_.goodbyeFrom(right_);
-      !why.empty()) { // as the engine refuses a send to a peer that shut down
+  // As the engine refuses a send to a peer that shut down.
+  if (std::string why = engine_.goodbyeFrom(right_); !why.empty()) {
     markFailed(*req, why, /*network=*/true);
     return req;
   }

@@ -4,6 +4,7 @@
 #include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 
+#include <charconv>
 #include <chrono>
 #include <thread>
 
@@ -33,20 +34,14 @@ std::string packValues(const std::vector<std::string>& values) {
 
 std::vector<std::string> unpackValues(const std::string& packed, size_t count) {
   std::vector<std::string> out;
-  size_t at = 0;
-  while (at < packed.size()) {
-    const size_t colon = packed.find(':', at);
-    TORCH_CHECK(colon != std::string::npos && colon > at && colon - at <= 19,
-                "ringpg: a malformed value in the Store (no length at byte ", at, ")");
+  const char* at = packed.data();
+  const char* const end = packed.data() + packed.size();
+  while (at < end) {
     size_t len = 0;
-    for (size_t i = at; i < colon; ++i) {
-      TORCH_CHECK(packed[i] >= '0' && packed[i] <= '9', "ringpg: a malformed value in the Store (length at byte ", at,
-                  ")");
-      len = len * 10 + static_cast<size_t>(packed[i] - '0');
-    }
-    TORCH_CHECK(len <= packed.size() - colon - 1, "ringpg: a malformed value in the Store (value at byte ", at,
-                " runs past the end)");
-    out.push_back(packed.substr(colon + 1, len));
+    const auto [colon, ec] = std::from_chars(at, end, len); // digits only: no sign, no space
+    TORCH_CHECK(ec == std::errc() && colon < end && *colon == ':' && len <= static_cast<size_t>(end - colon - 1),
+                "ringpg: a malformed value in the Store (at byte ", at - packed.data(), ")");
+    out.emplace_back(colon + 1, len);
     at = colon + 1 + len;
   }
   TORCH_CHECK(out.size() == count, "ringpg: the Store holds ", out.size(), " values where ", count,
