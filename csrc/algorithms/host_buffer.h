@@ -8,13 +8,25 @@
 
 namespace ringpg {
 
+// Where a host copy of `t` lives.  A CUDA tensor's goes to pinned memory from torch's
+// caching host allocator: the copies run at DMA speed, and the blocks are reused from op
+// to op.  Pageable copies were the slow part: glibc maps any block over 32 MiB afresh
+// (its largest mmap threshold), so every op faulted its staging pages in again, and
+// reduce-scatter of 64 MiB on an H100 ran at 0.45x gloo's pinned path
+// (benchmarks/RESULTS.md, 2026-11-26 (7)).
+inline at::TensorOptions hostOptionsFor(const at::Tensor& t) {
+  return t.options().device(at::kCPU).memory_format(at::MemoryFormat::Contiguous).pinned_memory(t.is_cuda());
+}
+
 // A contiguous host view of `t`: `t` itself when already contiguous on the CPU, else a
 // copy (ordered after the calling thread's current stream, for a device tensor).
 inline at::Tensor toHost(const at::Tensor& t) {
-  if (t.device().is_cpu() && t.is_contiguous()) {
-    return t;
+  if (t.device().is_cpu()) {
+    return t.is_contiguous() ? t : t.contiguous();
   }
-  return t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous).contiguous();
+  at::Tensor host = at::empty(t.sizes(), hostOptionsFor(t));
+  host.copy_(t); // blocking: the host reads it next
+  return host;
 }
 
 // A contiguous host buffer shaped like `t`, for an output written in full: `t` itself
@@ -23,7 +35,7 @@ inline at::Tensor hostBufferFor(const at::Tensor& t) {
   if (t.device().is_cpu() && t.is_contiguous()) {
     return t;
   }
-  return at::empty(t.sizes(), t.options().device(at::kCPU).memory_format(at::MemoryFormat::Contiguous));
+  return at::empty(t.sizes(), hostOptionsFor(t));
 }
 
 // Copies a host result back into the user's tensor, unless it was written in place.
