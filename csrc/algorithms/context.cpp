@@ -20,8 +20,8 @@ RequestPtr OpContext::send(int peer, const void* data, size_t nbytes) {
   return links_.to[peer]->postSend(peer, header(), data, nbytes);
 }
 
-RequestPtr OpContext::sendToReducer(int peer, const void* data, size_t nbytes) {
-  return links_.to[peer]->postSendToReducer(peer, header(), data, nbytes);
+RequestPtr OpContext::sendCopied(int peer, const void* data, size_t nbytes) {
+  return links_.to[peer]->postSendCopied(peer, header(), data, nbytes);
 }
 
 RequestPtr OpContext::recv(int peer, void* data, size_t nbytes) {
@@ -41,9 +41,10 @@ bool OpContext::fusedRecvReduce(int peer) const {
 }
 
 RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t count, size_t es, RedOp op, int step,
-                                 int chunk, int64_t segment) {
+                                 int chunk, int64_t segment, Operands order) {
   TORCH_INTERNAL_ASSERT(fusedRecvReduce(peer));
   const c10::ScalarType dtype = sig_.dtype;
+  const bool receivedFirst = order == Operands::ReceivedFirst;
   // Fragments start at multiples of the slot size, a multiple of 64 bytes, so each
   // holds whole elements.
   if (OpTrace* t = trace_) {
@@ -51,14 +52,18 @@ RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t co
     return links_.from[peer]->postRecvInto(
         peer, header(), static_cast<size_t>(count) * es, [=](const char* src, size_t offset, size_t n) {
           const int64_t begin = traceNow();
-          reduce(dtype, op, dst + offset, in + offset, src, static_cast<int64_t>(n / es));
+          const char* a = receivedFirst ? src : in + offset;
+          const char* b = receivedFirst ? in + offset : src;
+          reduce(dtype, op, dst + offset, a, b, static_cast<int64_t>(n / es));
           t->segment(TraceKind::Reduce, "reduce", begin, step, chunk, segment, peer, static_cast<int64_t>(n));
         });
   }
-  return links_.from[peer]->postRecvInto(
-      peer, header(), static_cast<size_t>(count) * es, [=](const char* src, size_t offset, size_t n) {
-        reduce(dtype, op, dst + offset, in + offset, src, static_cast<int64_t>(n / es));
-      });
+  return links_.from[peer]->postRecvInto(peer, header(), static_cast<size_t>(count) * es,
+                                         [=](const char* src, size_t offset, size_t n) {
+                                           const char* a = receivedFirst ? src : in + offset;
+                                           const char* b = receivedFirst ? in + offset : src;
+                                           reduce(dtype, op, dst + offset, a, b, static_cast<int64_t>(n / es));
+                                         });
 }
 
 void OpContext::wait(const RequestPtr& req) {

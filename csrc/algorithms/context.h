@@ -65,8 +65,9 @@ class OpContext {
   // Collective frames of this op: same key/op/dtype/numel on both sides, on the link
   // the group routes that peer to (LinkTable; both ends of a link decide alike).
   RequestPtr send(int peer, const void* data, size_t nbytes);
-  // A send `peer` reduces as it arrives (Link::postSendToReducer).
-  RequestPtr sendToReducer(int peer, const void* data, size_t nbytes);
+  // A send the link copies rather than lends (Link::postSendCopied): one `peer` reduces
+  // as it arrives, or one that measured faster copied.
+  RequestPtr sendCopied(int peer, const void* data, size_t nbytes);
   RequestPtr recv(int peer, void* data, size_t nbytes);
   // True when recvReduce() from `peer` reduces each fragment as it arrives (its link
   // fuses receives: shared memory); otherwise the caller receives into staging and reduces.
@@ -74,12 +75,17 @@ class OpContext {
   // Whether every rank's ring hop fuses (LinkTable::ringFusedEverywhere): the same on
   // all ranks, unlike fusedRecvReduce(left()) in a group of several hosts.
   bool ringFusedEverywhere() const { return links_.ringFusedEverywhere; }
-  // recvReduce, fused: dst[i] = in[i] (op) received[i] for `count` elements of this
-  // op's dtype (`elemSize` bytes each).  Requires fusedRecvReduce(peer); `in` must be
-  // ready when it is posted.  When the op is traced, each fragment's reduction is a
-  // "reduce" event of ring step `step`, chunk `chunk`, segment `segment`.
+  // The order of a fused reduction's operands: the kernels' results (NaN payloads, and
+  // MIN/MAX where one side is NaN) may depend on it, and ranks that each reduce the same
+  // buffers must pass them alike to hold the same bits.
+  enum class Operands : uint8_t { LocalFirst, ReceivedFirst };
+  // recvReduce, fused: dst[i] = in[i] (op) received[i] (ReceivedFirst: received[i] (op)
+  // in[i]) for `count` elements of this op's dtype (`elemSize` bytes each).  Requires
+  // fusedRecvReduce(peer); `in` must be ready when it is posted.  When the op is traced,
+  // each fragment's reduction is a "reduce" event of ring step `step`, chunk `chunk`,
+  // segment `segment`.
   RequestPtr recvReduce(int peer, char* dst, const char* in, int64_t count, size_t elemSize, RedOp op, int step = -1,
-                        int chunk = -1, int64_t segment = -1);
+                        int chunk = -1, int64_t segment = -1, Operands order = Operands::LocalFirst);
   // Where the group's links do not check what their frames carry (Gloo's pairs:
   // Link::checksFrames), the op is checked on the engine, its control link, instead:
   // an empty frame of this op to the right neighbour, and the receive of the left

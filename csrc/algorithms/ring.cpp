@@ -220,10 +220,17 @@ void RingSweep::postAhead(int64_t done) {
 
 void RingSweep::postSend(int step, int chunk, int64_t j, const char* src, int64_t n) {
   const int64_t begin = trace_ ? traceNow() : 0;
-  // The right neighbour reduces what a reduce step sends (fused or from its staging).
   const size_t bytes = static_cast<size_t>(n) * es_;
-  sends_.push_back(isReduceStep(step) ? c_.sendToReducer(ring_.right(), src, bytes)
-                                      : c_.send(ring_.right(), src, bytes));
+  // Copied, never lent (Link::postSendCopied): what a reduce step sends, which the right
+  // neighbour reduces (fused or from its staging); and an allreduce's gather segments
+  // below kLentGatherAfterReduce.  Lending those measured slower at two ranks on one
+  // host: allreduce of 256 KiB (64 KiB segments) 94 us lent against 70 copied, 512 KiB
+  // 137 against 123; from 4 MiB (512 KiB segments) lending wins, 700 us against 810
+  // (benchmarks/RESULTS.md, 2026-11-26 (8)).  A plain all-gather gains from lending at
+  // every size single copy takes.
+  constexpr size_t kLentGatherAfterReduce = 256 * 1024;
+  const bool copied = isReduceStep(step) || (job_.reduceScatter && bytes < kLentGatherAfterReduce);
+  sends_.push_back(copied ? c_.sendCopied(ring_.right(), src, bytes) : c_.send(ring_.right(), src, bytes));
   if (trace_) {
     trace_->segment(TraceKind::Send, "send", begin, step, chunk, j, ring_.right(), n * static_cast<int64_t>(es_));
   }

@@ -41,9 +41,11 @@ class Link {
   // sequence number).  The requests remember this link (Request::link), which waits.
   virtual RequestPtr postSend(int peer, const FrameHeader& op, const void* data, size_t len) = 0;
   virtual RequestPtr postRecv(int peer, const FrameHeader& op, void* data, size_t len) = 0;
-  // A send the receiver reduces as it arrives (a ring's reduce-scatter step): links
-  // that could lend the buffer (shared memory's single copy) copy it instead.
-  virtual RequestPtr postSendToReducer(int peer, const FrameHeader& op, const void* data, size_t len) {
+  // A send that links which could lend the buffer (shared memory's single copy) copy
+  // instead, where lending measured slower: a send the receiver reduces as it arrives
+  // (a ring's reduce-scatter step, the two-rank one-shot), and an allreduce's smaller
+  // gather segments (algorithms/ring.cpp).
+  virtual RequestPtr postSendCopied(int peer, const FrameHeader& op, const void* data, size_t len) {
     return postSend(peer, op, data, len);
   }
 

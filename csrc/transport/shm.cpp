@@ -335,7 +335,7 @@ RequestPtr ShmRing::postSend(int peer, const FrameHeader& hdr, const void* data,
   return post(peer, hdr, data, len, /*lendable=*/true);
 }
 
-RequestPtr ShmRing::postSendToReducer(int peer, const FrameHeader& hdr, const void* data, size_t len) {
+RequestPtr ShmRing::postSendCopied(int peer, const FrameHeader& hdr, const void* data, size_t len) {
   // Measured at 2 ranks: a reducing receive that reads the peer's pages by single copy
   // and reduces them from its stage is slower than one that reduces straight out of a
   // slot the sender filled on its own core; a receive that only copies is faster by
@@ -446,7 +446,7 @@ bool ShmRing::pullRecvs() {
     const size_t want = lent ? req.len - req.progress : std::min(slotBytes_, req.len - req.progress);
     const bool ofThisReceive = sameCollective(req.hdr, sh.frame);
     // A descriptor needs single copy agreed, and a receive that copies: sends to a
-    // reducing receive are never lent (postSendToReducer).
+    // reducing receive are never lent (postSendCopied).
     if (!ofThisReceive || sh.frame.kind != req.hdr.kind || sh.offset != req.progress || sh.length != want ||
         (lent && (cmaBytes_ == 0 || r.consume))) {
       std::string msg =

@@ -26,7 +26,7 @@
 // sender's buffer into its own: one copy instead of two.  The sender's request stays
 // pending until the receiver has released that slot, so the buffer outlives the read.
 // Only receives that copy take descriptors: a send to a receive that reduces goes
-// through the slots (postSendToReducer), which measured faster at 2 ranks.  Where the
+// through the slots (postSendCopied), which measured faster at 2 ranks.  Where the
 // probe fails anywhere, every link keeps the slots.
 // When the group breaks (a timeout, a dead peer, abort) a lent send fails at once and
 // its buffer goes back to the caller while the receiver may be reading it; the
@@ -104,7 +104,7 @@ class ShmRing final : public Link {
   // LinkTable routes here), matched in order.
   RequestPtr postSend(int peer, const FrameHeader& hdr, const void* data, size_t len) override;
   RequestPtr postRecv(int peer, const FrameHeader& expect, void* data, size_t len) override;
-  RequestPtr postSendToReducer(int peer, const FrameHeader& hdr, const void* data, size_t len) override;
+  RequestPtr postSendCopied(int peer, const FrameHeader& hdr, const void* data, size_t len) override;
   // A receive whose fragments are handed to `consume` straight from shared memory
   // (recvReduce without a staging copy).
   bool fusesReceive(int peer) const override { return peer == left_ && receivesLeft(); }
