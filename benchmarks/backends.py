@@ -3,7 +3,10 @@
 Plugins (ringpg) register through their ``torch.backends`` entry point when torch is
 imported; :func:`ensure_registered` imports the package of that name where that did
 not happen.  A ``--backends`` entry names a backend and, for ringpg, optionally its
-transport and algorithm (:class:`Spec`).  The helpers on live groups
+transport and algorithm (:class:`Spec`).  ``floor`` is no backend but torch's own cost of a
+collective: its dispatch through a group that moves nothing (torch's fake process group),
+with the flight recorder hook torch attaches to any out-of-tree backend
+(:func:`floor_group`).  The helpers on live groups
 (:func:`transport_of`, :func:`algorithm_of`, :func:`global_rank`) serve the tests as well
 as the benchmarks.
 """
@@ -11,9 +14,9 @@ as the benchmarks.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-import torch
 import torch.distributed as dist
 
 
@@ -83,9 +86,48 @@ def expand_specs(specs: Sequence[str], transports: Sequence[str] = (), algos: Se
     return out
 
 
+# The --backends entry for torch's own cost of a collective (floor_group).
+FLOOR = "floor"
+
+# Flight recorder hooks attached to floor groups: the hook detaches once its handle is
+# dropped, so the handles live here, beside the groups.
+_floor_hooks: Dict[Any, Any] = {}
+
+
+def _flight_recorder_entries() -> int:
+    """The flight recorder's buffer size as torch reads it: the first of
+    TORCH_FR_BUFFER_SIZE and TORCH_NCCL_TRACE_BUFFER_SIZE that is set, else 2000; 0 is off."""
+    for var in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        value = os.environ.get(var)
+        if value:
+            return int(value)
+    return 2000
+
+
+def floor_group(timeout: Any) -> Any:
+    """A group of every rank that measures torch's floor: each op goes through torch's
+    Python API, the dispatcher and a Work, and moves nothing (torch's fake process group).
+    From torch 2.15 torch attaches its flight recorder hook to every group of an
+    out-of-tree backend (ringpg's too) but not to fake groups, so it is attached here
+    likewise, unless the recorder is off (TORCH_FR_BUFFER_SIZE=0).  Ops on it leave
+    outputs as they were: never verified."""
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers "fake"
+
+    group = dist.new_group(backend="fake", timeout=timeout)
+    try:
+        from torch._C._distributed_c10d import FlightRecorderHook  # type: ignore[attr-defined]
+    except ImportError:  # before 2.15: torch records no out-of-tree backend's ops
+        return group
+    if _flight_recorder_entries() > 0:
+        _floor_hooks[group] = FlightRecorderHook.attach(group, list(range(dist.get_world_size())))
+    return group
+
+
 def new_group_of(spec: str, timeout: Any) -> Any:
     """A group of every rank for a ``--backends`` entry (see :class:`Spec`)."""
     name, transport, algo = split_spec(spec)
+    if name == FLOOR:
+        return floor_group(timeout)
     if transport is None and algo is None:
         return dist.new_group(backend=name, timeout=timeout)
     import ringpg  # type: ignore[import-not-found]
@@ -106,6 +148,10 @@ def backend_status(spec: str, device: str) -> Tuple[bool, str]:
             f"{spec!r}: only ringpg takes a transport or an algorithm (ringpg@tcp, ringpg/ring, ringpg@tcp/hier)"
         )
     try:
+        if name == FLOOR:
+            import torch.testing._internal.distributed.fake_pg  # noqa: F401
+
+            return True, "torch's dispatch through a fake group (nothing moves), with its flight recorder hook"
         if name == "gloo":
             return dist.is_gloo_available(), "built into torch"
         if name == "nccl":
@@ -172,8 +218,12 @@ def unique_labels(names: Sequence[str]) -> List[str]:
 
 
 def pick_baseline(labels: Sequence[str], wanted: str = "gloo") -> str:
-    """The label ratios are taken against: ``wanted`` if present, else the last label."""
-    return wanted if wanted in labels else labels[-1]
+    """The label ratios are taken against: ``wanted`` if present, else the last label
+    that is a backend (not the floor)."""
+    if wanted in labels:
+        return wanted
+    backends = [lb for lb in labels if lb != FLOOR]
+    return backends[-1] if backends else labels[-1]
 
 
 def global_rank(group: Any, group_rank: int) -> int:

@@ -55,6 +55,7 @@ import torch.distributed as dist  # noqa: E402
 
 from benchmarks import netns  # noqa: E402
 from benchmarks.backends import (  # noqa: E402
+    FLOOR,
     algorithm_of,
     backend_status,
     ensure_registered,
@@ -148,7 +149,7 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
     # With peers, wait for the launcher's turn before each case (a blocking read: no CPU).
     gate = open(os.path.join(cfg.gate_dir, f"rank{rank}")) if cfg.gate_dir else None
     for name in sorted({split_spec(b)[0] for b in cfg.backends}):
-        if name not in ("gloo", "nccl"):
+        if name not in ("gloo", "nccl", FLOOR):
             ensure_registered(name)
     device = torch.device(cfg.device)
     if device.type == "cuda":
@@ -183,6 +184,9 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
     )
     baseline = f"{cfg.baseline}:{pairs[0]}" if pairs else cfg.baseline
     col_groups = {col: groups[lb] for col, (lb, _) in columns.items()}
+    # torch's floor moves nothing: never verified, and the table sets the others against it.
+    floor_labels = {lb for lb, name in zip(cfg.labels, cfg.backends) if split_spec(name)[0] == FLOOR}
+    unverified = [col for col, (lb, _) in columns.items() if lb in floor_labels]
 
     progress = Progress(enabled=rank == 0 and cfg.progress)
     policy = IterationPolicy(**cfg.policy)
@@ -200,7 +204,14 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
                 emit(format_probe(probe, cfg.probe_path, cfg.link_GBps), progress)
                 record({"kind": "probe", "probe": probe, "path": cfg.probe_path})
             ceiling = ring_ceiling(probe) or ceiling
-        table = TableFormatter(list(columns), baseline, cfg.link_GBps, ceiling, peers=cfg.peers)
+        table = TableFormatter(
+            list(columns),
+            baseline,
+            cfg.link_GBps,
+            ceiling,
+            peers=cfg.peers,
+            floor=unverified[0] if unverified else None,
+        )
         transports = {label: t for label, g in groups.items() if (t := transport_of(g, cfg.device))}
         # What each ringpg group's allreduce, reduce-scatter and all-gather run ("hier", "ring").
         algorithms = {label: a for label, g in groups.items() if (a := algorithm_of(g, cfg.device))}
@@ -246,7 +257,9 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
                     numel_dt = case.size_bytes // Case(op, dt, 1, ws).itemsize
                     by_dtype[dt] = CaseBuffers(Case(op, dt, numel_dt, ws), rank, device, fresh=cfg.fresh)
                 bufs = {col: by_dtype[dt] for col, (_, dt) in columns.items()}
-            res = measure_case(bufs, col_groups, ref, policy, sync=sync, shared_clock=shared_clock)
+            res = measure_case(
+                bufs, col_groups, ref, policy, sync=sync, shared_clock=shared_clock, unverified=unverified
+            )
             del bufs
             if any(r.wrong or r.error for r in res.backends.values()):
                 status = 1

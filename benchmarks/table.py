@@ -6,6 +6,10 @@ the TCP ring ceiling), then baseline time / backend time per other backend (name
 ``ringpg/gloo``, or ``(ringpg/ring)/gloo`` for a label that holds a '/').  With MPI peers
 (``--peers``) their columns follow the backends' and each backend besides the baseline gets
 one more ratio: the best peer's time / its time, naming that peer (``ringpg/best-peer``).
+With torch's floor among the backends (``--backends ringpg,gloo,floor``) it gets no ratio
+of its own; with peers too, each backend gets one more: the best peer's time / the
+backend's time less the floor's (``(ringpg-floor)/best-peer``), what the backend itself
+adds to torch's cost of an op against a peer's whole op.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ class TableFormatter:
         link_GBps: Optional[float] = None,
         ceiling_GBps: Optional[float] = None,
         peers: Sequence[str] = (),
+        floor: Optional[str] = None,
     ) -> None:
         self.labels = list(labels) + [p for p in peers if p not in labels]
         self.baseline = baseline
         self.peers = list(peers)
-        self.others = [lb for lb in self.labels if lb != baseline and lb not in self.peers]
+        self.floor = floor
+        self.others = [lb for lb in self.labels if lb not in (baseline, floor) and lb not in self.peers]
         self.link = link_GBps
         # %probe: busbw against the TCP ring ceiling measured on the emulated links.
         self.ceiling = ceiling_GBps if link_GBps else None
@@ -42,6 +48,12 @@ class TableFormatter:
         self.ratio_names = [f"{_operand(lb)}/{_operand(baseline)}" for lb in self.others]
         # Against the best peer of each row: "1.23x impi" (best peer time / backend time).
         self.peer_ratio_names = [f"{_operand(lb)}/best-peer" for lb in self.others] if self.peers else []
+        # With the floor: the backend's own time (its time less torch's floor) against the
+        # best peer's whole op, "(ringpg-floor)/best-peer" (best peer time / own time).
+        self.own_ratio_names = (
+            [f"({lb}-{floor})/best-peer" for lb in self.others] if self.peers and floor is not None else []
+        )
+        self.peer_ratio_names += self.own_ratio_names
         self.ratio_widths = [max(13, len(n)) for n in self.ratio_names]
         self.ratio_widths += [max(14, len(n), 7 + max(map(len, self.peers))) for n in self.peer_ratio_names]
 
@@ -87,10 +99,19 @@ class TableFormatter:
             else:
                 s += f" {'-':>{w}}"
         best = _best(res.backends, self.peers)
-        for lb, w in zip(self.others, self.ratio_widths[len(self.others) :]):
+        n = len(self.others)
+        for lb, w in zip(self.others, self.ratio_widths[n : 2 * n]):
             r = res.backends.get(lb)
             if best and r and r.time_us and r.error is None:
                 s += f" {f'{(best.time_us or 0) / r.time_us:.2f}x {best.label}':>{w}}"
+            else:
+                s += f" {'-':>{w}}"
+        floor = res.backends.get(self.floor) if self.floor else None
+        for lb, w in zip(self.others if self.own_ratio_names else [], self.ratio_widths[2 * n :]):
+            r = res.backends.get(lb)
+            own = r.time_us - floor.time_us if r and r.time_us and floor and floor.time_us else None
+            if best and own and own > 0 and r and r.error is None and floor and floor.error is None:
+                s += f" {f'{(best.time_us or 0) / own:.2f}x {best.label}':>{w}}"
             else:
                 s += f" {'-':>{w}}"
         return s

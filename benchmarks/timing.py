@@ -131,6 +131,7 @@ def measure_case(
     cross_check: bool = False,
     baseline: Optional[str] = None,
     shared_clock: bool,
+    unverified: Sequence[str] = (),
 ) -> CaseResult:
     """Time ``bufs.case`` on every backend of ``groups``, alternating, and verify results.
 
@@ -143,6 +144,8 @@ def measure_case(
     With ``cross_check`` the first round's outputs of each backend are also compared with
     ``baseline``'s (``differs_from_baseline``).  ``shared_clock`` (:func:`ranks_share_clock`,
     asked once per group) chooses how op times are taken (:func:`op_times_ns`).
+    Labels in ``unverified`` are timed only: their outputs are never checked (torch's
+    floor, which moves nothing).
     """
     labels = list(groups)
     per: Mapping[str, CaseBuffers] = bufs if isinstance(bufs, Mapping) else {lb: bufs for lb in labels}
@@ -177,9 +180,9 @@ def measure_case(
             t1 = time.perf_counter_ns()
             if timed:
                 spans[lb].append((t0, t1, t1 - t0))
-            if verify:
+            if verify and lb not in unverified:
                 wrong[lb] = max(wrong[lb], b.count_wrong())
-            if snapshot:
+            if snapshot and lb not in unverified:
                 snapshots[lb] = b.result().clone()
 
     rounds = 0

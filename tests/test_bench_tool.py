@@ -334,6 +334,46 @@ def test_an_mpi_peer_runs_every_case_exactly_and_gets_the_best_peer_ratio(tmp_pa
     assert len(float_rows) == 15 and all(line.endswith(f"x {peer}") for line in float_rows), float_rows
 
 
+def test_the_floor_is_timed_beside_the_backends_never_checked_and_never_the_baseline(tmp_path: Path) -> None:
+    """``floor`` (torch's own cost of an op: a fake group, which moves nothing, with the
+    flight recorder hook torch gives out-of-tree backends) gets a time on every row and
+    no wrong elements although its outputs are never written; it takes no ratio column
+    and is never the baseline, also when it is the last entry."""
+    out = tmp_path / "floor.json"
+    p = _bench(*_tiny("--backends", "ringpg,gloo,floor", "--ops", "ar,ag", "--dtypes", "float32", "--json", str(out)))
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = json.loads(out.read_text())["results"]
+    floor = [r for r in rows if r["backend"] == "floor"]
+    assert len(floor) == 2 * 3 and all(r["time_us"] > 0 and r["wrong"] == 0 and r["error"] is None for r in floor)
+    assert all(r["wrong"] == 0 and r["error"] is None for r in rows)
+    assert "ringpg/gloo" in p.stdout and "floor/gloo" not in p.stdout, p.stdout
+    p = _bench(*_tiny("--backends", "ringpg,floor", "--ops", "ar", "--dtypes", "float32", "--no-save"))
+    assert p.returncode == 0 and "baseline=ringpg" in p.stdout, p.stdout + p.stderr
+
+
+def test_the_table_sets_a_backends_own_time_against_the_best_peer() -> None:
+    """With the floor and peers, a backend's last column is the best peer's time over the
+    backend's time less the floor's; a backend at or under the floor gets none."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.cases import Case
+    from benchmarks.table import TableFormatter
+    from benchmarks.timing import BackendResult, CaseResult
+
+    table = TableFormatter(["ringpg", "gloo", "floor"], "gloo", peers=["impi", "ompi"], floor="floor")
+    assert "(ringpg-floor)/best-peer" in table.header() and "floor/gloo" not in table.header()
+
+    def row(ringpg_us: float) -> str:
+        times = {"ringpg": ringpg_us, "gloo": 400.0, "floor": 10.0, "impi": 2.0, "ompi": 3.0}
+        res = CaseResult(Case("all_reduce", "float32", 1024, 2))
+        res.backends = {lb: BackendResult(lb, time_us=t) for lb, t in times.items()}
+        return table.row(res)
+
+    cells = row(14.0).split()
+    # gloo / ringpg, best peer / ringpg, best peer / (ringpg - floor)
+    assert cells[-5:] == ["28.57x", "0.14x", "impi", "0.50x", "impi"], cells
+    assert row(9.0).split()[-1] == "-"
+
+
 def test_fresh_tensors_for_every_op_are_checked_and_recorded(tmp_path: Path) -> None:
     out = tmp_path / "fresh.json"
     p = _bench(*_tiny("--ops", "ar,rs,ag,bc,a2a", "--dtypes", "float32,bfloat16", "--fresh", "--json", str(out)))
