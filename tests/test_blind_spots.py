@@ -368,7 +368,8 @@ def test_world_size_8(transport: str, tmp_path: Any) -> None:
 
     The traces must show the big all_reduce on the ring (hierarchical on the emulated
     hosts of "mixed": two hosts of four ranks) and the small ones one-shot (but for one
-    past the limit of a link that four ranks share, hierarchical on "mixed"), and reduce-scatter
+    past the limit of a link that four ranks share, hierarchical on "mixed"; and on the ring
+    over shared memory, where only ring neighbours share memory), and reduce-scatter
     and all-gather on the ring (likewise hierarchical on "mixed").
     """
     env = (*TRANSPORT_ENVS[transport], ("RINGPG_ONESHOT_BYTES", str(WS8_ONESHOT_BYTES)))
@@ -387,8 +388,11 @@ def test_world_size_8(transport: str, tmp_path: Any) -> None:
         for op in ("reduce_scatter_tensor", "all_gather_into_tensor"):
             seen = set().union(*traced_algorithms(str(tmp_path), op).values())
             assert seen == {big}, (op, seen)
-        assert algorithms.get(WS8_SMALL_NUMEL * 4) == {"one_shot"}, algorithms
-        shared_link = "hier" if transport == "mixed" else "one_shot"
+        # One-shot where every rank reaches every other over the same kind of link; on
+        # one host over shared memory only ring neighbours share memory, so the ring.
+        small = "ring" if transport == "shm" else "one_shot"
+        assert algorithms.get(WS8_SMALL_NUMEL * 4) == {small}, algorithms
+        shared_link = "hier" if transport == "mixed" else small
         assert algorithms.get(WS8_SHARED_LINK_NUMEL * 4) == {shared_link}, algorithms
 
 

@@ -163,7 +163,12 @@ AllreduceAlgo chooseAllreduce(const OpContext& c, size_t bytes, const c10::Devic
   // the emulated 1 Gbit hosts a 64 KiB one-shot took 3.4x the hierarchical ring's time
   // at 2x2, and 32 KiB 2x at 2x4 (benchmarks/RESULTS.md, 2026-11-25 (7)).
   const size_t sharers = c.topology().hosts > 1 ? static_cast<size_t>(c.topology().mostRanksOnAHost()) : 1;
-  if (bytes * static_cast<size_t>(c.size() - 1) * sharers <= c.config().oneShotBytes) {
+  // On one host over shared memory only a rank's ring neighbours share memory with it:
+  // at more than two ranks the one-shot reaches the others over TCP loopback, and the
+  // ring measured 2-5x faster than it at 4 and 8 ranks, 4-64 KiB, on 16 cores
+  // (benchmarks/RESULTS.md, 2026-11-26 (8)).
+  const bool oneShotOverSockets = c.ringFusedEverywhere() && c.size() > 2;
+  if (!oneShotOverSockets && bytes * static_cast<size_t>(c.size() - 1) * sharers <= c.config().oneShotBytes) {
     return AllreduceAlgo::OneShot;
   }
   // Large contiguous device tensors: chunked copies overlap the ring (staged_ring.h).

@@ -69,7 +69,7 @@ void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, 
     // slots into the accumulator, rank 0's operand first on both ranks (the same bits
     // everywhere), and ours goes to it through the slots, as every send to a reducing
     // receive does (Link::postSendCopied).  No staging copy, no system call: at
-    // 64 KiB, 33 us where the staged exchange by single copy took 45 (RESULTS.md,
+    // 64 KiB, 31 us where the staged exchange by single copy took 41 (RESULTS.md,
     // 2026-11-26 (8)).
     const int peer = 1 - r;
     char* acc = c.scratch(nbytes);
