@@ -6,9 +6,11 @@
   it, from ringpg's frame check well within the group's 5 s timeout, unless they
   never needed rank 1 (a broadcast rank holding the root's whole payload, a reduce
   rank that only sends).  ringpg then fails the group for good:
-  the next all_reduce raises a typed error on every rank and writes nothing (no
-  collective is ever matched with a peer's other one), and a new group in the same
-  processes agrees with gloo (:func:`test_bad_input_on_one_rank`);
+  the next all_reduce raises a typed error on every rank, and what it leaves in its
+  buffer is never another collective's bytes: each element is the rank's input or a
+  partial sum of that same all_reduce over ranks that ran it (a ring writes as it
+  goes; no collective is ever matched with a peer's other one), and a new group in the
+  same processes agrees with gloo (:func:`test_bad_input_on_one_rank`);
 * clean refusals: all_reduce with complex64 MIN, bool AVG, float8_e4m3fn SUM, int32
   PREMUL_SUM, through torch.distributed and through ringpg's Backend directly, raise
   naming op and dtype on every rank, and the group keeps working; complex64
@@ -128,11 +130,19 @@ def bad_input_worker(rank: int, ws: int, groups: Groups, args: tuple[str, str]) 
     fresh = dist.new_group(backend=groups.backend)
     z = y0.clone()
     dist.all_reduce(z, group=fresh)
+    # Sums of the ranks' inputs over every set of ranks that holds this one: what the
+    # failed all_reduce may have left in y, element by element (the input itself first).
+    inputs = [make_data(q, f"{case} after", (5,), torch.int64) for q in range(ws)]
+    others = [q for q in range(ws) if q != rank]
+    partial = [
+        y0 + sum((inputs[q] for q in others if mask >> others.index(q) & 1), torch.zeros_like(y0))
+        for mask in range(2 ** len(others))
+    ]
     return {
         "transport": transport_of(g),
         "first": first,
         "after": after,
-        "y_unchanged": torch.equal(y, y0),
+        "y_partial": bool(torch.stack([y == s for s in partial]).any(dim=0).all()),
         "y_summed": torch.equal(y, summed),
         "fresh_ok": torch.equal(z, summed),
         "has_root_payload": torch.equal(x, bad_input(case, ws - 1, ws)),
@@ -163,11 +173,12 @@ def test_bad_input_on_one_rank(bpool: WorkerPool, transport: str, case: str) -> 
         elif kind or not may_finish(case, r, bpool.world_size, v):
             assert kind in TYPED and f"ringpg::{case}" in msg, (r, v)
             assert took < bound, (r, v)  # within the group's timeout, not after it
-        # The group is failed for good: the next all_reduce raises everywhere and writes nothing.
+        # The group is failed for good: the next all_reduce raises everywhere and leaves
+        # no other collective's bytes (only its own partial sums, or the input).
         kind, msg, took = v["after"]
         assert kind in TYPED and "ringpg::all_reduce" in msg and took < bound, (r, v)
         assert re.search("mismatch|aborted|failed earlier|connection", msg, re.I), (r, msg)
-        assert v["y_unchanged"] and not v["y_summed"], (r, v)
+        assert v["y_partial"] and not v["y_summed"], (r, v)
         assert v["fresh_ok"], (r, v)  # a new group in the same processes agrees with gloo
 
 
