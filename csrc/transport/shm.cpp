@@ -339,7 +339,8 @@ RequestPtr ShmRing::postSendCopied(int peer, const FrameHeader& hdr, const void*
   // Measured at 2 ranks: a reducing receive that reads the peer's pages by single copy
   // and reduces them from its stage is slower than one that reduces straight out of a
   // slot the sender filled on its own core; a receive that only copies is faster by
-  // single copy (benchmarks/RESULTS.md, 2026-11-26).
+  // single copy (benchmarks/RESULTS.md, 2026-11-26), but for an allreduce's smaller
+  // gather segments (2026-11-26 (8); algorithms/ring.cpp).
   return post(peer, hdr, data, len, /*lendable=*/false);
 }
 

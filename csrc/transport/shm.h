@@ -25,9 +25,9 @@
 // (the sender's address; no payload) and the receiver copies it straight from the
 // sender's buffer into its own: one copy instead of two.  The sender's request stays
 // pending until the receiver has released that slot, so the buffer outlives the read.
-// Only receives that copy take descriptors: a send to a receive that reduces goes
-// through the slots (postSendCopied), which measured faster at 2 ranks.  Where the
-// probe fails anywhere, every link keeps the slots.
+// Only receives that copy take descriptors: a send to a receive that reduces, and an
+// allreduce's smaller gather segments, go through the slots (postSendCopied), which
+// measured faster at 2 ranks.  Where the probe fails anywhere, every link keeps the slots.
 // When the group breaks (a timeout, a dead peer, abort) a lent send fails at once and
 // its buffer goes back to the caller while the receiver may be reading it; the
 // receiver's group is breaking too, and its op fails once the news arrives (the
