@@ -107,10 +107,11 @@ class TableFormatter:
             else:
                 s += f" {'-':>{w}}"
         floor = res.backends.get(self.floor) if self.floor else None
-        for lb, w in zip(self.others if self.own_ratio_names else [], self.ratio_widths[2 * n :]):
+        for lb, w in zip(self.others, self.ratio_widths[2 * n :]):  # none without own_ratio_names
             r = res.backends.get(lb)
-            own = r.time_us - floor.time_us if r and r.time_us and floor and floor.time_us else None
-            if best and own and own > 0 and r and r.error is None and floor and floor.error is None:
+            ok = r and r.time_us and r.error is None and floor and floor.time_us and floor.error is None
+            own = r.time_us - floor.time_us if ok else None
+            if best and own and own > 0:
                 s += f" {f'{(best.time_us or 0) / own:.2f}x {best.label}':>{w}}"
             else:
                 s += f" {'-':>{w}}"
