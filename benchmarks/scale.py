@@ -1,14 +1,15 @@
 """Group creation at many ranks on one machine: time, sockets, threads and memory per rank.
 
     python -m benchmarks.scale                          # 8, 16 and 32 ranks
-    python -m benchmarks.scale --world-sizes 32,64 --backends ringpg,gloo,gloo-lazy
+    python -m benchmarks.scale --world-sizes 32,64 --backends ringpg,ringpg-all,gloo,gloo-lazy
 
 For each world size and backend, that many processes (forked from a server that imported
 torch once, so the start-up measured is the group's, not the interpreter's) each time
 ``init_process_group`` (TCP rendezvous on loopback) plus a barrier, count their open
 sockets, threads and RSS, run a 1 MiB allreduce (checked), and count the sockets again.
 ``gloo-lazy`` is gloo with ``TORCH_GLOO_LAZY_INIT=1`` (connections on first use), where the
-torch has it. The TCPStore's server runs in the launcher, so no rank counts its
+torch has it; ``ringpg-all`` is ringpg with ``RINGPG_CONNECT=all`` (the full mesh at creation;
+plain ``ringpg`` connects its ring's neighbours, the rest on first use). The TCPStore's server runs in the launcher, so no rank counts its
 connections, and the clock starts once every rank has reached it. Each case runs
 ``--repeat`` times, the backends interleaved; printed: a run's creation time (its
 slowest rank's), best and median over the runs, and the per-rank maxima over all runs.
@@ -29,7 +30,12 @@ import torch.distributed as dist
 from benchmarks.launch import add_start_argument, run_ranks
 from benchmarks.machine import rss_mb
 
-BACKENDS = {"ringpg": ("ringpg", {}), "gloo": ("gloo", {}), "gloo-lazy": ("gloo", {"TORCH_GLOO_LAZY_INIT": "1"})}
+BACKENDS = {
+    "ringpg": ("ringpg", {}),
+    "ringpg-all": ("ringpg", {"RINGPG_CONNECT": "all"}),
+    "gloo": ("gloo", {}),
+    "gloo-lazy": ("gloo", {"TORCH_GLOO_LAZY_INIT": "1"}),
+}
 
 
 def _sockets() -> int:

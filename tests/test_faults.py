@@ -365,18 +365,35 @@ def _hostile_during_rendezvous(rank: int, ws: int, port: int, args: Any) -> dict
     x = torch.arange(1000, dtype=torch.float32) + rank
     dist.all_reduce(x, group=group)
     ok = torch.equal(x, 2 * torch.arange(1000, dtype=torch.float32) + 1)
-    # After rendezvous ringpg listens on nothing: only the store's and gloo's ports remain.
+    # After rendezvous ringpg listens on its own address only (peers connect on first
+    # use), beside the store's and gloo's ports.
     leftover = _listening_ports() - store_ports
     backend = harness.cpu_backend(group)
-    return {"ok": ok, "attacks": attacks, "leftover": sorted(leftover), "address": backend.local_address}
+    own = int(backend.local_address.rsplit(":", 1)[1])
+    if rank == 0:
+        # The listener stays open: hostile connections now, too, are dropped: garbage, a
+        # hello in rank 1's name without its nonce, one that says nothing.
+        forged = (0x48475052).to_bytes(4, "little") + (2).to_bytes(4, "little")
+        forged += (1).to_bytes(4, "little") + (0).to_bytes(4, "little") + os.urandom(8)
+        for payload in (b"GARBAGE" * 100, forged, b""):
+            with socket.create_connection(("127.0.0.1", own), timeout=2) as s:
+                s.sendall(payload)
+                attacks.append(f"after:{len(payload)}")
+                time.sleep(0.2)
+    dist.barrier(group=dist.group.WORLD)  # gloo: the attacks are over on both ranks
+    y = torch.arange(1000, dtype=torch.float32) * (rank + 1)
+    dist.all_reduce(y, group=group)
+    ok = ok and torch.equal(y, 3 * torch.arange(1000, dtype=torch.float32))
+    return {"ok": ok, "attacks": attacks, "leftover": sorted(leftover), "own": own}
 
 
 def test_hostile_connections_during_rendezvous_are_dropped() -> None:
     res = run_scenario(_hostile_during_rendezvous, 2, timeout=120)
     assert res[0]["attacks"], "the attacker found no ringpg listener"
+    assert any(a.startswith("after:") for a in res[0]["attacks"]), res[0]["attacks"]
     for r, v in res.items():
         assert v["ok"], v
-        assert v["leftover"] == [], f"rank {r} still listens on {v['leftover']}"
+        assert v["leftover"] == [v["own"]], f"rank {r} listens on {v['leftover']}, not only its own {v['own']}"
 
 
 def _frame(key: int, op_numel: int, nbytes: int) -> bytes:

@@ -81,6 +81,10 @@ void hostAllreduce(OpContext& c, const at::Tensor& host, const Reduction& red) {
     oneShotAllreduce(c, bytes(host), host.numel(), host.element_size(), red.op, finalize);
     return;
   }
+  if (algo == AllreduceAlgo::Doubling) {
+    recursiveDoublingAllreduce(c, bytes(host), host.numel(), host.element_size(), red.op, finalize);
+    return;
+  }
   if (algo == AllreduceAlgo::Hier) {
     hierAllreduce(c, bytes(host), host.numel(), host.element_size(), red.op, finalize);
     return;
@@ -168,8 +172,24 @@ AllreduceAlgo chooseAllreduce(const OpContext& c, size_t bytes, const c10::Devic
   // ring measured 2-5x faster than it at 4 and 8 ranks, 4-64 KiB, on 16 cores
   // (benchmarks/RESULTS.md, 2026-11-26 (8)).
   const bool oneShotOverSockets = c.ringFusedEverywhere() && c.size() > 2;
-  if (!oneShotOverSockets && bytes * static_cast<size_t>(c.size() - 1) * sharers <= c.config().oneShotBytes) {
+  // Past kOneShotMostRanks the one-shot's p - 1 peers (each a connection, made on first
+  // use) give way to recursive doubling's log2(p), for log2(p) rounds of the whole
+  // buffer instead of one: the volume that counts is then the rounds' (RecursiveDoubling
+  // in ring_plan.h; the rounds of its folded ranks are one more).
+  constexpr int kOneShotMostRanks = 8;
+  if (!oneShotOverSockets && c.size() <= kOneShotMostRanks &&
+      bytes * static_cast<size_t>(c.size() - 1) * sharers <= c.config().oneShotBytes) {
     return AllreduceAlgo::OneShot;
+  }
+  if (!oneShotOverSockets && c.size() > kOneShotMostRanks) {
+    const RecursiveDoubling rd(c.size());
+    size_t rounds = rd.e > 0 ? 1 : 0;
+    for (int bit = 1; bit < rd.m; bit <<= 1) {
+      ++rounds;
+    }
+    if (bytes * rounds * sharers <= c.config().oneShotBytes) {
+      return AllreduceAlgo::Doubling;
+    }
   }
   // Large contiguous device tensors: chunked copies overlap the ring (staged_ring.h).
   if (!device.is_cpu() && contiguous) {

@@ -37,7 +37,8 @@ namespace collectives {
 
 // How an allreduce moves its data.
 enum class AllreduceAlgo {
-  OneShot,    // every rank sends its whole buffer to every peer (small buffers)
+  OneShot,    // every rank sends its whole buffer to every peer (small buffers, few ranks)
+  Doubling,   // recursive doubling: log2(p) exchanges of the whole buffer (small buffers, many ranks)
   Ring,       // host ring: reduce-scatter then all-gather in one pipelined sweep
   StagedRing, // the ring over pinned host memory, chunked copies to and from the device
   Hier,       // host buffers across hosts: hierarchical.h (host rings, then rings across hosts)

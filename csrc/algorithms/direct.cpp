@@ -1,8 +1,11 @@
 #include "algorithms/direct.h"
 
+#include "algorithms/ring_plan.h"
+
 #include <c10/util/irange.h>
 
 #include <cstring>
+#include <utility>
 
 namespace ringpg {
 
@@ -107,6 +110,62 @@ void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, 
     finalize(acc, count);
   }
   std::memcpy(data, acc, nbytes);
+}
+
+void recursiveDoublingAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op,
+                                const std::function<void(char*, int64_t)>& finalize) {
+  if (c.trace()) {
+    c.trace()->algorithm = "recursive_doubling";
+  }
+  const int p = c.size();
+  const int r = c.rank();
+  const size_t nbytes = static_cast<size_t>(count) * elemSize;
+  const RecursiveDoubling rd(p);
+  // `cur` holds this rank's partial result; the partner's lands in `other`.  The two
+  // swap when the result is written into `other` (a reduction may write over its first
+  // operand, never its second: reduce.h).
+  char* cur = data;
+  char* other = c.scratch(nbytes);
+  auto exchange = [&](int partner) {
+    std::vector<RequestPtr> reqs{c.recv(partner, other, nbytes), c.send(partner, cur, nbytes)};
+    c.waitAll(reqs); // the send read `cur` until here
+    if (r < partner) {
+      reduce(c.dtype(), op, cur, cur, other, count);
+    } else {
+      reduce(c.dtype(), op, other, other, cur, count);
+      std::swap(cur, other);
+    }
+  };
+  const int folded = rd.foldedInto(r);
+  if (folded >= 0) {
+    // Beyond the power of two: hand the buffer to the partner, take the result back.
+    std::vector<RequestPtr> reqs{c.send(folded, data, nbytes)};
+    c.waitAll(reqs);
+    reqs = {c.recv(folded, data, nbytes)};
+    c.waitAll(reqs);
+    return; // finalized by the partner
+  }
+  const int helper = rd.foldedFrom(r);
+  if (helper >= 0) {
+    std::vector<RequestPtr> reqs{c.recv(helper, other, nbytes)};
+    c.waitAll(reqs);
+    // The helper's rank is the lower: its operand first, as in every exchange.
+    reduce(c.dtype(), op, other, other, cur, count);
+    std::swap(cur, other);
+  }
+  for (int bit = 1; bit < rd.m; bit <<= 1) {
+    exchange(rd.partner(r, bit));
+  }
+  if (finalize) {
+    finalize(cur, count);
+  }
+  if (cur != data) {
+    std::memcpy(data, cur, nbytes);
+  }
+  if (helper >= 0) {
+    std::vector<RequestPtr> reqs{c.send(helper, data, nbytes)};
+    c.waitAll(reqs);
+  }
 }
 
 void allToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,

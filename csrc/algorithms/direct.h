@@ -25,6 +25,16 @@ void scatterFrom(OpContext& c, int root, const std::vector<const char*>& inputs,
 void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op,
                       const std::function<void(char*, int64_t)>& finalize);
 
+// Small-message allreduce at many ranks: recursive doubling, ceil(log2 p) rounds in
+// which each rank exchanges its partial result with the rank whose index differs in
+// one bit, so a rank talks to O(log p) peers where the one-shot talks to all p-1 (and,
+// with connections made on first use, connects to them).  The p - m ranks beyond the
+// largest power of two m first fold into a partner and get the result back at the end.
+// Each pair reduces the lower ranks' partial result first, so both ends, and so every
+// rank, hold the same bits.
+void recursiveDoublingAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op,
+                                const std::function<void(char*, int64_t)>& finalize);
+
 // Rank sends sendBuf[q] (sendBytes[q]) to q and receives recvBuf[q] (recvBytes[q]) from q.
 void allToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
               const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes);

@@ -82,4 +82,27 @@ inline int64_t flatSegments(int64_t count, int64_t segElems) {
   return count == 0 ? 0 : (count + segElems - 1) / segElems;
 }
 
+// Recursive doubling's pairs (direct.h's small allreduce at many ranks) in a group of
+// p: m is the largest power of two <= p, and the e = p - m ranks beyond it fold in
+// first: each even rank r < 2e hands its buffer to r + 1 and waits for the result.
+// The m ranks left are numbered v = r / 2 (odd r < 2e) or r - e (r >= 2e), a numbering
+// that keeps rank order, and in the round of `bit` rank v pairs with v ^ bit.
+struct RecursiveDoubling {
+  int p, m, e;
+  explicit RecursiveDoubling(int size) : p(size), m(1), e(0) {
+    while (m * 2 <= p) {
+      m *= 2;
+    }
+    e = p - m;
+  }
+  // The rank `rank` hands its buffer to, or -1 if it takes part in the rounds.
+  int foldedInto(int rank) const { return rank < 2 * e && rank % 2 == 0 ? rank + 1 : -1; }
+  // The rank whose buffer `rank` takes before the rounds, or -1.
+  int foldedFrom(int rank) const { return rank < 2 * e && rank % 2 == 1 ? rank - 1 : -1; }
+  int virtualOf(int rank) const { return rank < 2 * e ? rank / 2 : rank - e; }
+  int rankOf(int v) const { return v < e ? 2 * v + 1 : v + e; }
+  // `rank`'s partner in the round of `bit` (1, 2, 4, ... < m); `rank` takes part.
+  int partner(int rank, int bit) const { return rankOf(virtualOf(rank) ^ bit); }
+};
+
 } // namespace ringpg

@@ -176,6 +176,9 @@ class RingBackend final : public c10d::Backend {
   // The TCP congestion control of the group's data sockets: RINGPG_TCP_CONGESTION, or
   // the host's default; "" in a group of one (diagnostics and tests).
   std::string tcpCongestion() const { return net_->engine->congestionControl(); }
+  // The peers this rank's engine has connected to so far (RINGPG_CONNECT): its rings'
+  // neighbours from creation, others after their first use.
+  std::vector<int> connectedPeers() const { return net_->engine->connectedPeers(); }
 
   // RINGPG_TRACE: whether this group's ops are being traced.  Off without RINGPG_TRACE;
   // with it, on from the start and switchable at any time (trace a window of a job,

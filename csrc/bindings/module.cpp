@@ -112,6 +112,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly(
           "ring_order", [](const ringpg::RingBackend& b) { return b.topology().ring; },
           "the ranks in ring order: each host's ranks one after another")
+      .def_property_readonly("connected_peers", &ringpg::RingBackend::connectedPeers,
+                             "the peers this rank has a TCP connection with: its rings' neighbours from "
+                             "creation, others from their first use (RINGPG_CONNECT=all: every peer)")
       .def_property_readonly(
           "tcp_congestion", &ringpg::RingBackend::tcpCongestion,
           "TCP congestion control of the data sockets (RINGPG_TCP_CONGESTION, or the host's default)")
@@ -174,6 +177,19 @@ PYBIND11_MODULE(_C, m) {
     const auto p = ringpg::segmentPlan(count, parts, maxSegElems);
     return std::make_pair(p.segments, p.segElems);
   });
+  m.def(
+      "recursive_doubling",
+      [](int size, int rank) {
+        const ringpg::RecursiveDoubling rd(size);
+        std::vector<int> partners;
+        if (rd.foldedInto(rank) < 0) {
+          for (int bit = 1; bit < rd.m; bit <<= 1) {
+            partners.push_back(rd.partner(rank, bit));
+          }
+        }
+        return py::make_tuple(rd.foldedInto(rank), rd.foldedFrom(rank), partners);
+      },
+      "(folded_into, folded_from, partners by round) of `rank` in recursive doubling at `size`");
   m.def("ring_schedule", &ringSchedule, py::arg("count"), py::arg("size"), py::arg("rank"),
         py::arg("max_segment_elems"));
   m.def(

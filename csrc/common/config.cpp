@@ -66,6 +66,10 @@ Config load() {
   if (auto v = c10::utils::get_env("RINGPG_ALGO"); v && !v->empty()) {
     c.algo = Config::algoNamed(*v, "RINGPG_ALGO=");
   }
+  if (auto v = c10::utils::get_env("RINGPG_CONNECT"); v && !v->empty()) {
+    TORCH_CHECK(*v == "lazy" || *v == "all", "ringpg: RINGPG_CONNECT=", *v, " is not one of lazy, all");
+    c.connect = *v == "all" ? Config::Connect::All : Config::Connect::Lazy;
+  }
   if (auto v = c10::utils::get_env("RINGPG_HOSTID"); v && !v->empty()) {
     c.hostId = *v;
   }
@@ -133,6 +137,7 @@ std::string Config::summary() const {
                   " work_cache_bytes=", workCacheBytes, " hier_piece_bytes=", hierPieceBytes, " cma_bytes=", cmaBytes,
                   " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
                   " transport_setting=", transportName(transport), " algo=", algoName(algo),
+                  " connect=", connect == Connect::All ? "all" : "lazy",
                   " tcp_congestion=", tcpCongestion.empty() ? std::string("default") : tcpCongestion,
                   " hostid=", hostId.empty() ? std::string("(auto)") : hostId,
                   " ifname=", ifname.empty() ? std::string("(hostname)") : ifname,

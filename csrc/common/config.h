@@ -68,6 +68,12 @@ struct Config {
   static const char* algoName(Algo a);
   // The Algo named `name` (auto, ring, hier); `what` names the setting in the error.
   static Algo algoNamed(const std::string& name, const char* what);
+  // Which peers a group connects to at creation (RINGPG_CONNECT): Lazy (the default)
+  // only its rings' neighbours, every other peer on first use (transport/engine.h);
+  // All every peer, the full mesh, as groups did before connections were lazy.  Ranks
+  // may differ: a peer dialled by an "all" rank dials it back.
+  enum class Connect : uint8_t { Lazy, All };
+  Connect connect = Connect::Lazy;
   // TCP congestion control of data sockets (RINGPG_TCP_CONGESTION); empty keeps the
   // host's default (its network namespace's net.ipv4.tcp_congestion_control).
   std::string tcpCongestion;

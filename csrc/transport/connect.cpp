@@ -17,7 +17,7 @@ namespace ringpg {
 namespace {
 
 // The settings every rank of a group must share, agreed on in one Store round trip
-// (after the mesh is up, so every rank is here): each rank publishes one line of them
+// (right after the addresses, before any socket is connected): each rank publishes one line of them
 // under the group's keys and reads every other rank's.
 //  - RINGPG_TRANSPORT: Gloo's pairs need a ProcessGroupGloo on every rank (one rank
 //    alone on them would wait for the others until the timeout), and shm, which refuses
@@ -115,22 +115,56 @@ void agreeOnSettings(c10d::Store& store, const std::string& prefix, int rank, in
   }
 }
 
+// The peers a rank connects to while its group is created: all of them under
+// RINGPG_CONNECT=all; else its neighbours on the group's ring and, where hosts hold
+// equal numbers (> 1) of ranks and the algorithm may be hierarchical, on its host's
+// ring and on its local rank's ring across hosts.  The set is symmetric (q is in
+// rank's iff rank is in q's), so each rank waits only for peers that dial it too.
+std::vector<int> peersAtCreation(const Topology& t, int rank, const Config& cfg) {
+  std::vector<int> peers;
+  if (cfg.connect == Config::Connect::All) {
+    for (const auto q : c10::irange(t.size())) {
+      peers.push_back(q);
+    }
+  } else {
+    peers = {t.left(rank), t.right(rank)};
+    if (t.hosts > 1 && t.ranksPerHost() > 1 && cfg.algo != Config::Algo::Ring) {
+      peers.push_back(t.hostLeft(rank));
+      peers.push_back(t.hostRight(rank));
+      const std::vector<int> across = t.localRanks(t.localIndex(rank));
+      const auto at = std::find(across.begin(), across.end(), rank) - across.begin();
+      const auto n = static_cast<std::ptrdiff_t>(across.size());
+      peers.push_back(across[(at + n - 1) % n]);
+      peers.push_back(across[(at + 1) % n]);
+    }
+  }
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  peers.erase(std::remove(peers.begin(), peers.end(), rank), peers.end());
+  return peers;
+}
+
 } // namespace
 
 std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                          std::chrono::milliseconds timeout, const Config& cfg,
                                          Config::Transport transport) {
   auto g = std::make_unique<GroupLinks>();
-  Mesh mesh = connectMesh(*store, rank, size, cfg.ifname, timeout);
-  agreeOnSettings(*store, mesh.keyPrefix, rank, size, cfg, transport, Clock::now() + timeout);
-  g->localAddress = mesh.localAddress;
-  g->keyPrefix = mesh.keyPrefix;
-  g->engine = std::make_unique<Engine>(rank, size, std::move(mesh.tx), std::move(mesh.rx), cfg.socketBuffer,
-                                       cfg.tcpCongestion, cfg.engineSpinMicros());
+  const Deadline deadline = Clock::now() + timeout;
+  Rendezvous rv = rendezvous(*store, rank, size, cfg.ifname);
+  g->localAddress = rv.localAddress;
+  g->keyPrefix = rv.keyPrefix;
+  agreeOnSettings(*store, g->keyPrefix, rank, size, cfg, transport, deadline);
+  g->engine =
+      std::make_unique<Engine>(rank, size, std::move(rv), cfg.socketBuffer, cfg.tcpCongestion, cfg.engineSpinMicros());
   // The ring runs host by host (topology.h); its hops between ranks of one host move
   // through shared memory (shm.h).  A slot holds one default-sized segment; larger
   // segments travel as fragments.
-  g->topology = exchangeTopology(*store, mesh.keyPrefix, rank, size);
+  g->topology = exchangeTopology(*store, g->keyPrefix, rank, size);
+  // The rings' links now, so a neighbour that cannot be reached fails the creation
+  // and every rank has two connected neighbours to spread a failure along; the rest
+  // on first use.
+  g->engine->connectPeers(peersAtCreation(g->topology, rank, cfg), deadline);
   const size_t slotBytes = std::clamp<size_t>(cfg.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
   // Spin only while this host's ranks can each have a core; a spin set by hand on more
   // ranks than CPUs yields between looks (the rank it waits for may need this core).
@@ -138,9 +172,8 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   const int cpus = usableCpus();
   g->shmSpinMicros = cfg.shmSpinMicros(localRanks, cpus);
   bool shmUsed = false;
-  g->shm =
-      ShmRing::connect(*store, *g->engine, mesh.keyPrefix, g->topology, rank, transport, slotBytes, g->shmSpinMicros,
-                       /*spinYields=*/localRanks > cpus, cfg.cmaBytes, Clock::now() + timeout, &shmUsed);
+  g->shm = ShmRing::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, transport, slotBytes, g->shmSpinMicros,
+                            /*spinYields=*/localRanks > cpus, cfg.cmaBytes, Clock::now() + timeout, &shmUsed);
   g->transport = transport == Config::Transport::Gloo ? "gloo"
                  : !shmUsed                           ? "tcp"
                  : g->topology.hosts == 1             ? "shm"
@@ -162,7 +195,7 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   if (transport == Config::Transport::Gloo && size > 1) {
     // Gloo's rendezvous on a prefix of this group's keys, after ringpg's own, where
     // ranks that disagree about the transport have failed already.
-    auto glooStore = c10::make_intrusive<c10d::PrefixStore>(mesh.keyPrefix + "gloo_link/", store);
+    auto glooStore = c10::make_intrusive<c10d::PrefixStore>(g->keyPrefix + "gloo_link/", store);
     g->gloo = std::make_unique<GlooLink>(makeGlooBackend(glooStore, rank, size, timeout), *g->engine, rank, size);
     std::fill(g->links.to.begin(), g->links.to.end(), g->gloo.get());
     std::fill(g->links.from.begin(), g->links.from.end(), g->gloo.get());

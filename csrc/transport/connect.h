@@ -1,12 +1,13 @@
 // A group's links, connected: the set-up RingBackend runs once and then serves ops over.
 //
-// connectGroup runs every collective step of a group's creation, in order: the mesh of
-// sockets (rendezvous.h), the settings every rank must share (one Store exchange; ranks
-// that differ fail here, every one, naming the setting), the engine, the host
-// topology (topology.h), the shared-memory links (shm.h) and, for the gloo transport,
-// Gloo's pairs (gloo_link.h, through the factory the bindings install).  What it
-// returns is complete and never rewired: the link each peer's frames take is decided
-// here, once.
+// connectGroup runs every collective step of a group's creation, in order: the
+// addresses (rendezvous.h), the settings every rank must share (one Store exchange;
+// ranks that differ fail here, every one, naming the setting), the engine, the host
+// topology (topology.h), the engine's connections to the rings' neighbours (other
+// peers are connected on first use, engine.h), the shared-memory links (shm.h) and,
+// for the gloo transport, Gloo's pairs (gloo_link.h, through the factory the bindings
+// install).  What it returns is complete and never rewired: the link each peer's
+// frames take is decided here, once.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>

@@ -1,5 +1,6 @@
 #include "transport/engine.h"
 
+#include <netinet/in.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -9,6 +10,7 @@
 #include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -48,6 +50,10 @@ std::string abortedBy(int peer, const std::string& why) {
 std::string implausibleFrame(int peer, const FrameHeader& h) {
   return c10::str("ringpg: rank ", peer, " announced an implausible ", describeFrame(h));
 }
+
+// How long an accepted connection may take to say hello before it is dropped (a stray
+// client that connects and stays silent must not hold a slot for long).
+constexpr auto kHelloWindow = std::chrono::seconds(5);
 
 std::string shutDownBy(int peer) {
   return c10::str("ringpg: rank ", peer, " has shut down this process group (Connection closed by peer)");
@@ -126,19 +132,11 @@ std::string readCauseOfLoss(int fd, FrameReceiver::Position at, int rank, int pe
 
 } // namespace
 
-Engine::Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int socketBuffer,
-               const std::string& congestion, int spinMicros)
-    : rank_(rank), size_(size), spinMicros_(spinMicros), peers_(size) {
-  for (const auto q : c10::irange(size)) {
-    if (q == rank) {
-      continue;
-    }
-    peers_[q].txFd = std::move(tx[q]);
-    peers_[q].rxFd = std::move(rx[q]);
-    tuneDataSocket(peers_[q].txFd.get(), socketBuffer, congestion);
-    tuneDataSocket(peers_[q].rxFd.get(), socketBuffer, congestion);
-    setNonBlocking(peers_[q].txFd.get(), true);
-    setNonBlocking(peers_[q].rxFd.get(), true);
+Engine::Engine(int rank, int size, Rendezvous rv, int socketBuffer, const std::string& congestion, int spinMicros)
+    : rank_(rank), size_(size), spinMicros_(spinMicros), socketBuffer_(socketBuffer), congestion_(congestion),
+      nonce_(rv.nonce), book_(std::move(rv.book)), peers_(size), listener_(std::move(rv.listener)) {
+  if (listener_.valid()) {
+    setNonBlocking(listener_.get(), true);
   }
   wake_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   TORCH_CHECK(wake_.valid(), "ringpg: eventfd failed: ", std::strerror(errno));
@@ -148,14 +146,62 @@ Engine::Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int s
   });
 }
 
-std::string Engine::congestionControl() const {
-  // No lock: the sockets are fixed after construction and closed only by the destructor.
+std::string Engine::congestionControl() {
+  std::lock_guard<std::mutex> lk(mu_); // sockets appear as peers connect
   for (const auto& p : peers_) {
     if (p.txFd.valid()) {
       return congestionControlOf(p.txFd.get());
     }
   }
   return "";
+}
+
+void Engine::connectPeers(const std::vector<int>& peers, Deadline deadline) {
+  Completions done;
+  {
+    std::lock_guard<std::mutex> lk(mu_); // the peers' dial states
+    for (const int q : peers) {
+      if (q != rank_ && peers_[q].dial == Dial::kNone && broken_.empty()) {
+        startDialLocked(q, done);
+      }
+    }
+  }
+  wake();
+  runCallbacks(done);
+  std::unique_lock<std::mutex> lk(mu_); // cv_'s mutex: connection events notify it (serviceReady)
+  const auto missing = [&] {
+    std::vector<int> m;
+    for (const int q : peers) {
+      if (q != rank_ && (peers_[q].dial != Dial::kOpen || !peers_[q].rxFd.valid())) {
+        m.push_back(q);
+      }
+    }
+    return m;
+  };
+  cv_.wait_until(lk, deadline, [&] { return !broken_.empty() || missing().empty(); });
+  if (!broken_.empty()) {
+    throwNetwork(broken_);
+  }
+  const std::vector<int> left = missing();
+  if (!left.empty()) {
+    std::string names;
+    for (const int q : left) {
+      names += c10::str(names.empty() ? "" : ", ", q, " (", book_[q].addr, ")");
+    }
+    throwNetwork(c10::str("ringpg: rank ", rank_, " timed out during group creation waiting for its connections ",
+                          "with rank(s) ", names, ": is each of them alive, and its address reachable from here?"));
+  }
+}
+
+std::vector<int> Engine::connectedPeers() {
+  std::lock_guard<std::mutex> lk(mu_); // the peers' sockets
+  std::vector<int> connected;
+  for (const auto q : c10::irange(size_)) {
+    if (peers_[q].txFd.valid() || peers_[q].rxFd.valid()) {
+      connected.push_back(q);
+    }
+  }
+  return connected;
 }
 
 Engine::~Engine() {
@@ -198,6 +244,9 @@ RequestPtr Engine::postSend(int peer, const FrameHeader& hdr, const void* data, 
     } else {
       const bool wasIdle = P.txq.empty() && !P.txBusy;
       P.txq.push_back(req);
+      if (P.dial == Dial::kNone) {
+        startDialLocked(peer, done); // its first use: the progress thread finishes the dial
+      }
       // Write eagerly from the posting thread when the socket is idle: small messages
       // then leave without a wake-up of the progress thread.
       if (wasIdle) {
@@ -335,16 +384,23 @@ std::string Engine::brokenReason(bool* network, BreakCause* cause) {
 
 void Engine::debugSendRaw(int peer, std::string bytes) {
   auto req = std::make_shared<Request>();
-  std::lock_guard<std::mutex> lk(mu_); // rawKeepAlive_ and the send queue
-  rawKeepAlive_.push_back(std::move(bytes));
-  const std::string& raw = rawKeepAlive_.back();
-  // A header-less request: progress starts past the header, so only `raw` is written.
-  req->buf = const_cast<char*>(raw.data());
-  req->len = raw.size();
-  req->progress = sizeof(FrameHeader);
-  req->peer = peer;
-  peers_[peer].txq.push_back(req);
+  Completions done;
+  {
+    std::lock_guard<std::mutex> lk(mu_); // rawKeepAlive_, the send queue and the dial state
+    rawKeepAlive_.push_back(std::move(bytes));
+    const std::string& raw = rawKeepAlive_.back();
+    // A header-less request: progress starts past the header, so only `raw` is written.
+    req->buf = const_cast<char*>(raw.data());
+    req->len = raw.size();
+    req->progress = sizeof(FrameHeader);
+    req->peer = peer;
+    peers_[peer].txq.push_back(req);
+    if (peers_[peer].dial == Dial::kNone && broken_.empty()) {
+      startDialLocked(peer, done);
+    }
+  }
   wake();
+  runCallbacks(done);
 }
 
 std::string Engine::goodbyeFrom(int peer) {
@@ -360,11 +416,17 @@ void Engine::shutdown(Deadline deadline) {
     std::lock_guard<std::mutex> lk(mu_); // leaving_ is read by the failure path under mu_
     leaving_ = true;
   }
-  std::vector<RequestPtr> byes;
-  for (const auto q : c10::irange(size_)) {
-    if (q == rank_) {
-      continue;
+  std::vector<int> connected; // a peer never dialled has nothing to be told
+  {
+    std::lock_guard<std::mutex> lk(mu_); // the dial states
+    for (const auto q : c10::irange(size_)) {
+      if (q != rank_ && peers_[q].dial != Dial::kNone) {
+        connected.push_back(q);
+      }
     }
+  }
+  std::vector<RequestPtr> byes;
+  for (const int q : connected) {
     byes.push_back(postSend(q, frameOfKind(FrameKind::Bye), nullptr, 0));
   }
   for (auto& b : byes) {
@@ -378,6 +440,8 @@ void Engine::shutdown(Deadline deadline) {
   if (thread_.joinable()) {
     thread_.join();
   }
+  listener_.reset(); // a peer dialling now is refused, at once, instead of left unanswered
+  inbound_.clear();
 }
 
 // ---------------------------------------------------------------------------------
@@ -387,7 +451,7 @@ void Engine::loop() {
   PollSet set;
   while (collectPollSet(set)) {
     // Without the lock: posting and waiting threads keep moving bytes meanwhile.
-    const int n = ::poll(set.fds.data(), set.fds.size(), -1);
+    const int n = ::poll(set.fds.data(), set.fds.size(), set.timeoutMs);
     if (n < 0) {
       if (errno != EINTR) {
         fail(c10::str("ringpg: poll failed on rank ", rank_, ": ", std::strerror(errno)));
@@ -406,13 +470,27 @@ void Engine::loop() {
 bool Engine::collectPollSet(PollSet& set) {
   set.fds.clear();
   set.who.clear();
+  set.timeoutMs = -1;
   set.fds.push_back(pollfd{wake_.get(), POLLIN, 0});
   std::lock_guard<std::mutex> lk(mu_); // stop_, broken_, the queues and receive states
   if (stop_) {
     return false;
   }
   if (!broken_.empty()) {
-    return true; // a broken engine moves no byte: sleep until woken to stop
+    // A broken engine moves no byte: sleep until woken to stop.  Closing the listener
+    // (only this thread polls it) refuses peers that dial now, at once.
+    listener_.reset();
+    inbound_.clear();
+    return true;
+  }
+  if (listener_.valid()) {
+    set.fds.push_back(pollfd{listener_.get(), POLLIN, 0});
+    set.who.emplace_back(-1, Role::kListen);
+  }
+  for (const auto i : c10::irange(inbound_.size())) {
+    set.fds.push_back(pollfd{inbound_[i].fd.get(), POLLIN, 0});
+    set.who.emplace_back(static_cast<int>(i), Role::kInbound);
+    set.timeoutMs = 100; // wake to drop connections whose hello window passed
   }
   for (const auto q : c10::irange(size_)) {
     Peer& P = peers_[q];
@@ -422,11 +500,14 @@ bool Engine::collectPollSet(PollSet& set) {
     // A paused header waits for its receive to be posted: not reading is the flow control.
     if (P.rx.readsSocket() && P.rxFd.valid()) {
       set.fds.push_back(pollfd{P.rxFd.get(), POLLIN, 0});
-      set.who.emplace_back(q, false);
+      set.who.emplace_back(q, Role::kRx);
     }
-    if (!P.txq.empty() && !P.txBusy) {
+    if (P.dial == Dial::kConnecting || P.dial == Dial::kHello) {
+      set.fds.push_back(pollfd{P.txFd.get(), static_cast<short>(P.dial == Dial::kConnecting ? POLLOUT : POLLIN), 0});
+      set.who.emplace_back(q, Role::kDial);
+    } else if (P.dial == Dial::kOpen && !P.txq.empty() && !P.txBusy) {
       set.fds.push_back(pollfd{P.txFd.get(), POLLOUT, 0});
-      set.who.emplace_back(q, true);
+      set.who.emplace_back(q, Role::kTx);
     }
   }
   return true;
@@ -434,23 +515,201 @@ bool Engine::collectPollSet(PollSet& set) {
 
 void Engine::serviceReady(const PollSet& set) {
   Completions done;
+  bool connections = false; // a connection step happened: connectPeers may be waiting
   {
     std::unique_lock<std::mutex> lk(mu_); // the queues; dropped around each recv() / send()
     for (size_t i = 1; i < set.fds.size() && broken_.empty() && !stop_; ++i) {
       if (set.fds[i].revents == 0) {
         continue;
       }
-      const auto [q, isTx] = set.who[i - 1];
-      if (isTx) {
-        if (!peers_[q].txBusy) { // else a posting thread is writing this socket now
-          writePeer(q, lk, done);
-        }
-      } else {
-        readPeer(q, lk, done); // the state may have moved since poll(): readPeer looks again
+      const auto [q, role] = set.who[i - 1];
+      switch (role) {
+        case Role::kTx:
+          if (!peers_[q].txBusy) { // else a posting thread is writing this socket now
+            writePeer(q, lk, done);
+          }
+          break;
+        case Role::kRx:
+          readPeer(q, lk, done); // the state may have moved since poll(): readPeer looks again
+          break;
+        case Role::kDial:
+          advanceDialLocked(q, done);
+          connections = true;
+          break;
+        case Role::kListen:
+          acceptLocked();
+          break;
+        case Role::kInbound:
+          readHelloLocked(inbound_[q], done);
+          connections = true;
+          break;
       }
     }
+    // Forget inbound connections that were taken, dropped, or out of time.  (Indices
+    // in `set` are stale from here: it is rebuilt before the next poll.)
+    const Deadline now = Clock::now();
+    inbound_.erase(std::remove_if(inbound_.begin(), inbound_.end(),
+                                  [&](const Inbound& c) { return !c.fd.valid() || now >= c.until; }),
+                   inbound_.end());
+  }
+  if (connections) {
+    {
+      std::lock_guard<std::mutex> lk(mu_); // orders the notify after connectPeers' predicate check
+    }
+    cv_.notify_all();
   }
   runCallbacks(done);
+}
+
+// ---------------------------------------------------------------------------------
+// Connecting on first use
+
+void Engine::startDialLocked(int p, Completions& done) {
+  Peer& P = peers_[p];
+  TORCH_INTERNAL_ASSERT(P.dial == Dial::kNone && p != rank_);
+  SockAddr to;
+  try {
+    to = SockAddr::parse(book_[p].addr);
+  } catch (const std::exception& e) {
+    dialFailedLocked(p, e.what(), done);
+    return;
+  }
+  P.txFd = Fd(::socket(to.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!P.txFd.valid()) {
+    dialFailedLocked(p, c10::str("socket() failed: ", std::strerror(errno)), done);
+    return;
+  }
+  try { // before connect(): buffer sizes set later do not scale the TCP window
+    tuneDataSocket(P.txFd.get(), socketBuffer_, congestion_);
+  } catch (const std::exception& e) {
+    dialFailedLocked(p, e.what(), done);
+    return;
+  }
+  P.dial = Dial::kConnecting;
+  if (::connect(P.txFd.get(), reinterpret_cast<const sockaddr*>(&to.storage), to.len) == 0) {
+    advanceDialLocked(p, done); // connected at once (loopback may): say hello now
+  } else if (errno != EINPROGRESS) {
+    dialFailedLocked(p, std::strerror(errno), done);
+  }
+}
+
+void Engine::advanceDialLocked(int p, Completions& done) {
+  Peer& P = peers_[p];
+  if (P.dial == Dial::kConnecting) {
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (::getsockopt(P.txFd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
+      err = errno;
+    }
+    if (err == EINPROGRESS || err == EALREADY) {
+      return; // not yet: poll() woke for another reason
+    }
+    if (err != 0) {
+      dialFailedLocked(p, std::strerror(err), done);
+      return;
+    }
+    const Hello h{kHelloMagic, kHelloVersion, rank_, p, book_[p].nonce};
+    // A fresh socket's send buffer takes 24 bytes whole, or the connection is dead.
+    const ssize_t w = ::send(P.txFd.get(), &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w != static_cast<ssize_t>(sizeof(h))) {
+      dialFailedLocked(p, w < 0 ? std::strerror(errno) : "the hello was cut short", done);
+      return;
+    }
+    P.dial = Dial::kHello;
+    return;
+  }
+  TORCH_INTERNAL_ASSERT(P.dial == Dial::kHello);
+  uint8_t ack = 0;
+  const ssize_t r = ::recv(P.txFd.get(), &ack, 1, MSG_DONTWAIT);
+  if (r < 0 && wouldBlock(errno)) {
+    return;
+  }
+  if (r != 1 || (ack != uint8_t(HelloAck::kWelcome) && ack != uint8_t(HelloAck::kLeaving))) {
+    dialFailedLocked(p,
+                     r == 0  ? "it closed the connection before welcoming this rank's hello"
+                     : r < 0 ? std::strerror(errno)
+                             : "it answered the hello with an unknown byte",
+                     done);
+    return;
+  }
+  P.dial = Dial::kOpen;
+  if (ack == uint8_t(HelloAck::kLeaving)) {
+    // It is shutting its group down: nothing sent to it would be read.  As a goodbye.
+    goodbyes_.fetch_add(1, std::memory_order_release);
+    endPeerQuietlyLocked(p, done);
+    return;
+  }
+  // Queued sends go at the next pass of the progress loop, which polls for them now.
+}
+
+void Engine::acceptLocked() {
+  // Several may be waiting (an all-to-all's first use); the listener is non-blocking.
+  for (int i = 0; i < 64; ++i) {
+    const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      return; // EAGAIN, or a connection reset before it was taken: nothing to do
+    }
+    inbound_.push_back(Inbound{Fd(fd), Hello{}, 0, Clock::now() + kHelloWindow});
+  }
+}
+
+void Engine::readHelloLocked(Inbound& in, Completions& done) {
+  const ssize_t r =
+      ::recv(in.fd.get(), reinterpret_cast<char*>(&in.hello) + in.got, sizeof(Hello) - in.got, MSG_DONTWAIT);
+  if (r <= 0) {
+    if (r < 0 && wouldBlock(errno)) {
+      return;
+    }
+    in.fd.reset(); // closed or failed before a full hello: not one of ours
+    return;
+  }
+  in.got += static_cast<size_t>(r);
+  if (in.got < sizeof(Hello)) {
+    return;
+  }
+  const Hello& h = in.hello;
+  const int src = h.src;
+  const bool ours = h.magic == kHelloMagic && h.version == kHelloVersion && h.dst == rank_ && h.nonce == nonce_ &&
+                    src >= 0 && src < size_ && src != rank_ && !peers_[src].rxFd.valid();
+  if (!ours) {
+    in.fd.reset();
+    return;
+  }
+  const auto ack = uint8_t(leaving_ ? HelloAck::kLeaving : HelloAck::kWelcome);
+  if (::send(in.fd.get(), &ack, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+    in.fd.reset(); // it is gone already; its own dial fails and says so there
+    return;
+  }
+  if (leaving_) {
+    in.fd.reset();
+    return;
+  }
+  Peer& P = peers_[src];
+  try {
+    tuneDataSocket(in.fd.get(), socketBuffer_, congestion_);
+  } catch (const std::exception& e) {
+    dialFailedLocked(src, e.what(), done);
+    return;
+  }
+  P.rxFd = std::move(in.fd);
+  // Dial back: a pair in use holds both directions, so goodbyes, aborts and a lost
+  // connection are seen from both ends, as on the ring.
+  if (P.dial == Dial::kNone) {
+    startDialLocked(src, done);
+  }
+}
+
+void Engine::dialFailedLocked(int p, const std::string& why, Completions& done) {
+  if (leaving_ && broken_.empty()) {
+    // Saying goodbye (shutdown): a peer that cannot be reached now has left too, as a
+    // lost connection is taken then (failLostPeerLocked).
+    endPeerQuietlyLocked(p, done);
+    return;
+  }
+  failLocked(c10::str("ringpg: rank ", rank_, " could not connect to rank ", p, " at ", book_[p].addr,
+                      " (the first use of that pair): ", why,
+                      " (the peer process probably exited, crashed or was killed, or its group failed)"),
+             done);
 }
 
 void Engine::runCallbacks(Completions& done) {
@@ -543,7 +802,7 @@ void Engine::broadcastAbortLocked() {
       continue;
     }
     const bool midFrame = P.txBusy || (!P.txq.empty() && P.txq.front()->progress > 0);
-    if (!midFrame && !P.rx.closed()) {
+    if (P.dial == Dial::kOpen && !midFrame && !P.rx.closed()) {
       iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(why.data()), why.size()}};
       msghdr msg{};
       msg.msg_iov = iov;
@@ -639,8 +898,8 @@ void Engine::endPeerQuietlyLocked(int p, Completions& done) {
 
 bool Engine::writePeer(int p, std::unique_lock<std::mutex>& lk, Completions& done) {
   Peer& P = peers_[p];
-  if (P.txBusy) {
-    return true; // another thread is writing this socket right now
+  if (P.txBusy || P.dial != Dial::kOpen) {
+    return true; // another thread is writing this socket right now, or it is being dialled
   }
   size_t budget = kPassBytes;
   while (!P.txq.empty() && budget > 0 && broken_.empty()) {

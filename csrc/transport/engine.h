@@ -1,5 +1,13 @@
-// The transport engine: a full mesh of TCP pairs (one socket per direction per peer,
-// so the two directions of a ring never share a socket) driven by one progress thread.
+// The transport engine: TCP pairs (one socket per direction per peer, so the two
+// directions of a ring never share a socket) driven by one progress thread.
+//
+// Connections are made on first use.  The engine keeps the listening socket of the
+// rendezvous (rendezvous.h) and every peer's address; the first send to a peer dials
+// it (Peer::Dial, a state machine the progress thread drives: connect, hello, the
+// peer's acknowledgement), and a rank that accepts a peer's connection dials that peer
+// back, so every pair in use holds both directions, as the ring's neighbours do from
+// creation (connectPeers).  Per direction there is one socket and one dialler, so the
+// two ends never race.
 //
 // Every message is a frame (transport/wire.h): a FrameHeader, then its payload.  Two
 // streams share each socket and are matched separately on the receiving side:
@@ -15,11 +23,12 @@
 //
 // Lengths and keys that arrive from a peer are only compared with what this rank
 // expects; payload is written only into buffers this rank posted, up to their size.
-// Any failure (EOF without goodbye, corrupt frame, mismatch, a deadline) marks the
-// engine broken: every pending and later request fails with the same reason, no
-// byte is read into or written from a user buffer afterwards, and every peer is sent
-// the reason (an Abort frame) before the sockets close, so a failure anywhere
-// reaches every rank at once, not only the failed rank's neighbours.
+// Any failure (EOF without goodbye, corrupt frame, mismatch, a deadline, a peer that
+// cannot be dialled) marks the engine broken: every pending and later request fails
+// with the same reason, no byte is read into or written from a user buffer afterwards,
+// and every connected peer is sent the reason (an Abort frame) before the sockets
+// close.  Each rank that breaks does the same, so the news spreads along the ring (whose
+// neighbours are always connected) to ranks that never connected to the failed one.
 #pragma once
 
 #include <poll.h>
@@ -37,6 +46,7 @@
 
 #include "common/errors.h"
 #include "transport/receiver.h"
+#include "transport/rendezvous.h"
 #include "transport/request.h"
 #include "transport/socket.h"
 #include "transport/wire.h"
@@ -54,14 +64,22 @@ enum class BreakCause : uint8_t {
 
 class Engine {
  public:
-  // tx[q] / rx[q]: connected sockets to / from peer q (invalid for q == rank).
+  // `listener`, `nonce`, `book`: the rendezvous' (rendezvous.h); no peer is connected yet.
   // `congestion`: TCP congestion control for every data socket, "" = the host's default.
-  Engine(int rank, int size, std::vector<Fd> tx, std::vector<Fd> rx, int socketBuffer, const std::string& congestion,
-         int spinMicros);
+  Engine(int rank, int size, Rendezvous rv, int socketBuffer, const std::string& congestion, int spinMicros);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // Connects `peers` both ways (dials each, and waits for each to dial back) before
+  // `deadline`: the links a group's rings use, at its creation.  Throws a network error
+  // naming the peers still missing, or the failure that broke the engine meanwhile.
+  void connectPeers(const std::vector<int>& peers, Deadline deadline);
+  // The peers this rank is connected to, in either direction, ascending (its engine
+  // sockets: up to twice as many).
+  std::vector<int> connectedPeers();
+
+  // Dials `peer` first if no op has used it yet.
   RequestPtr postSend(int peer, const FrameHeader& hdr, const void* data, size_t len,
                       std::function<void(Request&)> onComplete = nullptr);
   // `expect` gives kind and key (and for collectives the fields that must match).
@@ -105,7 +123,7 @@ class Engine {
   bool anyGoodbye() const { return goodbyes_.load(std::memory_order_acquire) != 0; }
 
   // The TCP congestion control the data sockets run ("" in a group of one).
-  std::string congestionControl() const;
+  std::string congestionControl();
 
   // Test hook: queues raw bytes (not a frame) on the socket to `peer`, to play a
   // corrupt or hostile peer in tests.  Never used by ringpg itself.
@@ -118,8 +136,16 @@ class Engine {
   void shutdown(Deadline deadline);
 
  private:
+  // Where our socket to a peer stands.  kNone until the first send to the peer (or its
+  // first connection to us); then kConnecting while connect() is in progress (polled
+  // for POLLOUT), kHello once the hello is written and the peer's one-byte HelloAck is
+  // awaited (polled for POLLIN), kOpen when frames may flow.  A dial that fails breaks
+  // the engine (dialFailedLocked); a peer that answers kLeaving ends as one that said
+  // goodbye.
+  enum class Dial : uint8_t { kNone, kConnecting, kHello, kOpen };
   struct Peer {
-    Fd txFd, rxFd;                  // our socket to the peer / from the peer
+    Dial dial = Dial::kNone;
+    Fd txFd, rxFd;                  // our socket to the peer / from the peer (invalid until connected)
     std::deque<RequestPtr> txq;     // sends, written in order; the head may be part-written
     std::deque<RequestPtr> collPosted; // collective receives, matched in order
     std::deque<RequestPtr> p2pPosted;  // p2p receives from this peer, matched by tag
@@ -135,12 +161,23 @@ class Engine {
     bool txBusy = false;
   };
   using Completions = std::vector<RequestPtr>;
+  // A connection accepted from the listener whose hello has not fully arrived.
+  struct Inbound {
+    Fd fd;
+    Hello hello{};
+    size_t got = 0; // bytes of `hello` read so far
+    Deadline until; // dropped if the hello is not whole by then
+  };
+  // What a polled descriptor is: a peer's receive socket, its send socket (frames, or
+  // a dial in progress), the listener, or inbound_[index].
+  enum class Role : uint8_t { kRx, kTx, kDial, kListen, kInbound };
   // The descriptors one pass of the progress loop waits on: the wake-up eventfd
-  // first, then sockets, with (peer, isTx) for each socket in `who`.  Kept across
-  // passes so building it allocates nothing once it has grown.
+  // first, then sockets, with (peer or inbound index, role) for each in `who`.  Kept
+  // across passes so building it allocates nothing once it has grown.
   struct PollSet {
     std::vector<pollfd> fds;
-    std::vector<std::pair<int, bool>> who;
+    std::vector<std::pair<int, Role>> who;
+    int timeoutMs = -1; // poll()'s: finite while a hello window is open
   };
 
   // The progress thread: wait for a socket that is ready, move its bytes, repeat.
@@ -149,6 +186,16 @@ class Engine {
   bool collectPollSet(PollSet& set);
   // Moves the bytes of every socket poll() found ready.
   void serviceReady(const PollSet& set);
+  // Connection set-up, with mu_ held.  startDialLocked: a non-blocking connect() to
+  // peer p; advanceDialLocked: the next step once p's send socket is ready;
+  // acceptLocked: takes the listener's new connections; readHelloLocked: reads
+  // inbound_[i]'s hello and, when whole and valid, makes it peer's receive socket
+  // (and dials that peer back); dialFailedLocked: breaks the engine, naming the peer.
+  void startDialLocked(int p, Completions& done);
+  void advanceDialLocked(int p, Completions& done);
+  void acceptLocked();
+  void readHelloLocked(Inbound& in, Completions& done);
+  void dialFailedLocked(int p, const std::string& why, Completions& done);
   void wake();
   // All helpers below run with mu_ held; readPeer/writePeer release it around the
   // socket syscalls (so one rank's sending and receiving copies run in parallel).
@@ -194,7 +241,15 @@ class Engine {
   const int rank_;
   const int size_;
   const int spinMicros_;
+  const int socketBuffer_;       // tuneDataSocket's, for every socket made later
+  const std::string congestion_; // likewise
+  const uint64_t nonce_;         // what hellos to this rank must quote
+  const std::vector<PeerAddress> book_; // where each peer listens
   std::vector<Peer> peers_;
+  // The listener and the connections it gave that are still saying hello: the progress
+  // thread's alone (it polls, accepts and closes them; under mu_ all the same).
+  Fd listener_;
+  std::vector<Inbound> inbound_;
   std::deque<RequestPtr> anyPosted_; // p2p receives from any source
   std::vector<std::string> rawKeepAlive_; // buffers of debugSendRaw
   Fd wake_;                           // eventfd that interrupts poll()

@@ -1,0 +1,231 @@
+"""Scale (issue 33): connections made on first use, failure news that reaches ranks never
+connected to the failed one, and the small allreduce of many ranks.
+
+A group connects its rings' neighbours at creation and every other peer the first time
+an op needs it (``RINGPG_CONNECT=all``: every peer at creation); ``connected_peers``
+says which.  Results are compared with gloo on the same ranks and inputs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from harness import (
+    KILL_DETECT_S,
+    TRANSPORT_ENVS,
+    Checker,
+    CheckReport,
+    Groups,
+    InitSpec,
+    assert_reports_ok,
+    backend_under_test,
+    cpu_backend,
+    data_kind,
+    dtype_name,
+    expect_error,
+    init_ringpg,
+    make_data,
+    ref_all_reduce,
+    run_scenario,
+    run_workers,
+    skip_case,
+    traced_algorithms,
+    transport_expected,
+)
+
+from benchmarks.backends import transport_of
+
+pytestmark = pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringpg's connections and algorithms")
+
+# One host's transports (the "mixed" emulated hosts reorder the ring; test_hierarchical.py
+# covers their creation-time links through every op).
+ONE_HOST = ("shm", "tcp", "gloo")
+# 1 MiB of float32: past the one-shot allreduce's limit at 5 ranks, so the ring.
+RING_NUMEL = 1 << 18
+
+
+def ring_neighbours(b: Any, rank: int) -> list[int]:
+    ring = list(b.ring_order)
+    at = ring.index(rank)
+    return sorted({ring[at - 1], ring[(at + 1) % len(ring)]} - {rank})
+
+
+def first_use_worker(rank: int, ws: int, groups: Groups, transport: str) -> CheckReport:
+    """Neighbours at creation; a ring allreduce adds none; a send to a far rank connects
+    that pair both ways; an all-to-all connects the rest.  Results equal gloo's."""
+    chk = Checker(rank)
+    b = cpu_backend(groups.test)
+    chk.true("transport", transport_of(groups.test) == transport_expected(transport, ws), transport_of(groups.test))
+    near = ring_neighbours(b, rank)
+    chk.true("only the ring's neighbours at creation", b.connected_peers == near, f"{b.connected_peers} != {near}")
+    # (Each look at the connections comes before any rank's next op on the group, which
+    # may dial this rank: the gloo barriers.)
+    dist.barrier(group=groups.ref)
+
+    x = make_data(rank, "first use ring", (RING_NUMEL,), torch.float32)
+    got = x.clone()
+    dist.all_reduce(got, group=groups.test)
+    chk.equal("ring all_reduce", got, ref_all_reduce(x, "SUM", groups.ref))
+    chk.true("a ring all_reduce connects nothing more", b.connected_peers == near, str(b.connected_peers))
+    dist.barrier(group=groups.ref)
+
+    # Two ranks two steps apart on the ring: never connected until this send.
+    ring = list(b.ring_order)
+    src, dst = ring[0], ring[2]
+    payload = torch.arange(7, dtype=torch.int64) + 100
+    if rank == src:
+        dist.send(payload, dst, group=groups.test)
+    elif rank == dst:
+        into = torch.zeros(7, dtype=torch.int64)
+        dist.recv(into, src, group=groups.test)
+        chk.equal("send to a rank never connected", into, payload)
+    dist.barrier(group=groups.ref)
+    if rank in (src, dst):
+        other = dst if rank == src else src
+        chk.true("the pair is connected after its first use", other in b.connected_peers, str(b.connected_peers))
+    before = b.connected_peers
+    dist.barrier(group=groups.ref)
+    inp = make_data(rank, "first use a2a", (ws * 3,), torch.int32)
+    out, ref = torch.empty_like(inp), torch.empty_like(inp)
+    dist.all_to_all_single(out, inp, group=groups.test)
+    dist.all_to_all_single(ref, inp, group=groups.ref)
+    chk.equal("all_to_all_single", out, ref)
+    # Over Gloo's pairs the collectives' data bypasses ringpg's engine (its control and
+    # point-to-point links stay as they were).
+    want = before if transport == "gloo" else [q for q in range(ws) if q != rank]
+    chk.true("an all-to-all connects every peer it sends to", b.connected_peers == want, str(b.connected_peers))
+    return chk.report()
+
+
+@pytest.mark.parametrize("transport", ONE_HOST)
+def test_peers_are_connected_on_first_use(transport: str) -> None:
+    spec = InitSpec(env=TRANSPORT_ENVS[transport])
+    assert_reports_ok(run_workers(first_use_worker, 5, transport, spec, timeout=120))
+
+
+def connect_all_worker(rank: int, ws: int, groups: Groups, _: Any) -> CheckReport:
+    chk = Checker(rank)
+    b = cpu_backend(groups.test)
+    everyone = [q for q in range(ws) if q != rank]
+    want = everyone if rank == 0 else sorted(set(ring_neighbours(b, rank)) | {0})
+    chk.true("connections at creation", b.connected_peers == want, f"{b.connected_peers} != {want}")
+    dist.barrier(group=groups.ref)  # every rank has looked before the one-shot connects everyone
+    x = make_data(rank, "connect all", (1000,), torch.int64)
+    got = x.clone()
+    dist.all_reduce(got, group=groups.test)
+    chk.equal("all_reduce", got, ref_all_reduce(x, "SUM", groups.ref))
+    return chk.report()
+
+
+def test_connect_all_on_one_rank_connects_it_to_everyone() -> None:
+    """RINGPG_CONNECT=all on rank 0 alone: it dials every peer at creation, each dials it
+    back, and the others keep to their neighbours otherwise (the setting may differ)."""
+    spec = InitSpec(env=TRANSPORT_ENVS["tcp"], rank0_env=(("RINGPG_CONNECT", "all"),))
+    assert_reports_ok(run_workers(connect_all_worker, 5, None, spec, timeout=120))
+
+
+# ------------------------------------------------------------------ failure news
+
+VICTIM = 2  # at 5 ranks on one host: the ring 0-1-2-3-4, so rank 0 and rank 4 are not its neighbours
+
+
+def _die_before_first_use(rank: int, ws: int, port: int, args: Any) -> dict:
+    stamp, far_op = args
+    init_ringpg(rank, ws, port)
+    import ringpg
+
+    b = ringpg.backend()
+    x = torch.ones(RING_NUMEL)
+    dist.all_reduce(x)  # the ring: rank 0 and the victim stay unconnected
+    peers = b.connected_peers
+    if rank == VICTIM:
+        with open(stamp, "w") as f:
+            f.write(repr(time.time()))
+        os._exit(1)
+    if rank == 0:
+        time.sleep(0.5)  # the victim is gone before rank 0's first use of it
+        if far_op == "send":
+            kind, msg, _ = expect_error(lambda: dist.send(torch.ones(4), VICTIM))
+            if not kind:  # the bytes fit the socket: the next op learns of the loss
+                kind, msg, _ = expect_error(lambda: dist.all_reduce(x))
+        else:
+            kind, msg, _ = expect_error(lambda: dist.all_reduce(x))
+    else:
+        kind, msg, _ = expect_error(lambda: dist.all_reduce(x))
+    return {"peers": peers, "type": kind, "msg": msg, "t": time.time(), "transport": transport_of(dist.group.WORLD)}
+
+
+@pytest.mark.parametrize("transport", ("shm", "tcp"))
+@pytest.mark.parametrize("far_op", ("send", "all_reduce"))
+def test_a_death_reaches_ranks_never_connected_to_it(tmp_path: Any, transport: str, far_op: str) -> None:
+    """The victim dies; rank 0, never connected to it, either dials it (send: refused, or
+    the loss comes with the next op) or waits in the ring (all_reduce: the news comes
+    along the ring).  Every survivor raises a typed error naming the victim, fast."""
+    stamp = str(tmp_path / "died")
+    ws = 5
+    res = run_scenario(
+        _die_before_first_use,
+        ws,
+        (stamp, far_op),
+        expect={r for r in range(ws) if r != VICTIM},
+        env=dict(TRANSPORT_ENVS[transport]),
+    )
+    with open(stamp) as f:
+        died = float(f.read())
+    assert VICTIM not in res[0]["peers"] and VICTIM not in res[4]["peers"], res
+    for r, v in res.items():
+        assert v["transport"] == transport_expected(transport, ws), (r, v)
+        assert v["type"] in ("DistNetworkError", "DistBackendError"), (r, v)
+        assert f"rank {VICTIM}" in v["msg"] and f"rank {r}" in v["msg"], (r, v["msg"])
+        assert v["t"] - died < KILL_DETECT_S, (r, v["t"] - died, v["msg"])
+
+
+# ------------------------------------------------------------------ many ranks, small allreduce
+
+WS_DOUBLING = 9  # past one-shot's eight ranks, and not a power of two (one rank folds in)
+DOUBLING_CASES = (
+    (torch.int32, ("SUM", "MAX", "MIN", "PRODUCT")),
+    (torch.float32, ("SUM",)),
+    (torch.bfloat16, ("SUM", "MAX")),
+)
+
+
+def doubling_worker(rank: int, ws: int, groups: Groups, _: Any) -> CheckReport:
+    """Small all_reduces at 9 ranks over TCP equal gloo's (integer-valued data: exact),
+    and every rank holds the same bits."""
+    chk = Checker(rank)
+    b = cpu_backend(groups.test)
+    for dtype, ops in DOUBLING_CASES:
+        for op in ops:
+            if skip_case(backend_under_test(), op, dtype):
+                continue
+            for n in (0, 1, ws - 1, 1000):
+                case = f"all_reduce op={op} dtype={dtype_name(dtype)} numel={n}"
+                x = make_data(rank, case, (n,), dtype, data_kind(op))
+                got = x.clone()
+                dist.all_reduce(got, op=getattr(dist.ReduceOp, op), group=groups.test)
+                chk.equal(case, got, ref_all_reduce(x, op, groups.ref))
+    y = torch.randn(333, generator=torch.Generator().manual_seed(rank))
+    dist.all_reduce(y, group=groups.test)
+    every = [torch.empty_like(y) for _ in range(ws)]
+    dist.all_gather(every, y, group=groups.ref)
+    chk.true("random floats: the same bits on every rank", all(torch.equal(every[0], t) for t in every))
+    # Neighbours and at most log2(8) + 1 partners: O(log N) connections, not all N - 1.
+    # (Rank 0 aside: under RINGPG_TRACE every rank syncs its clock with rank 0, which is
+    # connected to all; the others count it once.)
+    if rank != 0:
+        chk.true("connections", len(set(b.connected_peers) - {0}) <= 2 + 4, str(b.connected_peers))
+    return chk.report()
+
+
+def test_small_allreduce_of_many_ranks_doubles_recursively(tmp_path: Any) -> None:
+    env = (*TRANSPORT_ENVS["tcp"], ("RINGPG_TRACE", str(tmp_path)))
+    assert_reports_ok(run_workers(doubling_worker, WS_DOUBLING, None, InitSpec(env=env), timeout=180))
+    algorithms = traced_algorithms(str(tmp_path), "all_reduce")
+    assert algorithms.get(1000 * 4) == {"recursive_doubling"}, algorithms
+    assert algorithms.get(333 * 4) == {"recursive_doubling"}, algorithms
