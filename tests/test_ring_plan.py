@@ -169,3 +169,31 @@ def test_malformed_store_values_are_refused(packed: bytes, count: int) -> None:
     group's is an error naming the Store, never a wrong address or setting."""
     with pytest.raises(RuntimeError, match="Store"):
         _C.unpack_values(packed, count)
+
+
+@pytest.mark.parametrize("size", range(1, 40))
+def test_recursive_doubling_pairs_agree_and_sum_every_rank_once(size: int) -> None:
+    """Recursive doubling (direct.h): the folds and every round's pairs are symmetric, and
+    a symbolic run leaves every rank with every rank's contribution exactly once."""
+    plans = [_C.recursive_doubling(size, r) for r in range(size)]
+    held = {r: [r] for r in range(size)}  # the contributions each rank's buffer holds
+    for r, (into, frm, _) in enumerate(plans):
+        if into >= 0:
+            assert plans[into][1] == r and plans[into][0] == -1, (size, r)
+            held[into] = held[into] + held[r]
+        if frm >= 0:
+            assert plans[frm][0] == r, (size, r)
+    active = [r for r in range(size) if plans[r][0] < 0]
+    m = 1 << (size.bit_length() - 1)
+    assert len(active) == m and all(len(plans[r][2]) == m.bit_length() - 1 for r in active)
+    for rnd in range(m.bit_length() - 1):
+        new = {}
+        for r in active:
+            q = plans[r][2][rnd]
+            assert q in active and q != r and plans[q][2][rnd] == r, (size, r, rnd)
+            new[r] = held[r] + held[q]
+        held.update(new)
+    for r in range(size):
+        into = plans[r][0]
+        final = held[into] if into >= 0 else held[r]
+        assert sorted(final) == list(range(size)), (size, r, final)
