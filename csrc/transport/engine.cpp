@@ -537,7 +537,7 @@ void Engine::serviceReady(const PollSet& set) {
           connections = true;
           break;
         case Role::kListen:
-          acceptLocked();
+          acceptLocked(done);
           break;
         case Role::kInbound:
           readHelloLocked(inbound_[q], done);
@@ -576,7 +576,15 @@ void Engine::startDialLocked(int p, Completions& done) {
   }
   P.txFd = Fd(::socket(to.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!P.txFd.valid()) {
-    dialFailedLocked(p, c10::str("socket() failed: ", std::strerror(errno)), done);
+    const int err = errno;
+    // Not the peer's doing: this process is out of descriptors (or memory).
+    failLocked(
+        c10::str("ringpg: rank ", rank_, " could not open a socket to connect to rank ", p, ": ", std::strerror(err),
+                 err == EMFILE || err == ENFILE
+                     ? " (this process has reached its limit on open files, ulimit -n: each connected peer "
+                       "takes two; RINGPG_CONNECT=lazy connects only the peers the ops use)"
+                     : ""),
+        done);
     return;
   }
   try { // before connect(): buffer sizes set later do not scale the TCP window
@@ -642,10 +650,19 @@ void Engine::advanceDialLocked(int p, Completions& done) {
   // Queued sends go at the next pass of the progress loop, which polls for them now.
 }
 
-void Engine::acceptLocked() {
+void Engine::acceptLocked(Completions& done) {
   // Several may be waiting (an all-to-all's first use); the listener is non-blocking.
   for (int i = 0; i < 64; ++i) {
     const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+      // The connection stays queued and the listener readable: poll() would spin on
+      // it.  A peer this rank cannot take fails the group, saying why.
+      failLocked(c10::str("ringpg: rank ", rank_, " could not accept a peer's connection: ", std::strerror(errno),
+                          " (this process has reached its limit on open files, ulimit -n, or on memory: each "
+                          "connected peer takes two sockets)"),
+                 done);
+      return;
+    }
     if (fd < 0) {
       return; // EAGAIN, or a connection reset before it was taken: nothing to do
     }

@@ -193,7 +193,7 @@ class Engine {
   // (and dials that peer back); dialFailedLocked: breaks the engine, naming the peer.
   void startDialLocked(int p, Completions& done);
   void advanceDialLocked(int p, Completions& done);
-  void acceptLocked();
+  void acceptLocked(Completions& done);
   void readHelloLocked(Inbound& in, Completions& done);
   void dialFailedLocked(int p, const std::string& why, Completions& done);
   void wake();

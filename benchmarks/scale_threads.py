@@ -1,0 +1,221 @@
+"""Ranks as threads: ringpg's own costs at 64 to 1,024 ranks on one machine.
+
+    python -m benchmarks.scale_threads                      # 64, 256 and 1024 ranks
+    python -m benchmarks.scale_threads --world-sizes 64 --ops allreduce,alltoall
+
+Each rank is a thread that creates its own ringpg group (``RingBackend``, over real
+loopback sockets, ``RINGPG_TRANSPORT=tcp``), as torchft's tests run ranks as threads; the
+threads live in a few processes (``--processes``, default one per 256 ranks: each
+process's descriptor limit, raised to its hard limit, must hold its ranks' sockets,
+about six per rank after creation, 2(N-1) after an all-to-all), forked from a server
+that imported torch, so torch's import is paid once. The Store's server runs in the
+launcher, and each rank has a client of its own (not counted). Printed per world size: the creation time (from the moment every process and
+Store client is up to the last group's return), and per rank: sockets, threads and resident
+memory that creation added; then each op (checked on every rank), timed from the first
+process's start to the last one's end, and the sockets per rank after it. Issue 33;
+figures go to benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable, List
+
+import torch
+import torch.distributed as dist
+
+from benchmarks.launch import run_ranks
+from benchmarks.machine import rss_mb
+
+# One ring allreduce's elements per rank: 256 KiB, past the small allreduce's limit.
+RING_NUMEL = 1 << 16
+SMALL_NUMEL = 8  # recursive doubling past 8 ranks
+
+
+def _count(kind: str) -> int:
+    """Open sockets ("socket") or threads ("task") of this process."""
+    if kind == "task":
+        return len(os.listdir("/proc/self/task"))
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return n
+
+
+def _on_ranks(ranks: range, fn: Callable[[int], Any]) -> List[Any]:
+    """fn(rank) on one thread per rank, all at once; the results in rank order; the first
+    error re-raised."""
+    out: List[Any] = [None] * len(ranks)
+    errors: List[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            out[i] = fn(ranks[i])
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(ranks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out
+
+
+def _store_barrier(store: Any, key: str, n: int) -> None:
+    store.add(key, 1)
+    while store.add(key, 0) < n:
+        time.sleep(0.002)
+
+
+def _process(
+    index: int, procs: int, _port: int, ws: int, ops: List[str], timeout_s: float, store_port: int, q: Any
+) -> None:
+    """Process `index` of `procs`: holds ranks index*ws/procs ... as threads."""
+    from ringpg._loader import load_extension
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    torch.set_num_threads(1)
+    os.environ.setdefault("RINGPG_TRANSPORT", "tcp")
+    C = load_extension()
+    per = ws // procs
+    mine = range(index * per, (index + 1) * per)
+
+    # A Store client per rank: one client's socket carries one request at a time, and
+    # group creation blocks in get() on several threads at once.  Opened before the
+    # counts start, so they count the groups' sockets only.
+    def client() -> Any:
+        return dist.TCPStore("127.0.0.1", store_port, procs + 1, False, timeout=timedelta(seconds=timeout_s))
+
+    store = client()
+    stores = {r: client() for r in mine}
+    sockets0, threads0, rss0 = _count("socket"), _count("task"), rss_mb()
+    _store_barrier(store, "go", procs)
+    go = time.time()
+    groups = dict(
+        zip(
+            mine,
+            _on_ranks(mine, lambda r: C.RingBackend(stores[r], r, ws, timedelta(seconds=timeout_s), f"t{ws}", "tcp")),
+        )
+    )
+    res: dict = {
+        "go": go,
+        "created": time.time(),
+        "sockets": _count("socket") - sockets0,
+        "threads": _count("task") - threads0,
+        "rss_mb": rss_mb() - rss0,
+    }
+    for op in ops:
+        _store_barrier(store, f"start {op}", procs)
+        t0 = time.time()
+        try:
+            ok = all(_on_ranks(mine, lambda r, run=_OPS[op]: run(groups[r], r, ws)))
+        except Exception as e:  # noqa: BLE001 - reported in the table's row
+            ok = False
+            res.setdefault("errors", []).append(f"{op}: {e}")
+        res[op] = (t0, time.time(), ok, _count("socket") - sockets0)
+    _store_barrier(store, "done", procs)
+    _on_ranks(mine, lambda r: groups[r].shutdown())
+    q.put(res)
+
+
+def measure(ws: int, procs: int, ops: List[str], timeout_s: float) -> dict:
+    """ws ranks as threads of `procs` processes (forked from a server that imported
+    torch), over a TCPStore served here."""
+    server = dist.TCPStore("127.0.0.1", 0, procs + 1, True, wait_for_workers=False)
+    parts = run_ranks(_process, procs, (ws, ops, timeout_s, server.port), timeout_s + 60, "forkserver")
+    res: dict = {
+        "ranks": ws,
+        # From the first process's start (every process and Store client up) to the last group.
+        "create_s": max(p["created"] for p in parts) - min(p["go"] for p in parts),
+        "sockets": sum(p["sockets"] for p in parts) / ws,
+        "threads": sum(p["threads"] for p in parts) / ws,
+        "rss_mb": sum(p["rss_mb"] for p in parts) / ws,
+    }
+    res["errors"] = [e for p in parts for e in p.get("errors", [])]
+    for op in ops:
+        start = min(p[op][0] for p in parts)
+        res[op] = (
+            max(p[op][1] for p in parts) - start,
+            all(p[op][2] for p in parts),
+            sum(p[op][3] for p in parts) / ws,
+        )
+    return res
+
+
+def _ring_allreduce(b: Any, r: int, ws: int) -> bool:
+    x = torch.full((RING_NUMEL,), float(r % 7))
+    b.allreduce([x]).wait()
+    want = float(sum(q % 7 for q in range(ws)))
+    return bool((x == want).all())
+
+
+def _small_allreduce(b: Any, r: int, ws: int) -> bool:
+    x = torch.full((SMALL_NUMEL,), r, dtype=torch.int64)
+    b.allreduce([x]).wait()
+    return bool((x == ws * (ws - 1) // 2).all())
+
+
+def _alltoall(b: Any, r: int, ws: int) -> bool:
+    inp = torch.arange(ws, dtype=torch.int32) + r * ws  # block q goes to rank q
+    out = torch.empty(ws, dtype=torch.int32)
+    b.alltoall_base(out, inp, [], [], dist.AllToAllOptions()).wait()
+    return bool(torch.equal(out, torch.arange(ws, dtype=torch.int32) * ws + r))
+
+
+_OPS = {"allreduce": _ring_allreduce, "small_allreduce": _small_allreduce, "alltoall": _alltoall}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world-sizes", default="64,256,1024")
+    ap.add_argument("--ops", default="allreduce,small_allreduce,alltoall", help=f"of {','.join(_OPS)}")
+    ap.add_argument("--timeout", type=float, default=300.0, help="each group's timeout, seconds")
+    ap.add_argument(
+        "--processes", type=int, default=0, help="processes the ranks are spread over (default: one per 256 ranks)"
+    )
+    args = ap.parse_args()
+    ops = [o for o in args.ops.split(",") if o]
+    for o in ops:
+        if o not in _OPS:
+            ap.error(f"unknown op {o!r}")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    print(
+        f"# ranks as threads; fd limit per process {soft} -> {hard}; {os.cpu_count()} CPUs; torch {torch.__version__}"
+    )
+    head = f"{'ranks':>5} {'procs':>5} {'create s':>9} {'sockets':>8} {'threads':>8} {'RSS MB':>7}"
+    print(head + "".join(f" {o + ' s':>18} {'ok':>3} {'sockets':>8}" for o in ops))
+    for ws in (int(w) for w in args.world_sizes.split(",")):
+        procs = args.processes or max(1, ws // 256)
+        if ws % procs:
+            ap.error(f"{ws} ranks do not split evenly over {procs} processes")
+        # An all-to-all connects every pair: 2(ws - 1) sockets per rank, and a process
+        # holds both ends of its ranks' pairs with each other.
+        need = (ws // procs) * 2 * (ws - 1) + 64
+        run_ops = [o for o in ops if o != "alltoall" or need <= hard]
+        if len(run_ops) < len(ops):
+            print(f"# {ws} ranks: alltoall skipped: about {need} descriptors per process, over the limit {hard}")
+        r = measure(ws, procs, run_ops, args.timeout)
+        line = f"{ws:5d} {procs:5d} {r['create_s']:9.2f} {r['sockets']:8.2f} {r['threads']:8.2f} {r['rss_mb']:7.2f}"
+        for o in ops:
+            took, ok, socks = r.get(o, (float("nan"), None, float("nan")))
+            line += f" {took:18.2f} {'-' if ok is None else 'yes' if ok else 'NO':>3} {socks:8.2f}"
+        print(line, flush=True)
+        for e in r["errors"][:3]:
+            print(f"#   {e[:300]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
