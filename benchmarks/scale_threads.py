@@ -191,6 +191,7 @@ def main() -> int:
         if o not in _OPS:
             ap.error(f"unknown op {o!r}")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the Store's server: a socket per rank
     print(
         f"# ranks as threads; fd limit per process {soft} -> {hard}; {os.cpu_count()} CPUs; torch {torch.__version__}"
     )

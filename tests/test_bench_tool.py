@@ -423,20 +423,53 @@ def test_workload_counts_checked_ops_and_reports_memory_and_faults() -> None:
 
 
 def test_scale_reports_creation_and_sockets_per_rank() -> None:
-    """benchmarks.scale at 3 ranks: both backends create, run a checked allreduce and leave;
-    a ringpg rank holds one socket to and one from each of its ring neighbours (at 3
-    ranks, every peer), its listener (kept for peers connecting on first use) and its
-    Store client."""
+    """benchmarks.scale at 5 ranks: every backend creates, runs a checked allreduce and
+    leaves; a ringpg rank holds one socket to and one from each of its two ring
+    neighbours, its listener (kept for peers connecting on first use) and its Store
+    client; under RINGPG_CONNECT=all, both to every peer."""
     p = subprocess.run(
-        [sys.executable, "-m", "benchmarks.scale", "--world-sizes", "3", "--backends", "ringpg,gloo", "--repeat", "2"],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.scale",
+            "--world-sizes",
+            "5",
+            "--backends",
+            "ringpg,ringpg-all,gloo",
+            "--repeat",
+            "1",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=180,
     )
     assert p.returncode == 0, p.stdout + p.stderr
-    rows = {line.split()[1]: line.split() for line in p.stdout.splitlines() if line.split()[:1] == ["3"]}
-    assert set(rows) == {"ringpg", "gloo"} and all(r[-1] == "yes" for r in rows.values()), p.stdout
+    rows = {line.split()[1]: line.split() for line in p.stdout.splitlines() if line.split()[:1] == ["5"]}
+    assert set(rows) == {"ringpg", "ringpg-all", "gloo"} and all(r[-1] == "yes" for r in rows.values()), p.stdout
     best, median = (float(x) for x in rows["ringpg"][2].split("/"))
     assert 0 < best <= median, rows
     assert int(rows["ringpg"][3]) == 2 * 2 + 2 and int(rows["ringpg"][4]) == 2 * 2 + 2, rows
+    assert int(rows["ringpg-all"][3]) == 2 * 4 + 2 and int(rows["ringpg-all"][4]) == 2 * 4 + 2, rows
+
+
+def test_scale_threads_runs_ranks_as_threads_and_checks_every_op() -> None:
+    """benchmarks.scale_threads at 12 ranks in 2 processes: creation leaves a listener and
+    two neighbours both ways per rank (5 sockets, the pairs' both ends in the harness), a
+    ring allreduce adds none, recursive doubling adds its partners, an all-to-all every
+    peer; every op checked."""
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.scale_threads", "--world-sizes", "12", "--processes", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    row = next(line.split() for line in p.stdout.splitlines() if line.split()[:2] == ["12", "2"])
+    create_s, sockets = float(row[2]), float(row[3])
+    assert 0 < create_s and sockets == 5.0, p.stdout
+    ar, small, a2a = row[6:9], row[9:12], row[12:15]
+    assert [ar[1], small[1], a2a[1]] == ["yes", "yes", "yes"], p.stdout
+    assert float(ar[2]) == 5.0 and 5.0 < float(small[2]) <= 1 + 2 * (2 + 4), p.stdout
+    assert float(a2a[2]) == 1 + 2 * 11, p.stdout
