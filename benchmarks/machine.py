@@ -17,6 +17,22 @@ from typing import Dict, Mapping, Optional
 import torch
 
 
+def open_sockets() -> int:
+    """How many sockets this process has open (Linux: its /proc/self/fd links)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return n
+
+
+def threads() -> int:
+    """How many threads this process runs (Linux: /proc/self/task)."""
+    return len(os.listdir("/proc/self/task"))
+
+
 def rss_mb() -> float:
     """This process's resident memory (VmRSS), in MiB."""
     with open("/proc/self/status") as f:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.launch import add_start_argument, run_ranks
-from benchmarks.machine import rss_mb
+from benchmarks.machine import open_sockets, rss_mb, threads
 
 BACKENDS = {
     "ringpg": ("ringpg", {}),
@@ -38,22 +38,12 @@ BACKENDS = {
 }
 
 
-def _sockets() -> int:
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:
-            pass
-    return n
-
-
 def _rank(rank: int, ws: int, _port: int, backend: str, env: Dict[str, str], store_port: int, q: Any) -> None:
     os.environ.update(env)
     torch.set_num_threads(1)
     if backend == "ringpg":
         import ringpg  # noqa: F401
-    before = _sockets()
+    before = open_sockets()
     store = dist.TCPStore("127.0.0.1", store_port, ws, False, timeout=datetime.timedelta(seconds=120))
     # Every rank has reached the Store before the clock starts: what is timed is the
     # group's creation, not the ranks' start nor a connect to the Store's server that the
@@ -69,14 +59,14 @@ def _rank(rank: int, ws: int, _port: int, backend: str, env: Dict[str, str], sto
     res = {
         "rank": rank,
         "create_s": created,
-        "sockets_created": _sockets() - before,
-        "threads": len(os.listdir("/proc/self/task")),
+        "sockets_created": open_sockets() - before,
+        "threads": threads(),
         "rss_mb": rss_mb(),
     }
     x = torch.full((1 << 18,), float(rank))
     dist.all_reduce(x)
     res["ok"] = bool((x == ws * (ws - 1) / 2).all())
-    res["sockets_after_allreduce"] = _sockets() - before
+    res["sockets_after_allreduce"] = open_sockets() - before
     dist.barrier()
     dist.destroy_process_group()
     q.put(res)

@@ -30,24 +30,11 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.launch import run_ranks
-from benchmarks.machine import rss_mb
+from benchmarks.machine import open_sockets, rss_mb, threads
 
 # One ring allreduce's elements per rank: 256 KiB, past the small allreduce's limit.
 RING_NUMEL = 1 << 16
 SMALL_NUMEL = 8  # recursive doubling past 8 ranks
-
-
-def _count(kind: str) -> int:
-    """Open sockets ("socket") or threads ("task") of this process."""
-    if kind == "task":
-        return len(os.listdir("/proc/self/task"))
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:
-            pass
-    return n
 
 
 def _on_ranks(ranks: range, fn: Callable[[int], Any]) -> List[Any]:
@@ -100,7 +87,7 @@ def _process(
 
     store = client()
     stores = {r: client() for r in mine}
-    sockets0, threads0, rss0 = _count("socket"), _count("task"), rss_mb()
+    sockets0, threads0, rss0 = open_sockets(), threads(), rss_mb()
     _store_barrier(store, "go", procs)
     go = time.time()
     groups = dict(
@@ -112,8 +99,8 @@ def _process(
     res: dict = {
         "go": go,
         "created": time.time(),
-        "sockets": _count("socket") - sockets0,
-        "threads": _count("task") - threads0,
+        "sockets": open_sockets() - sockets0,
+        "threads": threads() - threads0,
         "rss_mb": rss_mb() - rss0,
     }
     for op in ops:
@@ -124,7 +111,7 @@ def _process(
         except Exception as e:  # noqa: BLE001 - reported in the table's row
             ok = False
             res.setdefault("errors", []).append(f"{op}: {e}")
-        res[op] = (t0, time.time(), ok, _count("socket") - sockets0)
+        res[op] = (t0, time.time(), ok, open_sockets() - sockets0)
     _store_barrier(store, "done", procs)
     _on_ranks(mine, lambda r: groups[r].shutdown())
     q.put(res)
