@@ -87,6 +87,13 @@ def add_start_argument(ap: Any) -> None:
     )
 
 
+def store_barrier(store: Any, key: str, n: int) -> None:
+    """Counts this caller in at ``key`` of a c10d Store and returns once ``n`` callers have."""
+    store.add(key, 1)
+    while store.add(key, 0) < n:
+        time.sleep(0.002)
+
+
 def run_ranks(
     target: Callable[..., None], world_size: int, args: Tuple[Any, ...], timeout: float, method: str = "spawn"
 ) -> List[Any]:

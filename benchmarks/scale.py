@@ -27,7 +27,7 @@ from typing import Any, Dict, List
 import torch
 import torch.distributed as dist
 
-from benchmarks.launch import add_start_argument, run_ranks
+from benchmarks.launch import add_start_argument, run_ranks, store_barrier
 from benchmarks.machine import open_sockets, rss_mb, threads
 
 BACKENDS = {
@@ -49,9 +49,7 @@ def _rank(rank: int, ws: int, _port: int, backend: str, env: Dict[str, str], sto
     # group's creation, not the ranks' start nor a connect to the Store's server that the
     # kernel dropped and TCP retried seconds later (32 ranks connecting at once now and
     # then meet that, whatever the backend).
-    store.add("scale/ready", 1)
-    while store.add("scale/ready", 0) < ws:
-        time.sleep(0.002)
+    store_barrier(store, "scale/ready", ws)
     t0 = time.monotonic()
     dist.init_process_group(backend, store=store, rank=rank, world_size=ws)
     dist.barrier()

@@ -29,7 +29,7 @@ from typing import Any, Callable, List
 import torch
 import torch.distributed as dist
 
-from benchmarks.launch import run_ranks
+from benchmarks.launch import run_ranks, store_barrier
 from benchmarks.machine import open_sockets, rss_mb, threads
 
 # One ring allreduce's elements per rank: 256 KiB, past the small allreduce's limit.
@@ -59,12 +59,6 @@ def _on_ranks(ranks: range, fn: Callable[[int], Any]) -> List[Any]:
     return out
 
 
-def _store_barrier(store: Any, key: str, n: int) -> None:
-    store.add(key, 1)
-    while store.add(key, 0) < n:
-        time.sleep(0.002)
-
-
 def _process(
     index: int, procs: int, _port: int, ws: int, ops: List[str], timeout_s: float, store_port: int, q: Any
 ) -> None:
@@ -88,7 +82,7 @@ def _process(
     store = client()
     stores = {r: client() for r in mine}
     sockets0, threads0, rss0 = open_sockets(), threads(), rss_mb()
-    _store_barrier(store, "go", procs)
+    store_barrier(store, "go", procs)
     go = time.time()
     groups = dict(
         zip(
@@ -104,7 +98,7 @@ def _process(
         "rss_mb": rss_mb() - rss0,
     }
     for op in ops:
-        _store_barrier(store, f"start {op}", procs)
+        store_barrier(store, f"start {op}", procs)
         t0 = time.time()
         try:
             ok = all(_on_ranks(mine, lambda r, run=_OPS[op]: run(groups[r], r, ws)))
@@ -112,7 +106,7 @@ def _process(
             ok = False
             res.setdefault("errors", []).append(f"{op}: {e}")
         res[op] = (t0, time.time(), ok, open_sockets() - sockets0)
-    _store_barrier(store, "done", procs)
+    store_barrier(store, "done", procs)
     _on_ranks(mine, lambda r: groups[r].shutdown())
     q.put(res)
 

@@ -181,15 +181,9 @@ AllreduceAlgo chooseAllreduce(const OpContext& c, size_t bytes, const c10::Devic
       bytes * static_cast<size_t>(c.size() - 1) * sharers <= c.config().oneShotBytes) {
     return AllreduceAlgo::OneShot;
   }
-  if (!oneShotOverSockets && c.size() > kOneShotMostRanks) {
-    const RecursiveDoubling rd(c.size());
-    size_t rounds = rd.e > 0 ? 1 : 0;
-    for (int bit = 1; bit < rd.m; bit <<= 1) {
-      ++rounds;
-    }
-    if (bytes * rounds * sharers <= c.config().oneShotBytes) {
-      return AllreduceAlgo::Doubling;
-    }
+  if (!oneShotOverSockets && c.size() > kOneShotMostRanks &&
+      bytes * static_cast<size_t>(RecursiveDoubling(c.size()).rounds()) * sharers <= c.config().oneShotBytes) {
+    return AllreduceAlgo::Doubling;
   }
   // Large contiguous device tensors: chunked copies overlap the ring (staged_ring.h).
   if (!device.is_cpu() && contiguous) {

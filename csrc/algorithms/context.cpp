@@ -47,23 +47,21 @@ RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t co
   const bool receivedFirst = order == Operands::ReceivedFirst;
   // Fragments start at multiples of the slot size, a multiple of 64 bytes, so each
   // holds whole elements.
+  const auto reduceFragment = [=](const char* src, size_t offset, size_t n) {
+    const char* local = in + offset;
+    reduce(dtype, op, dst + offset, receivedFirst ? src : local, receivedFirst ? local : src,
+           static_cast<int64_t>(n / es));
+  };
   if (OpTrace* t = trace_) {
     // Traced: the same reduction, timed on the thread whose wait pulled the fragment.
     return links_.from[peer]->postRecvInto(
         peer, header(), static_cast<size_t>(count) * es, [=](const char* src, size_t offset, size_t n) {
           const int64_t begin = traceNow();
-          const char* a = receivedFirst ? src : in + offset;
-          const char* b = receivedFirst ? in + offset : src;
-          reduce(dtype, op, dst + offset, a, b, static_cast<int64_t>(n / es));
+          reduceFragment(src, offset, n);
           t->segment(TraceKind::Reduce, "reduce", begin, step, chunk, segment, peer, static_cast<int64_t>(n));
         });
   }
-  return links_.from[peer]->postRecvInto(peer, header(), static_cast<size_t>(count) * es,
-                                         [=](const char* src, size_t offset, size_t n) {
-                                           const char* a = receivedFirst ? src : in + offset;
-                                           const char* b = receivedFirst ? in + offset : src;
-                                           reduce(dtype, op, dst + offset, a, b, static_cast<int64_t>(n / es));
-                                         });
+  return links_.from[peer]->postRecvInto(peer, header(), static_cast<size_t>(count) * es, reduceFragment);
 }
 
 void OpContext::wait(const RequestPtr& req) {

@@ -126,10 +126,10 @@ void recursiveDoublingAllreduce(OpContext& c, char* data, int64_t count, size_t 
   // operand, never its second: reduce.h).
   char* cur = data;
   char* other = c.scratch(nbytes);
-  auto exchange = [&](int partner) {
-    std::vector<RequestPtr> reqs{c.recv(partner, other, nbytes), c.send(partner, cur, nbytes)};
-    c.waitAll(reqs); // the send read `cur` until here
-    if (r < partner) {
+  // Takes in the partial result `other` received from rank `from`: the lower rank's
+  // operand first, on both ends of every pair.
+  auto absorb = [&](int from) {
+    if (r < from) {
       reduce(c.dtype(), op, cur, cur, other, count);
     } else {
       reduce(c.dtype(), op, other, other, cur, count);
@@ -138,23 +138,22 @@ void recursiveDoublingAllreduce(OpContext& c, char* data, int64_t count, size_t 
   };
   const int folded = rd.foldedInto(r);
   if (folded >= 0) {
-    // Beyond the power of two: hand the buffer to the partner, take the result back.
-    std::vector<RequestPtr> reqs{c.send(folded, data, nbytes)};
-    c.waitAll(reqs);
-    reqs = {c.recv(folded, data, nbytes)};
-    c.waitAll(reqs);
+    // Beyond the power of two: hand the buffer to the partner, take the result back
+    // (in turn: the send may read `data` until it completes).
+    c.wait(c.send(folded, data, nbytes));
+    c.wait(c.recv(folded, data, nbytes));
     return; // finalized by the partner
   }
   const int helper = rd.foldedFrom(r);
   if (helper >= 0) {
-    std::vector<RequestPtr> reqs{c.recv(helper, other, nbytes)};
-    c.waitAll(reqs);
-    // The helper's rank is the lower: its operand first, as in every exchange.
-    reduce(c.dtype(), op, other, other, cur, count);
-    std::swap(cur, other);
+    c.wait(c.recv(helper, other, nbytes));
+    absorb(helper);
   }
   for (int bit = 1; bit < rd.m; bit <<= 1) {
-    exchange(rd.partner(r, bit));
+    const int partner = rd.partner(r, bit);
+    std::vector<RequestPtr> reqs{c.recv(partner, other, nbytes), c.send(partner, cur, nbytes)};
+    c.waitAll(reqs); // the send read `cur` until here
+    absorb(partner);
   }
   if (finalize) {
     finalize(cur, count);
@@ -163,8 +162,7 @@ void recursiveDoublingAllreduce(OpContext& c, char* data, int64_t count, size_t 
     std::memcpy(data, cur, nbytes);
   }
   if (helper >= 0) {
-    std::vector<RequestPtr> reqs{c.send(helper, data, nbytes)};
-    c.waitAll(reqs);
+    c.wait(c.send(helper, data, nbytes));
   }
 }
 

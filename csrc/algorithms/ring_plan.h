@@ -103,6 +103,15 @@ struct RecursiveDoubling {
   int rankOf(int v) const { return v < e ? 2 * v + 1 : v + e; }
   // `rank`'s partner in the round of `bit` (1, 2, 4, ... < m); `rank` takes part.
   int partner(int rank, int bit) const { return rankOf(virtualOf(rank) ^ bit); }
+  // Exchanges of the whole buffer on the longest path: log2(m) rounds, and one more
+  // for the fold when some ranks fold in.
+  int rounds() const {
+    int n = e > 0 ? 1 : 0;
+    for (int bit = 1; bit < m; bit <<= 1) {
+      ++n;
+    }
+    return n;
+  }
 };
 
 } // namespace ringpg

@@ -1,6 +1,5 @@
 #include "transport/engine.h"
 
-#include <netinet/in.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -553,10 +552,7 @@ void Engine::serviceReady(const PollSet& set) {
                    inbound_.end());
   }
   if (connections) {
-    {
-      std::lock_guard<std::mutex> lk(mu_); // orders the notify after connectPeers' predicate check
-    }
-    cv_.notify_all();
+    notifyWaiters(); // connectPeers waits for connections on cv_
   }
   runCallbacks(done);
 }
@@ -571,26 +567,19 @@ void Engine::startDialLocked(int p, Completions& done) {
   try {
     to = SockAddr::parse(book_[p].addr);
   } catch (const std::exception& e) {
-    dialFailedLocked(p, e.what(), done);
+    socketFailedHereLocked(c10::str("read rank ", p, "'s address"), e.what(), 0, done);
     return;
   }
   P.txFd = Fd(::socket(to.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!P.txFd.valid()) {
     const int err = errno;
-    // Not the peer's doing: this process is out of descriptors (or memory).
-    failLocked(
-        c10::str("ringpg: rank ", rank_, " could not open a socket to connect to rank ", p, ": ", std::strerror(err),
-                 err == EMFILE || err == ENFILE
-                     ? " (this process has reached its limit on open files, ulimit -n: each connected peer "
-                       "takes two; RINGPG_CONNECT=lazy connects only the peers the ops use)"
-                     : ""),
-        done);
+    socketFailedHereLocked(c10::str("open a socket to connect to rank ", p), std::strerror(err), err, done);
     return;
   }
   try { // before connect(): buffer sizes set later do not scale the TCP window
     tuneDataSocket(P.txFd.get(), socketBuffer_, congestion_);
   } catch (const std::exception& e) {
-    dialFailedLocked(p, e.what(), done);
+    socketFailedHereLocked(c10::str("set up its socket to rank ", p), e.what(), 0, done);
     return;
   }
   P.dial = Dial::kConnecting;
@@ -657,10 +646,8 @@ void Engine::acceptLocked(Completions& done) {
     if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
       // The connection stays queued and the listener readable: poll() would spin on
       // it.  A peer this rank cannot take fails the group, saying why.
-      failLocked(c10::str("ringpg: rank ", rank_, " could not accept a peer's connection: ", std::strerror(errno),
-                          " (this process has reached its limit on open files, ulimit -n, or on memory: each "
-                          "connected peer takes two sockets)"),
-                 done);
+      const int err = errno;
+      socketFailedHereLocked("accept a peer's connection", std::strerror(err), err, done);
       return;
     }
     if (fd < 0) {
@@ -705,7 +692,7 @@ void Engine::readHelloLocked(Inbound& in, Completions& done) {
   try {
     tuneDataSocket(in.fd.get(), socketBuffer_, congestion_);
   } catch (const std::exception& e) {
-    dialFailedLocked(src, e.what(), done);
+    socketFailedHereLocked(c10::str("set up its socket from rank ", src), e.what(), 0, done);
     return;
   }
   P.rxFd = std::move(in.fd);
@@ -714,6 +701,15 @@ void Engine::readHelloLocked(Inbound& in, Completions& done) {
   if (P.dial == Dial::kNone) {
     startDialLocked(src, done);
   }
+}
+
+void Engine::socketFailedHereLocked(const std::string& what, const std::string& why, int err, Completions& done) {
+  failLocked(c10::str("ringpg: rank ", rank_, " could not ", what, ": ", why,
+                      err == EMFILE || err == ENFILE
+                          ? " (this process has reached its limit on open files, ulimit -n: each connected peer "
+                            "takes two sockets; RINGPG_CONNECT=lazy connects only the peers the ops use)"
+                          : ""),
+             done);
 }
 
 void Engine::dialFailedLocked(int p, const std::string& why, Completions& done) {
@@ -729,15 +725,19 @@ void Engine::dialFailedLocked(int p, const std::string& why, Completions& done) 
              done);
 }
 
-void Engine::runCallbacks(Completions& done) {
-  if (done.empty()) {
-    return;
-  }
+void Engine::notifyWaiters() {
   {
     // Taking the lock orders the notify after waiters' predicate checks.
     std::lock_guard<std::mutex> lk(mu_);
   }
   cv_.notify_all();
+}
+
+void Engine::runCallbacks(Completions& done) {
+  if (done.empty()) {
+    return;
+  }
+  notifyWaiters();
   for (auto& r : done) {
     if (r->onComplete) {
       auto cb = std::move(r->onComplete);

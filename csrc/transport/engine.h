@@ -196,6 +196,10 @@ class Engine {
   void acceptLocked(Completions& done);
   void readHelloLocked(Inbound& in, Completions& done);
   void dialFailedLocked(int p, const std::string& why, Completions& done);
+  // A socket this rank could not set up (`what` it was for), not the peer's doing: out
+  // of descriptors (`err` EMFILE/ENFILE: the message says so) or memory, an address or
+  // socket option refused here.  Breaks the engine.
+  void socketFailedHereLocked(const std::string& what, const std::string& why, int err, Completions& done);
   void wake();
   // All helpers below run with mu_ held; readPeer/writePeer release it around the
   // socket syscalls (so one rank's sending and receiving copies run in parallel).
@@ -227,6 +231,8 @@ class Engine {
                   BreakCause cause = BreakCause::Local);
   void failRequest(const RequestPtr& req, const std::string& why, Completions& done, bool network = true);
   void runCallbacks(Completions& done);
+  // Wakes cv_'s waiters (request waits, awaitBroken, connectPeers); without mu_ held.
+  void notifyWaiters();
   std::string peerLostReason(int p, const char* how);
   // The connection to p failed (`how`): reads what p still had in flight for the
   // real cause and fails the group with it (see the definition).
