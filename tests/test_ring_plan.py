@@ -197,3 +197,30 @@ def test_recursive_doubling_pairs_agree_and_sum_every_rank_once(size: int) -> No
         into = plans[r][0]
         final = held[into] if into >= 0 else held[r]
         assert sorted(final) == list(range(size)), (size, r, final)
+
+
+@pytest.mark.parametrize("size", [*range(1, 34), 100, 1024])
+def test_bruck_rounds_pair_up_and_deliver_every_block_once(size: int) -> None:
+    """Bruck's all-to-all (direct.h): in every round each rank's peers send to it what it
+    expects, and a symbolic run leaves at rank r, under block i, exactly the block rank
+    source[i] started with for r."""
+    plans = [_C.bruck(size, r) for r in range(size)]
+    rounds = max(size - 1, 0).bit_length()
+    # held[r][i]: (sender, destination) of the block rank r holds under index i.
+    held = [[(r, plans[r][0][i]) for i in range(size)] for r in range(size)]
+    for rnd in range(rounds):
+        bit = 1 << rnd
+        moved = [i for i in range(size) if i & bit]
+        new = [list(h) for h in held]
+        for r in range(size):
+            to, frm, idx = plans[r][1][rnd]
+            assert idx == moved and to == (r + bit) % size, (size, r, rnd)
+            assert plans[frm][1][rnd][0] == r, (size, r, rnd)  # the sender to r is r's source
+            for i in idx:
+                new[to][i] = held[r][i]
+        held = new
+    for r in range(size):
+        assert len(plans[r][1]) == rounds
+        for i in range(size):
+            assert held[r][i] == (plans[r][2][i], r), (size, r, i, held[r][i])
+    assert sorted(plans[0][2]) == list(range(size))

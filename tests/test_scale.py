@@ -1,5 +1,6 @@
 """Scale (issue 33): connections made on first use, failure news that reaches ranks never
-connected to the failed one, and the small allreduce of many ranks.
+connected to the failed one, the small allreduce of many ranks, and the all-to-all in
+log N rounds (Bruck's).
 
 A group connects its rings' neighbours at creation and every other peer the first time
 an op needs it (``RINGPG_CONNECT=all``: every peer at creation); ``connected_peers``
@@ -229,3 +230,77 @@ def test_small_allreduce_of_many_ranks_doubles_recursively(tmp_path: Any) -> Non
     algorithms = traced_algorithms(str(tmp_path), "all_reduce")
     assert algorithms.get(1000 * 4) == {"recursive_doubling"}, algorithms
     assert algorithms.get(333 * 4) == {"recursive_doubling"}, algorithms
+
+
+# ------------------------------------------------------------------ all-to-all in log N rounds
+
+WS_BRUCK = 6  # three rounds (bits 1, 2, 4), and not a power of two
+# Rows rank src sends rank dst in all_to_all_single (None: equal parts).
+BRUCK_SPLITS = {
+    "equal": None,
+    "uneven with zeros": lambda src, dst: (src + 2 * dst) % 3,
+    "only to the next rank": lambda src, dst: 2 if dst == (src + 1) % WS_BRUCK else 0,
+    "nothing at all": lambda src, dst: 0,
+}
+
+
+def bruck_worker(rank: int, ws: int, groups: Groups, _: Any) -> CheckReport:
+    """all_to_all_single and list all_to_all under RINGPG_ALLTOALL=bruck equal gloo's, every
+    split pattern, a few dtypes and row shapes; blocks of every size travel with their
+    sizes, so uneven and empty ones arrive whole."""
+    chk = Checker(rank)
+    for name, rows in BRUCK_SPLITS.items():
+        ins = None if rows is None else [rows(rank, j) for j in range(ws)]
+        outs = None if rows is None else [rows(j, rank) for j in range(ws)]
+        n_in = 2 * ws if ins is None else sum(ins)
+        n_out = 2 * ws if outs is None else sum(outs)
+        for dtype in (torch.int64, torch.bfloat16, torch.uint8):
+            for row in ((), (3,)):
+                case = f"all_to_all_single splits={name} dtype={dtype_name(dtype)} row={row}"
+                x = make_data(rank, case, (n_in, *row), dtype)
+                got = torch.full((n_out, *row), 7, dtype=dtype)
+                ref = torch.empty_like(got)
+                dist.all_to_all_single(got, x, outs, ins, group=groups.test)
+                dist.all_to_all_single(ref, x, outs, ins, group=groups.ref)
+                chk.equal(case, got, ref)
+    # Lists of pair-dependent sizes; gloo's list form wants equal sizes, so its reference
+    # is all_to_all_single over the concatenation.
+    sizes = [(rank + 2 * j) % 4 for j in range(ws)]
+    from_sizes = [(j + 2 * rank) % 4 for j in range(ws)]
+    inputs = [make_data(rank, f"list to {j}", (n, 2), torch.int32) for j, n in enumerate(sizes)]
+    got_list = [torch.full((n, 2), 7, dtype=torch.int32) for n in from_sizes]
+    dist.all_to_all(got_list, inputs, group=groups.test)
+    flat = torch.empty(2 * sum(from_sizes), dtype=torch.int32)
+    in_numels, out_numels = [2 * n for n in sizes], [2 * n for n in from_sizes]
+    dist.all_to_all_single(flat, torch.cat([t.reshape(-1) for t in inputs]), out_numels, in_numels, group=groups.ref)
+    chk.equal("all_to_all(list) uneven", torch.cat([t.reshape(-1) for t in got_list]), flat)
+    return chk.report()
+
+
+@pytest.mark.parametrize("transport", ONE_HOST)
+def test_bruck_all_to_all_equals_gloo(tmp_path: Any, transport: str) -> None:
+    env = (*TRANSPORT_ENVS[transport], ("RINGPG_ALLTOALL", "bruck"), ("RINGPG_TRACE", str(tmp_path)))
+    assert_reports_ok(run_workers(bruck_worker, WS_BRUCK, None, InitSpec(env=env), timeout=180))
+    algorithms = traced_algorithms(str(tmp_path), "all_to_all_single")  # (traced as 0 bytes)
+    assert set().union(*algorithms.values()) == {"bruck"}, algorithms
+
+
+def _bruck_mismatch(rank: int, ws: int, port: int, _: Any) -> dict:
+    """Rank 1 expects two rows from rank 0, which sends one."""
+    init_ringpg(rank, ws, port)
+    ins = [1] * ws
+    outs = [2 if (rank, j) == (1, 0) else 1 for j in range(ws)]
+    out = torch.zeros(sum(outs))
+    kind, msg, _ = expect_error(lambda: dist.all_to_all_single(out, torch.ones(ws), outs, ins))
+    if not kind:  # a rank whose blocks all matched learns of the failure with its next op
+        kind, msg, _ = expect_error(lambda: dist.all_reduce(torch.ones(4)))
+    return {"type": kind, "msg": msg}
+
+
+def test_bruck_ranks_that_disagree_on_splits_raise() -> None:
+    res = run_scenario(_bruck_mismatch, 3, env={"RINGPG_ALLTOALL": "bruck"})
+    assert res[1]["type"] == "DistBackendError" and "disagree on the split sizes" in res[1]["msg"], res[1]
+    assert "rank 1 expected 8 bytes from rank 0, which sent 4" in res[1]["msg"], res[1]
+    for r, v in res.items():
+        assert v["type"] in ("DistNetworkError", "DistBackendError"), (r, v)
+        assert f"rank {r}" in v["msg"] and "collective mismatch" in v["msg"], (r, v)

@@ -1,7 +1,7 @@
 """Settings the ranks of a group must share are agreed on when the group is created.
 
 The algorithm (``RINGPG_ALGO`` / ``ringpg.use_algorithm``), the segment, one-shot and
-hierarchical piece sizes decide which frames each rank sends and expects, and tracing
+hierarchical piece sizes and the all-to-all algorithm (``RINGPG_ALLTOALL``) decide which frames each rank sends and expects, and tracing
 runs a clock sync at creation: ranks that differ in any of them get one ``ValueError``
 on every rank, within seconds, naming each setting and every rank's value (before,
 they failed their first op with a "collective mismatch ... nbytes=" that named none,
@@ -32,12 +32,14 @@ RANK1_ENV = {
     "RINGPG_ONESHOT_BYTES": "0",
     "RINGPG_HIER_PIECE_BYTES": "65536",
     "RINGPG_ALGO": "ring",
+    "RINGPG_ALLTOALL": "bruck",
 }
 DEFAULTS = {
     "RINGPG_SEGMENT_BYTES": "524288",
     "RINGPG_ONESHOT_BYTES": "262144",
     "RINGPG_HIER_PIECE_BYTES": "2097152",
     "RINGPG_ALGO": "auto",
+    "RINGPG_ALLTOALL": "auto",
 }
 
 

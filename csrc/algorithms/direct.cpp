@@ -1,6 +1,7 @@
 #include "algorithms/direct.h"
 
 #include "algorithms/ring_plan.h"
+#include "common/errors.h"
 
 #include <c10/util/irange.h>
 
@@ -166,8 +167,10 @@ void recursiveDoublingAllreduce(OpContext& c, char* data, int64_t count, size_t 
   }
 }
 
-void allToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
-              const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
+namespace {
+
+void directAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
+                    const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
   if (c.trace()) {
     c.trace()->algorithm = "direct";
   }
@@ -186,6 +189,92 @@ void allToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::
     std::memcpy(recvBuf[r], sendBuf[r], recvBytes[r]);
   }
   c.waitAll(reqs);
+}
+
+void bruckAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
+                   const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
+  if (c.trace()) {
+    c.trace()->algorithm = "bruck";
+  }
+  const int p = c.size();
+  const int r = c.rank();
+  const Bruck bruck(p);
+  // Block i is size[i] bytes at at[i]: in the caller's input until it first moves, then
+  // in the buffer of the round that brought it (`arrived`, kept to the end).
+  std::vector<const char*> at(p);
+  std::vector<uint64_t> size(p);
+  for (const auto i : c10::irange(p)) {
+    const int q = bruck.destinationOf(r, i);
+    at[i] = sendBuf[q];
+    size[i] = sendBytes[q];
+  }
+  std::vector<std::vector<char>> arrived;
+  arrived.reserve(bruck.rounds());
+  std::vector<char> packed; // this round's outgoing blocks, back to back
+  for (int bit = 1; bit < p; bit <<= 1) {
+    const std::vector<int> moved = bruck.movedIn(bit);
+    const int to = bruck.sendsTo(r, bit);
+    const int from = bruck.takesFrom(r, bit);
+    std::vector<uint64_t> sizesOut(moved.size()), sizesIn(moved.size());
+    uint64_t outBytes = 0;
+    for (const auto k : c10::irange(moved.size())) {
+      sizesOut[k] = size[moved[k]];
+      outBytes += sizesOut[k];
+    }
+    packed.resize(outBytes);
+    for (uint64_t k = 0, off = 0; k < moved.size(); off += sizesOut[k], ++k) {
+      if (sizesOut[k] > 0) {
+        std::memcpy(packed.data() + off, at[moved[k]], sizesOut[k]);
+      }
+    }
+    const size_t sizesLen = moved.size() * sizeof(uint64_t);
+    std::vector<RequestPtr> reqs{c.recv(from, sizesIn.data(), sizesLen), c.send(to, sizesOut.data(), sizesLen)};
+    if (outBytes > 0) { // the receiver reads the same total from the sizes: no message on either side
+      reqs.push_back(c.send(to, packed.data(), outBytes));
+    }
+    c.wait(reqs[0]);
+    uint64_t inBytes = 0;
+    for (const auto n : sizesIn) {
+      inBytes += n;
+    }
+    arrived.emplace_back(inBytes);
+    if (inBytes > 0) {
+      reqs.push_back(c.recv(from, arrived.back().data(), inBytes));
+    }
+    c.waitAll(reqs); // the sends read `packed` and `sizesOut` until here
+    for (uint64_t k = 0, off = 0; k < moved.size(); off += sizesIn[k], ++k) {
+      at[moved[k]] = arrived.back().data() + off;
+      size[moved[k]] = sizesIn[k];
+    }
+  }
+  for (const auto i : c10::irange(p)) {
+    const int q = bruck.sourceOf(r, i);
+    if (size[i] != recvBytes[q]) {
+      // What the direct exchange's frame check says of a receive of the wrong size; the
+      // group breaks with it first, as a failed wait's does (OpContext::wait).
+      const std::string why = c10::str("ringpg: collective mismatch between ranks: rank ", r, " expected ",
+                                       recvBytes[q], " bytes from rank ", q, ", which sent ", size[i],
+                                       ": the ranks disagree on the split sizes (a rank's output split for a "
+                                       "peer must equal that peer's input split for it)");
+      c.failGroup(why);
+      throwBackend(c10::str(describe(c.tag()), ": ", why));
+    }
+    if (size[i] > 0 && recvBuf[q] != at[i]) {
+      // memmove: block 0 still lies in the input, which an in-place call's output overlaps.
+      std::memmove(recvBuf[q], at[i], size[i]);
+    }
+  }
+}
+
+} // namespace
+
+void allToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
+              const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
+  if (c.config().bruckAllToAll(c.size())) {
+    bruckAllToAll(c, sendBuf, sendBytes, recvBuf, recvBytes);
+  } else {
+    directAllToAll(c, sendBuf, sendBytes, recvBuf, recvBytes);
+  }
 }
 
 } // namespace ringpg

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace ringpg {
 
@@ -108,6 +109,41 @@ struct RecursiveDoubling {
   int rounds() const {
     int n = e > 0 ? 1 : 0;
     for (int bit = 1; bit < m; bit <<= 1) {
+      ++n;
+    }
+    return n;
+  }
+};
+
+// Bruck's all-to-all (direct.h) in a group of p.  Each rank holds p blocks; at the
+// start its block i (0 <= i < p) is its own data for rank r + i (mod p).  In the round
+// of `bit` (1, 2, 4, ... < p) every rank sends the blocks whose index has that bit set
+// to rank r + bit and takes the same indices from rank r - bit.  A block of index i thus
+// moves by each set bit of i, by i in all, and keeps its index: at the end rank r's
+// block i is rank (r - i)'s data for r.  Block 0 never moves.
+struct Bruck {
+  int p;
+  explicit Bruck(int size) : p(size) {}
+  // The rank `rank` sends to, and the one it takes from, in the round of `bit`.
+  int sendsTo(int rank, int bit) const { return (rank + bit) % p; }
+  int takesFrom(int rank, int bit) const { return ((rank - bit) % p + p) % p; }
+  // Whose data `rank`'s block `index` is for at the start, and whose it is at the end.
+  int destinationOf(int rank, int index) const { return (rank + index) % p; }
+  int sourceOf(int rank, int index) const { return ((rank - index) % p + p) % p; }
+  // The indices of the blocks that move in the round of `bit`, in increasing order (the
+  // order of the blocks in that round's message).
+  std::vector<int> movedIn(int bit) const {
+    std::vector<int> moved;
+    for (int i = bit; i < p; ++i) {
+      if ((i & bit) != 0) {
+        moved.push_back(i);
+      }
+    }
+    return moved;
+  }
+  int rounds() const {
+    int n = 0;
+    for (int bit = 1; bit < p; bit <<= 1) {
       ++n;
     }
     return n;

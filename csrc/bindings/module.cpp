@@ -190,6 +190,23 @@ PYBIND11_MODULE(_C, m) {
         return py::make_tuple(rd.foldedInto(rank), rd.foldedFrom(rank), partners);
       },
       "(folded_into, folded_from, partners by round) of `rank` in recursive doubling at `size`");
+  m.def(
+      "bruck",
+      [](int size, int rank) {
+        const ringpg::Bruck bruck(size);
+        std::vector<py::tuple> rounds;
+        for (int bit = 1; bit < size; bit <<= 1) {
+          rounds.push_back(py::make_tuple(bruck.sendsTo(rank, bit), bruck.takesFrom(rank, bit), bruck.movedIn(bit)));
+        }
+        std::vector<int> destination, source;
+        for (int i = 0; i < size; ++i) {
+          destination.push_back(bruck.destinationOf(rank, i));
+          source.push_back(bruck.sourceOf(rank, i));
+        }
+        return py::make_tuple(destination, rounds, source);
+      },
+      "(destination of each block at the start, (to, from, moved block indices) by round, source of each "
+      "block at the end) of `rank` in Bruck's all-to-all at `size`");
   m.def("ring_schedule", &ringSchedule, py::arg("count"), py::arg("size"), py::arg("rank"),
         py::arg("max_segment_elems"));
   m.def(
@@ -220,6 +237,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("reduce_isa", &ringpg::reduceIsa);
   m.def("reduce_isas", &ringpg::reduceIsas, "instruction sets whose kernels this CPU can run, best first");
   m.def("config_summary", [] { return ringpg::Config::get().summary(); });
+  m.def(
+      "alltoall_algorithm", [](int size) { return ringpg::Config::get().bruckAllToAll(size) ? "bruck" : "direct"; },
+      "The all-to-all algorithm a group of `size` ranks runs under this process's RINGPG_ALLTOALL");
   m.def(
       "transport_setting", [] { return ringpg::Config::transportName(ringpg::Config::get().transport); },
       "RINGPG_TRANSPORT as this process read it: auto, tcp or gloo");

@@ -70,6 +70,16 @@ Config load() {
     TORCH_CHECK(*v == "lazy" || *v == "all", "ringpg: RINGPG_CONNECT=", *v, " is not one of lazy, all");
     c.connect = *v == "all" ? Config::Connect::All : Config::Connect::Lazy;
   }
+  if (auto v = c10::utils::get_env("RINGPG_ALLTOALL"); v && !v->empty()) {
+    bool known = false;
+    for (auto choice : {Config::AllToAll::Auto, Config::AllToAll::Direct, Config::AllToAll::Bruck}) {
+      if (*v == Config::allToAllName(choice)) {
+        c.allToAll = choice;
+        known = true;
+      }
+    }
+    TORCH_CHECK(known, "ringpg: RINGPG_ALLTOALL=", *v, " is not one of auto, direct, bruck");
+  }
   if (auto v = c10::utils::get_env("RINGPG_HOSTID"); v && !v->empty()) {
     c.hostId = *v;
   }
@@ -125,6 +135,18 @@ Config::Algo Config::algoNamed(const std::string& name, const char* what) {
   TORCH_CHECK(false, "ringpg: ", what, name, " is not one of auto, ring, hier");
 }
 
+const char* Config::allToAllName(AllToAll a) {
+  switch (a) {
+    case AllToAll::Auto:
+      return "auto";
+    case AllToAll::Direct:
+      return "direct";
+    case AllToAll::Bruck:
+      return "bruck";
+  }
+  return "?";
+}
+
 const Config& Config::get() {
   static const Config config = load(); // thread-safe static init
   return config;
@@ -137,7 +159,7 @@ std::string Config::summary() const {
                   " work_cache_bytes=", workCacheBytes, " hier_piece_bytes=", hierPieceBytes, " cma_bytes=", cmaBytes,
                   " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
                   " transport_setting=", transportName(transport), " algo=", algoName(algo),
-                  " connect=", connect == Connect::All ? "all" : "lazy",
+                  " connect=", connect == Connect::All ? "all" : "lazy", " alltoall=", allToAllName(allToAll),
                   " tcp_congestion=", tcpCongestion.empty() ? std::string("default") : tcpCongestion,
                   " hostid=", hostId.empty() ? std::string("(auto)") : hostId,
                   " ifname=", ifname.empty() ? std::string("(hostname)") : ifname,

@@ -74,6 +74,26 @@ struct Config {
   // may differ: a peer dialled by an "all" rank dials it back.
   enum class Connect : uint8_t { Lazy, All };
   Connect connect = Connect::Lazy;
+  // How all-to-all moves its blocks (RINGPG_ALLTOALL):
+  //   Direct: to every peer straight (direct.h), each byte sent once, but a rank
+  //           talks to, and so connects to, all p - 1 peers (2(p - 1) sockets);
+  //   Bruck:  ceil(log2 p) rounds with one peer each way per round (direct.h), each
+  //           block forwarded once per set bit of its distance (log2(p)/2 times its
+  //           bytes on average), O(log p) peers;
+  //   Auto (the default): Bruck from kBruckAutoRanks ranks on, where the direct
+  //           exchange's 2(p - 1) sockets would pass the common limit of 1,024 open
+  //           files a process, else Direct.
+  // The choice depends on the group's size only, never on this rank's splits (ranks
+  // of one all-to-all may see uniform and uneven splits alike), so every rank makes it
+  // alike; the setting must be the same on every rank (transport/connect.cpp).
+  enum class AllToAll : uint8_t { Auto, Direct, Bruck };
+  AllToAll allToAll = AllToAll::Auto;
+  static constexpr int kBruckAutoRanks = 512;
+  static const char* allToAllName(AllToAll a);
+  // Whether a group of `size` ranks runs Bruck's all-to-all.
+  bool bruckAllToAll(int size) const {
+    return allToAll == AllToAll::Bruck || (allToAll == AllToAll::Auto && size >= kBruckAutoRanks);
+  }
   // TCP congestion control of data sockets (RINGPG_TCP_CONGESTION); empty keeps the
   // host's default (its network namespace's net.ipv4.tcp_congestion_control).
   std::string tcpCongestion;

@@ -25,8 +25,8 @@ namespace {
 //    would reach some ranks only; auto and tcp mix (the shared-memory agreement then
 //    keeps the whole group on TCP).
 //  - the wire plan: the algorithm (hierarchical or ring), the one-shot limit, the
-//    segment size (frame sizes; the shared-memory slot size) and the hierarchical piece
-//    size decide which frames each rank sends and expects, so ranks that differ would
+//    segment size (frame sizes; the shared-memory slot size), the hierarchical piece
+//    size and the all-to-all algorithm decide which frames each rank sends and expects, so ranks that differ would
 //    fail their first op with a "collective mismatch" that names no setting; and a
 //    rank with RINGPG_TRACE set runs a clock sync with rank 0 that untraced ranks skip.
 // (Local settings stay local: the receive window, the spin, socket buffers, the work
@@ -66,6 +66,7 @@ std::vector<SharedSetting> sharedSettings(const Config& cfg, Config::Transport t
       {"RINGPG_SEGMENT_BYTES", kSame, allEqual, std::to_string(cfg.segmentBytes)},
       {"RINGPG_ONESHOT_BYTES", kSame, allEqual, std::to_string(cfg.oneShotBytes)},
       {"RINGPG_HIER_PIECE_BYTES", kSame, allEqual, std::to_string(cfg.hierPieceBytes)},
+      {"RINGPG_ALLTOALL", kSame, allEqual, Config::allToAllName(cfg.allToAll)},
       {"RINGPG_TRACE", "set it on every rank or on none", allEqual, cfg.traceDir.empty() ? "off" : "on"},
   };
 }
