@@ -87,6 +87,17 @@ def add_start_argument(ap: Any) -> None:
     )
 
 
+def quick_reverse_lookups() -> None:
+    """Makes a reverse DNS lookup that gets no answer give up after one try of 1 s, in this
+    process and the ranks it starts (unless RES_OPTIONS is set): torch's c10d sockets name
+    each Store connection by its peer's address, a client's IPv4-mapped IPv6 one that
+    /etc/hosts does not list, and where the resolver's server does not answer each such
+    lookup waits 5 s per try.  1,152 Store clients took minutes to connect that way on the
+    2-core machine (before any clock starts, but a benchmark should not wait on DNS).
+    Call before the first lookup: glibc reads the setting once per process."""
+    os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
+
+
 def store_barrier(store: Any, key: str, n: int) -> None:
     """Counts this caller in at ``key`` of a c10d Store and returns once ``n`` callers have."""
     store.add(key, 1)

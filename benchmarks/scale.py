@@ -27,7 +27,7 @@ from typing import Any, Dict, List
 import torch
 import torch.distributed as dist
 
-from benchmarks.launch import add_start_argument, run_ranks, store_barrier
+from benchmarks.launch import add_start_argument, quick_reverse_lookups, run_ranks, store_barrier
 from benchmarks.machine import open_sockets, rss_mb, threads
 
 BACKENDS = {
@@ -80,6 +80,7 @@ def run(ws: int, name: str, timeout: float, method: str) -> List[Dict[str, Any]]
 
 
 def main() -> int:
+    quick_reverse_lookups()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world-sizes", default="8,16,32")
     ap.add_argument("--backends", default="ringpg,gloo,gloo-lazy")

@@ -7,7 +7,8 @@ Each rank is a thread that creates its own ringpg group (``RingBackend``, over r
 loopback sockets, ``RINGPG_TRANSPORT=tcp``), as torchft's tests run ranks as threads; the
 threads live in a few processes (``--processes``, default one per 256 ranks: each
 process's descriptor limit, raised to its hard limit, must hold its ranks' sockets,
-about six per rank after creation, 2(N-1) after an all-to-all), forked from a server
+about six per rank after creation, 2(N-1) after a direct all-to-all, O(log N) after
+Bruck's, which RINGPG_ALLTOALL=auto runs from 512 ranks), forked from a server
 that imported torch, so torch's import is paid once. The Store's server runs in the
 launcher, and each rank has a client of its own (not counted). Printed per world size: the creation time (from the moment every process and
 Store client is up to the last group's return), and per rank: sockets, threads and resident
@@ -29,7 +30,7 @@ from typing import Any, Callable, List
 import torch
 import torch.distributed as dist
 
-from benchmarks.launch import run_ranks, store_barrier
+from benchmarks.launch import quick_reverse_lookups, run_ranks, store_barrier
 from benchmarks.machine import open_sockets, rss_mb, threads
 
 # One ring allreduce's elements per rank: 256 KiB, past the small allreduce's limit.
@@ -159,6 +160,7 @@ _OPS = {"allreduce": _ring_allreduce, "small_allreduce": _small_allreduce, "allt
 
 
 def main() -> int:
+    quick_reverse_lookups()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world-sizes", default="64,256,1024")
     ap.add_argument("--ops", default="allreduce,small_allreduce,alltoall", help=f"of {','.join(_OPS)}")
@@ -171,6 +173,9 @@ def main() -> int:
     for o in ops:
         if o not in _OPS:
             ap.error(f"unknown op {o!r}")
+    from ringpg._loader import load_extension
+
+    C = load_extension()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the Store's server: a socket per rank
     print(
@@ -182,12 +187,16 @@ def main() -> int:
         procs = args.processes or max(1, ws // 256)
         if ws % procs:
             ap.error(f"{ws} ranks do not split evenly over {procs} processes")
-        # An all-to-all connects every pair: 2(ws - 1) sockets per rank, and a process
-        # holds both ends of its ranks' pairs with each other.
-        need = (ws // procs) * 2 * (ws - 1) + 64
+        # The direct all-to-all connects every pair: 2(ws - 1) sockets per rank, and a
+        # process holds both ends of its ranks' pairs with each other.  Bruck's connects
+        # a peer each way per round, and the ring's two neighbours.
+        algo = C.alltoall_algorithm(ws)  # the ranks inherit this process's environment
+        peers = ws - 1 if algo == "direct" else min(ws - 1, 2 * (ws - 1).bit_length() + 2)
+        need = (ws // procs) * 2 * peers + 64
         run_ops = [o for o in ops if o != "alltoall" or need <= hard]
-        if len(run_ops) < len(ops):
-            print(f"# {ws} ranks: alltoall skipped: about {need} descriptors per process, over the limit {hard}")
+        if "alltoall" in ops:
+            verdict = "run" if "alltoall" in run_ops else f"skipped: over the limit {hard}"
+            print(f"# {ws} ranks: alltoall {algo} (RINGPG_ALLTOALL): about {need} descriptors per process, {verdict}")
         r = measure(ws, procs, run_ops, args.timeout)
         line = f"{ws:5d} {procs:5d} {r['create_s']:9.2f} {r['sockets']:8.2f} {r['threads']:8.2f} {r['rss_mb']:7.2f}"
         for o in ops:
