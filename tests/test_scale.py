@@ -277,7 +277,7 @@ def bruck_worker(rank: int, ws: int, groups: Groups, _: Any) -> CheckReport:
     return chk.report()
 
 
-@pytest.mark.parametrize("transport", ONE_HOST)
+@pytest.mark.parametrize("transport", TRANSPORT_ENVS)  # "mixed": two emulated hosts, the ring by host
 def test_bruck_all_to_all_equals_gloo(tmp_path: Any, transport: str) -> None:
     env = (*TRANSPORT_ENVS[transport], ("RINGPG_ALLTOALL", "bruck"), ("RINGPG_TRACE", str(tmp_path)))
     assert_reports_ok(run_workers(bruck_worker, WS_BRUCK, None, InitSpec(env=env), timeout=180))
