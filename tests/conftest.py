@@ -7,7 +7,8 @@
   its source tree (``python/``) too, so the pure-Python tests can still run.
   Spawned workers inherit ``sys.path``.
 * ``pool``: a module-scoped :class:`harness.WorkerPool` for the module's
-  ``world_size`` parameter.  Declare the parameter with
+  ``world_size`` parameter; ``shared_pool``: the same, but one per world size for the
+  whole session, shared by every module that asks for it.  Declare the parameter with
   ``pytest.mark.parametrize("world_size", [...], scope="module")`` so pytest groups
   a module's tests by world size and each pool is started once.
 * torch >= 2.15 dumps its flight recorder's trace when a ringpg group fails (ringpg
@@ -58,3 +59,30 @@ def pool(world_size: int) -> Iterator[harness.WorkerPool]:
     p = harness.WorkerPool(world_size)
     yield p
     p.close()  # fails the last test of the group if a rank does not shut down cleanly
+
+
+# One pool per world size for the whole session (shared_pool).
+_SHARED_POOLS: dict[int, harness.WorkerPool] = {}
+
+
+def _close_shared_pool(world_size: int) -> None:
+    p = _SHARED_POOLS.pop(world_size, None)
+    if p is not None:
+        p.close()
+
+
+@pytest.fixture(scope="module")
+def shared_pool(world_size: int, request: pytest.FixtureRequest) -> Iterator[harness.WorkerPool]:
+    """A :class:`harness.WorkerPool` for ``world_size`` ranks, reused across modules.
+
+    Unlike ``pool``, the workers live until the end of the session (a finalizer on the
+    session closes them), so every module that asks for this fixture shares them and
+    the process start-up is paid once per world size.  A failed task restarts the
+    workers (harness), so one broken case cannot poison later ones.
+    """
+    p = _SHARED_POOLS.get(world_size)
+    if p is None:
+        p = harness.WorkerPool(world_size)
+        _SHARED_POOLS[world_size] = p
+        request.session.addfinalizer(lambda: _close_shared_pool(world_size))
+    yield p

@@ -45,6 +45,7 @@ from harness import (
     assert_reports_ok,
     backend_under_test,
     dtype_name,
+    global_rank,
     hier_pieces,
     known_gap,
     make_data,
@@ -58,10 +59,9 @@ from harness import (
     traced_algorithms,
     traced_pieces,
     transport_expected,
+    transport_of,
 )
-from surface_utils import BITWISE_OPS, finish, guarded, random_raw, ref_reduce, small_complex, small_ints
-
-from benchmarks.backends import global_rank, transport_of
+from harness.surface import BITWISE_OPS, finish, guarded, random_raw, ref_reduce, small_complex, small_ints
 
 TRANSPORTS = tuple(TRANSPORT_ENVS)
 
@@ -193,7 +193,7 @@ def test_inputs_unchanged(bpool: WorkerPool, transport: str) -> None:
 
 # ------------------------------------------------- point 2: ring allreduce dtypes
 
-# (dtype, ops, data): ops gloo (or surface_utils.ref_reduce) has for the dtype.
+# (dtype, ops, data): ops gloo (or harness.surface.ref_reduce) has for the dtype.
 RING_CASES: tuple[tuple[torch.dtype, tuple[str, ...], str], ...] = (
     (torch.uint8, ("SUM", "MIN", "MAX", "PRODUCT", *BITWISE_OPS), "ints"),
     (torch.int64, ("SUM", "MIN", "MAX", "PRODUCT", "AVG", *BITWISE_OPS), "ints"),

@@ -53,6 +53,7 @@ from harness import (
     cpu_backend,
     dtype_name,
     expect_error,
+    global_rank,
     known_gap,
     make_data,
     ref_all_gather,
@@ -60,11 +61,10 @@ from harness import (
     run_scenario,
     sentinel_like,
     transport_expected,
+    transport_of,
 )
-from surface_utils import ref_reduce, small_complex
+from harness.surface import ref_reduce, small_complex
 from test_blind_spots import a2a_split, bpool, check_transport  # noqa: F401  (bpool: fixture)
-
-from benchmarks.backends import global_rank, transport_of
 
 TRANSPORTS = tuple(TRANSPORT_ENVS)
 TYPED = ("DistBackendError", "DistNetworkError")

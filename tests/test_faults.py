@@ -21,9 +21,7 @@ import harness
 import pytest
 import torch
 import torch.distributed as dist
-
-from benchmarks.backends import transport_of
-from benchmarks.launch import free_port
+from harness import free_port, transport_of
 
 pytestmark = pytest.mark.skipif(harness.backend_under_test() != "ringpg", reason="ringpg-specific fault handling")
 

@@ -105,7 +105,7 @@ from harness import (
     traced_pieces,
     transport_expected,
 )
-from surface_utils import finish, guarded
+from harness.surface import finish, guarded
 
 WS = 6
 RINGPG = backend_under_test() == "ringpg"

@@ -42,9 +42,8 @@ from harness import (
     run_workers,
     smoke_checks,
     tiny_private_dev_shm,
+    transport_of,
 )
-
-from benchmarks.backends import transport_of
 
 
 def smoke_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
@@ -316,7 +315,7 @@ def test_group_creation_takes_the_same_store_round_trips_per_rank_at_any_size() 
     ranks' values: a rank's Store calls at creation do not grow with the group (the
     rank that gathers each step reads each key once more).  Before, every rank read
     every rank's key in each step: 4 x N gets."""
-    from benchmarks.launch import run_ranks
+    from harness import run_ranks
 
     per_size = {}
     for ws in (2, 8):

@@ -37,9 +37,8 @@ from harness import (
     skip_case,
     traced_algorithms,
     transport_expected,
+    transport_of,
 )
-
-from benchmarks.backends import transport_of
 
 pytestmark = pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringpg's connections and algorithms")
 

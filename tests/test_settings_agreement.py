@@ -21,8 +21,7 @@ import harness
 import pytest
 import torch
 import torch.distributed as dist
-
-from benchmarks.backends import transport_of
+from harness import transport_of
 
 pytestmark = pytest.mark.skipif(harness.backend_under_test() != "ringpg", reason="ringpg's group settings")
 

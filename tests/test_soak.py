@@ -37,9 +37,7 @@ from typing import Any, Optional
 import pytest
 import torch
 import torch.distributed as dist
-from harness import Checker, CheckReport, Groups, WorkerPool, assert_reports_ok, make_data
-
-from benchmarks.machine import rss_mb
+from harness import Checker, CheckReport, Groups, WorkerPool, assert_reports_ok, make_data, rss_mb
 
 SOAK_SECONDS = float(os.environ.get("RINGPG_SOAK_SECONDS", "10"))
 SEED = int(os.environ.get("RINGPG_SOAK_SEED", "20261126"))

@@ -28,7 +28,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from harness import Checker, CheckReport, Groups, WorkerPool, assert_reports_ok, make_data, smoke_checks
-from surface_utils import finish, shared_pool  # noqa: F401  (fixture)
+from harness.surface import finish
 
 pytestmark = [
     pytest.mark.skipif(harness.backend_under_test() != "ringpg", reason="ringpg's own split and shrink"),
@@ -131,7 +131,7 @@ def split_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
     return finish(chk, groups.test)
 
 
-def test_split_group_children_match_gloo(shared_pool: WorkerPool) -> None:  # noqa: F811
+def test_split_group_children_match_gloo(shared_pool: WorkerPool) -> None:
     _needs("split_group")
     from ringpg import _features as f
 
@@ -234,7 +234,7 @@ def shrink_arguments_worker(rank: int, ws: int, groups: Groups, args: Any) -> di
     return out
 
 
-def test_shrink_refuses_bad_arguments(shared_pool: WorkerPool) -> None:  # noqa: F811
+def test_shrink_refuses_bad_arguments(shared_pool: WorkerPool) -> None:
     _needs("shrink_group")
     for rank, v in enumerate(shared_pool.run(shrink_arguments_worker)):
         for name in ("self", "out of range", "repeated", "empty", "flags"):

@@ -36,6 +36,7 @@ from harness import (
     WorkerPool,
     assert_reports_ok,
     dtype_name,
+    global_rank,
     known_gap,
     make_data,
     reduce_op,
@@ -44,13 +45,10 @@ from harness import (
     ref_reduce_scatter,
     sentinel_like,
 )
-from surface_utils import (
+from harness.surface import (
     finish,
     guarded,
-    shared_pool,  # noqa: F401  (fixture)
 )
-
-from benchmarks.backends import global_rank
 
 pytestmark = pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}", scope="module")
 

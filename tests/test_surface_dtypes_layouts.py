@@ -1,11 +1,11 @@
 """Raw-byte dtypes on the non-reducing collectives, and non-contiguous tensors.
 
-Raw-byte dtypes (surface_utils.RAW_DTYPES: int16, uint16, uint32, uint64,
+Raw-byte dtypes (harness.surface.RAW_DTYPES: int16, uint16, uint32, uint64,
 float8_e4m3fn, float8_e5m2, complex64, bool) must cross broadcast,
 all_gather_into_tensor, gather, scatter, all_to_all_single and send/recv bit for
 bit.  The data are random bytes (NaN and infinity patterns included for the
 floating types), and every result is compared as bytes with what the sender sent,
-which every rank can regenerate (surface_utils.random_raw).
+which every rank can regenerate (harness.surface.random_raw).
 
 Non-contiguous tensors (a transposed view, a strided 1-D slice, a column slice)
 for all_reduce, broadcast, the input of all_gather_into_tensor and the output of
@@ -36,13 +36,12 @@ from harness import (
     ref_reduce_scatter,
     sentinel_like,
 )
-from surface_utils import (
+from harness.surface import (
     RAW_DTYPES,
     check_bits,
     finish,
     guarded,
     random_raw,
-    shared_pool,  # noqa: F401  (fixture)
 )
 
 pytestmark = pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}", scope="module")

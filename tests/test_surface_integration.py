@@ -50,7 +50,7 @@ from harness import (
     ref_all_reduce,
     ref_reduce_scatter,
 )
-from surface_utils import finish, shared_pool  # noqa: F401  (fixture)
+from harness.surface import finish
 
 pytestmark = pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}", scope="module")
 

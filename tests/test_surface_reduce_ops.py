@@ -12,7 +12,7 @@ reduce-scatters for harness.DTYPES; this module adds
 * the integer dtypes gloo cannot reduce (int16, uint16, uint32, uint64) under
   SUM/AVG/MIN/MAX/PRODUCT;
 
-all on the three reducing collectives.  References come from surface_utils.ref_reduce
+all on the three reducing collectives.  References come from harness.surface.ref_reduce
 (gloo where gloo has the reduction, else a gloo byte all-gather plus a local
 reduction); data are small integers or random bits, so comparisons are exact.
 AVG in reduce_scatter is compared with SUM / world size (computed from gloo's all_reduce).
@@ -42,7 +42,7 @@ from harness import (
     ref_all_reduce,
     skip_case,
 )
-from surface_utils import (
+from harness.surface import (
     BITWISE_OPS,
     FLOAT_DTYPES,
     INT_DTYPES,
@@ -52,7 +52,6 @@ from surface_utils import (
     guarded,
     random_raw,
     ref_reduce,
-    shared_pool,  # noqa: F401  (fixture)
     small_complex,
     small_ints,
 )

@@ -28,7 +28,7 @@ from harness import (
     sentinel_like,
     smoke_checks,
 )
-from surface_utils import finish, shared_pool  # noqa: F401  (fixture)
+from harness.surface import finish
 
 pytestmark = pytest.mark.parametrize("world_size", [4], ids=lambda ws: f"ws{ws}", scope="module")
 

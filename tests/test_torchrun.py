@@ -13,9 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import backend_under_test, entry_point_installed
-
-from benchmarks.launch import free_port
+from harness import backend_under_test, entry_point_installed, free_port
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "torchrun_script.py")
 NPROC = 2

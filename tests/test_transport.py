@@ -40,6 +40,7 @@ from harness import (
     assert_reports_ok,
     backend_under_test,
     data_kind,
+    default_tcp_congestion,
     dtype_name,
     emulated_host,
     emulated_topology,
@@ -53,11 +54,9 @@ from harness import (
     sentinel_like,
     skip_case,
     transport_expected,
+    transport_of,
     wait_spin_of,
 )
-
-from benchmarks.backends import transport_of
-from benchmarks.machine import default_tcp_congestion
 
 SMALL_SLOT = 65536
 # A spin longer than a small op, so that many waits end while their thread still polls

@@ -1,11 +1,9 @@
-"""Shared helpers for the API-surface and integration tests (test_surface_*.py).
+"""Helpers of the API-surface and integration tests: data, references and checks that
+the rest of :mod:`harness` does not give.
 
-Builds on :mod:`harness` (worker pools, deterministic data, gloo references,
-:class:`harness.Checker`) and adds what those tests need beyond it:
+(Their worker pools, one per world size for the whole session, are conftest's
+``shared_pool`` fixture.)
 
-* :func:`shared_pool`: one :class:`harness.WorkerPool` per world size, shared by
-  every module that uses this fixture, so the (slow, on a loaded 2-core machine)
-  process start-up is paid once per world size for the whole session;
 * raw-byte data and comparisons for dtypes gloo cannot move or reduce
   (:func:`random_raw`, :func:`raw_bytes`, :func:`check_bits`);
 * :func:`ref_reduce`, a reduction reference for every (dtype, ReduceOp) pair ringpg
@@ -20,21 +18,14 @@ What gloo lacks (for runs that substitute it for ringpg) is in the one registry,
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
-import pytest
 import torch
 import torch.distributed as dist
-from harness import (
-    DTYPES,
-    Checker,
-    CheckReport,
-    WorkerPool,
-    case_seed,
-    divide_by_world,
-    make_data,
-    ref_all_reduce,
-)
+
+from .checking import Checker, CheckReport
+from .data import DTYPES, case_seed, make_data
+from .references import divide_by_world, ref_all_reduce
 
 T = TypeVar("T")
 
@@ -63,34 +54,6 @@ RAW_DTYPES: tuple[torch.dtype, ...] = (
     torch.complex64,
     torch.bool,
 )
-
-
-# ------------------------------------------------------------------- shared pools
-
-_POOLS: dict[int, WorkerPool] = {}
-
-
-def _close_pool(world_size: int) -> None:
-    pool = _POOLS.pop(world_size, None)
-    if pool is not None:
-        pool.close()
-
-
-@pytest.fixture(scope="module")
-def shared_pool(world_size: int, request: pytest.FixtureRequest) -> Iterator[WorkerPool]:
-    """A :class:`harness.WorkerPool` for ``world_size`` ranks, reused across modules.
-
-    Unlike conftest's per-module ``pool``, the workers live until the end of the
-    session (a finalizer on the session closes them), so every module importing
-    this fixture shares them.  A failed task restarts the workers (harness), so one
-    broken case cannot poison later ones.
-    """
-    pool = _POOLS.get(world_size)
-    if pool is None:
-        pool = WorkerPool(world_size)
-        _POOLS[world_size] = pool
-        request.session.addfinalizer(lambda: _close_pool(world_size))
-    yield pool
 
 
 # ------------------------------------------------------------------------ data
