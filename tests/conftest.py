@@ -8,7 +8,8 @@
   Spawned workers inherit ``sys.path``.
 * ``pool``: a module-scoped :class:`harness.WorkerPool` for the module's
   ``world_size`` parameter; ``shared_pool``: the same, but one per world size for the
-  whole session, shared by every module that asks for it.  Declare the parameter with
+  whole session, shared by every module that asks for it; ``bpool``: a module-scoped
+  pool whose group runs on the ``transport`` parameter.  Declare the parameter with
   ``pytest.mark.parametrize("world_size", [...], scope="module")`` so pytest groups
   a module's tests by world size and each pool is started once.
 * torch >= 2.15 dumps its flight recorder's trace when a ringpg group fails (ringpg
@@ -86,3 +87,12 @@ def shared_pool(world_size: int, request: pytest.FixtureRequest) -> Iterator[har
         _SHARED_POOLS[world_size] = p
         request.session.addfinalizer(lambda: _close_shared_pool(world_size))
     yield p
+
+
+@pytest.fixture(scope="module")
+def bpool(world_size: int, transport: str) -> Iterator[harness.WorkerPool]:
+    """Workers for ``world_size`` ranks whose ringpg group runs on ``transport`` (a name of
+    harness.TRANSPORT_ENVS; parametrize with harness.transports.on_transports)."""
+    p = harness.WorkerPool(world_size, harness.InitSpec(env=harness.TRANSPORT_ENVS[transport]))
+    yield p
+    p.close()

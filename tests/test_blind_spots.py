@@ -26,12 +26,9 @@ random bits, so every comparison is exact.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Optional
 
 import pytest
-import test_collectives
-import test_surface_collectives
-import test_surface_reduce_ops
 import torch
 import torch.distributed as dist
 from harness import (
@@ -58,44 +55,22 @@ from harness import (
     skip_case,
     traced_algorithms,
     traced_pieces,
-    transport_expected,
-    transport_of,
+)
+from harness.batteries import (
+    all_gather_list_worker,
+    all_reduce_worker,
+    bitwise_worker,
+    coalescing_manager_worker,
+    deprecated_coalesced_worker,
+    functional_coalesced_worker,
+    premul_sum_worker,
+    reduce_every_dst_worker,
+    reduce_scatter_tensor_worker,
 )
 from harness.surface import BITWISE_OPS, finish, guarded, random_raw, ref_reduce, small_complex, small_ints
+from harness.transports import a2a_split, check_transport, on_transports, transport_worker
 
 TRANSPORTS = tuple(TRANSPORT_ENVS)
-
-
-@pytest.fixture(scope="module")
-def bpool(world_size: int, transport: str) -> Iterator[WorkerPool]:
-    """Workers for ``world_size`` ranks whose ringpg group runs on ``transport``."""
-    p = WorkerPool(world_size, InitSpec(env=TRANSPORT_ENVS[transport]))
-    yield p
-    p.close()
-
-
-def on_transports(*transports: str) -> Callable[[Any], Any]:
-    """Parametrize a test over world sizes 2 and 3 and the given transports (module scope)."""
-
-    def mark(fn: Any) -> Any:
-        fn = pytest.mark.parametrize("transport", transports, scope="module")(fn)
-        return pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}", scope="module")(fn)
-
-    return mark
-
-
-def check_transport(chk: Checker, groups: Groups, transport: str) -> None:
-    """The group under test really runs on ``transport`` (ringpg only; TRANSPORT_ENVS's
-    name, whose links harness.transport_expected names)."""
-    if groups.backend == "ringpg":
-        got = transport_of(groups.test)
-        want = transport_expected(transport, dist.get_world_size(groups.test))
-        chk.true(f"group runs on {want}", got == want, f"got {got!r}")
-
-
-def transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> Optional[str]:
-    """The transport of the group under test (None unless ringpg)."""
-    return transport_of(groups.test) if groups.backend == "ringpg" else None
 
 
 # ----------------------------------------------------- point 1: inputs unchanged
@@ -116,11 +91,6 @@ def check_unchanged(
 
 def clones(tensors: Optional[list[torch.Tensor]]) -> Optional[list[torch.Tensor]]:
     return None if tensors is None else [t.clone() for t in tensors]
-
-
-def a2a_split(src: int, dst: int, ws: int, numel: int) -> int:
-    """Elements ``src`` sends ``dst`` in the unequal all_to_all_single (some zero)."""
-    return (src + dst) % ws * numel // ws + dst
 
 
 def inputs_unchanged_worker(rank: int, ws: int, groups: Groups, transport: str) -> CheckReport:
@@ -266,19 +236,19 @@ def test_ring_allreduce_dtypes(world_size: int, transport: str, tmp_path: Any) -
 # The workers are the shared-memory suite's own (imported, not copied).
 TCP_BATTERIES: tuple[tuple[str, TaskFn, Any, Optional[str]], ...] = (
     # reduce to every root (non-zero ones included), harness.DTYPES x SUM/AVG/MIN/MAX/PRODUCT
-    ("reduce_every_dst", test_surface_reduce_ops.reduce_every_dst_worker, None, None),
+    ("reduce_every_dst", reduce_every_dst_worker, None, None),
     # all_reduce, every dtype x SUM/AVG/MIN/MAX/PRODUCT x numels up to 2**20+3
-    ("all_reduce_ops", test_collectives.all_reduce_worker, "flat", None),
-    ("reduce_scatter_ops", test_collectives.reduce_scatter_tensor_worker, "flat", None),
-    ("premul_sum", test_surface_reduce_ops.premul_sum_worker, None, "PREMUL_SUM"),
-    ("bitwise", test_surface_reduce_ops.bitwise_worker, None, None),
-    ("all_gather_list", test_collectives.all_gather_list_worker, "flat", None),
+    ("all_reduce_ops", all_reduce_worker, "flat", None),
+    ("reduce_scatter_ops", reduce_scatter_tensor_worker, "flat", None),
+    ("premul_sum", premul_sum_worker, None, "PREMUL_SUM"),
+    ("bitwise", bitwise_worker, None, None),
+    ("all_gather_list", all_gather_list_worker, "flat", None),
     # all_reduce_coalesced / all_gather_coalesced
-    ("deprecated_coalesced", test_surface_collectives.deprecated_coalesced_worker, None, None),
+    ("deprecated_coalesced", deprecated_coalesced_worker, None, None),
     # _coalescing_manager around all_reduce / all_gather_into_tensor / reduce_scatter_tensor
-    ("coalescing_manager", test_surface_collectives.coalescing_manager_worker, None, None),
+    ("coalescing_manager", coalescing_manager_worker, None, None),
     # funcol all_gather_into_tensor_coalesced / reduce_scatter_tensor_coalesced
-    ("functional_coalesced", test_surface_collectives.functional_coalesced_worker, None, None),
+    ("functional_coalesced", functional_coalesced_worker, None, None),
 )
 
 

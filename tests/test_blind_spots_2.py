@@ -64,21 +64,11 @@ from harness import (
     transport_of,
 )
 from harness.surface import ref_reduce, small_complex
-from test_blind_spots import a2a_split, bpool, check_transport  # noqa: F401  (bpool: fixture)
+from harness.transports import a2a_split, check_transport, on_transports
 
 TRANSPORTS = tuple(TRANSPORT_ENVS)
 TYPED = ("DistBackendError", "DistNetworkError")
 ringpg_only = pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringpg's own errors and fault handling")
-
-
-def on(world_sizes: tuple[int, ...]) -> Callable[[Any], Any]:
-    """Parametrize over world sizes and both transports (module scope, for ``bpool``)."""
-
-    def mark(fn: Any) -> Any:
-        fn = pytest.mark.parametrize("transport", TRANSPORTS, scope="module")(fn)
-        return pytest.mark.parametrize("world_size", world_sizes, ids=lambda ws: f"ws{ws}", scope="module")(fn)
-
-    return mark
 
 
 # ------------------------------------------------------- bad input on one rank
@@ -159,7 +149,7 @@ def may_finish(case: str, rank: int, ws: int, v: dict) -> bool:
 
 
 @ringpg_only
-@on((3,))
+@on_transports(*TRANSPORTS, world_sizes=(3,))
 @pytest.mark.parametrize("case", ["all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "reduce"])
 def test_bad_input_on_one_rank(bpool: WorkerPool, transport: str, case: str) -> None:
     res = bpool.run(bad_input_worker, (case, transport), timeout=60)
@@ -233,7 +223,7 @@ def refusals_worker(rank: int, ws: int, groups: Groups, transport: str) -> Check
 
 
 @ringpg_only
-@on((2, 3))
+@on_transports(*TRANSPORTS)
 def test_refusals_keep_the_group(bpool: WorkerPool, transport: str) -> None:
     assert_reports_ok(bpool.run(refusals_worker, transport, timeout=120))
 
@@ -300,7 +290,7 @@ def numel_zero_worker(rank: int, ws: int, groups: Groups, transport: str) -> Che
     return chk.report()
 
 
-@on((2, 3))
+@on_transports(*TRANSPORTS)
 def test_numel_zero(bpool: WorkerPool, transport: str) -> None:
     assert_reports_ok(bpool.run(numel_zero_worker, transport, timeout=120))
 
@@ -440,6 +430,6 @@ def subgroup_worker(rank: int, ws: int, groups: Groups, transport: str) -> Check
     return chk.report()
 
 
-@on((3,))
+@on_transports(*TRANSPORTS, world_sizes=(3,))
 def test_subgroup_0_2(bpool: WorkerPool, transport: str) -> None:
     assert_reports_ok(bpool.run(subgroup_worker, transport, timeout=120))

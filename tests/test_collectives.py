@@ -15,7 +15,7 @@ from a gloo all_reduce, so they do not depend on gloo's reduce_scatter.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -29,82 +29,36 @@ from harness import (
     WorkerPool,
     assert_reports_ok,
     data_kind,
-    dtype_name,
     make_data,
     make_random_float,
-    numels_for,
     reduce_op,
     ref_all_gather,
     ref_all_reduce,
     ref_broadcast,
     ref_reduce_scatter,
     sentinel_like,
-    skip_case,
+)
+from harness.batteries import (
+    all_gather_list_worker,
+    all_reduce_worker,
+    block_shapes,
+    case_name,
+    reduce_scatter_tensor_worker,
+    reducing_cases,
+    stacked_shape,
 )
 
 pytestmark = pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5], ids=lambda ws: f"ws{ws}", scope="module")
-
-MULTI_DIM_SHAPE = (3, 7)
-
-
-def _shapes(layout: str, ws: int, dtype: torch.dtype) -> list[tuple[int, ...]]:
-    """Per-rank block shapes: 1-D over harness.numels_for, or the single 2-D shape."""
-    if layout == "flat":
-        return [(n,) for n in numels_for(ws, dtype)]
-    return [MULTI_DIM_SHAPE]
-
-
-def _case(op_name: str, reduce: str, dtype: torch.dtype, ws: int, shape: Sequence[int], extra: str = "") -> str:
-    r = f" op={reduce}" if reduce else ""
-    return f"{op_name}{r} dtype={dtype_name(dtype)} ws={ws} shape={tuple(shape)}{extra}"
-
-
-def _stacked(shape: Sequence[int], ws: int) -> tuple[int, ...]:
-    return (shape[0] * ws, *shape[1:])
 
 
 # ---------------------------------------------------------------- worker bodies
 
 
-def _reducing_cases(backend: str, layout: str, ws: int) -> Iterator[tuple[torch.dtype, str, tuple[int, ...]]]:
-    """Every (dtype, op, shape) a reducing collective is checked on (gloo's gaps skipped in gloo mode)."""
-    for dtype in DTYPES:
-        for op in OPS:
-            if skip_case(backend, op, dtype):
-                continue
-            for shape in _shapes(layout, ws, dtype):
-                yield dtype, op, shape
-
-
-def all_reduce_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
-    chk = Checker(rank)
-    for dtype, op, shape in _reducing_cases(groups.backend, layout, ws):
-        case = _case("all_reduce", op, dtype, ws, shape)
-        x = make_data(rank, case, shape, dtype, data_kind(op))
-        got = x.clone()
-        dist.all_reduce(got, op=reduce_op(op), group=groups.test)
-        chk.equal(case, got, ref_all_reduce(x, op, groups.ref))
-    return chk.report()
-
-
-def reduce_scatter_tensor_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
-    chk = Checker(rank)
-    for dtype, op, shape in _reducing_cases(groups.backend, layout, ws):
-        case = _case("reduce_scatter_tensor", op, dtype, ws, shape)
-        x = make_data(rank, case, _stacked(shape, ws), dtype, data_kind(op))
-        x_before = x.clone()
-        out = sentinel_like(shape, dtype)
-        dist.reduce_scatter_tensor(out, x, op=reduce_op(op), group=groups.test)
-        chk.equal(case, out, ref_reduce_scatter(x_before, op, groups.ref))
-        chk.equal(case + " [input must be left unchanged]", x, x_before)
-    return chk.report()
-
-
 def reduce_scatter_list_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
     chk = Checker(rank)
-    for dtype, op, shape in _reducing_cases(groups.backend, layout, ws):
-        case = _case("reduce_scatter(list)", op, dtype, ws, shape)
-        x = make_data(rank, case, _stacked(shape, ws), dtype, data_kind(op))
+    for dtype, op, shape in reducing_cases(groups.backend, layout, ws):
+        case = case_name("reduce_scatter(list)", op, dtype, ws, shape)
+        x = make_data(rank, case, stacked_shape(shape, ws), dtype, data_kind(op))
         inputs = [x.narrow(0, i * shape[0], shape[0]).clone() for i in range(ws)]
         out = sentinel_like(shape, dtype)
         dist.reduce_scatter(out, inputs, op=reduce_op(op), group=groups.test)
@@ -115,11 +69,11 @@ def reduce_scatter_list_worker(rank: int, ws: int, groups: Groups, layout: str) 
 def all_gather_into_tensor_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
     chk = Checker(rank)
     for dtype in DTYPES:
-        for shape in _shapes(layout, ws, dtype):
-            case = _case("all_gather_into_tensor", "", dtype, ws, shape)
+        for shape in block_shapes(layout, ws, dtype):
+            case = case_name("all_gather_into_tensor", "", dtype, ws, shape)
             x = make_data(rank, case, shape, dtype)
             x_before = x.clone()
-            out = sentinel_like(_stacked(shape, ws), dtype)
+            out = sentinel_like(stacked_shape(shape, ws), dtype)
             dist.all_gather_into_tensor(out, x, group=groups.test)
             chk.equal(case, out, ref_all_gather(x_before, groups.ref))
             chk.equal(case + " [input must be left unchanged]", x, x_before)
@@ -132,8 +86,8 @@ def all_gather_aliased_worker(rank: int, ws: int, groups: Groups, where: str) ->
     chk = Checker(rank)
     slot = rank if where == "own" else (rank + 1) % ws
     for dtype in DTYPES:
-        for (n,) in _shapes("flat", ws, dtype):
-            case = _case("all_gather_into_tensor", "", dtype, ws, (n,), f" input=output[{where} chunk]")
+        for (n,) in block_shapes("flat", ws, dtype):
+            case = case_name("all_gather_into_tensor", "", dtype, ws, (n,), f" input=output[{where} chunk]")
             x = make_data(rank, case, (n,), dtype)
             out = sentinel_like((n * ws,), dtype)
             view = out.narrow(0, slot * n, n)
@@ -143,26 +97,12 @@ def all_gather_aliased_worker(rank: int, ws: int, groups: Groups, where: str) ->
     return chk.report()
 
 
-def all_gather_list_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
-    chk = Checker(rank)
-    for dtype in DTYPES:
-        for shape in _shapes(layout, ws, dtype):
-            case = _case("all_gather(list)", "", dtype, ws, shape)
-            x = make_data(rank, case, shape, dtype)
-            outs = [sentinel_like(shape, dtype) for _ in range(ws)]
-            dist.all_gather(outs, x, group=groups.test)
-            expected = ref_all_gather(x, groups.ref)
-            for i, o in enumerate(outs):
-                chk.equal(f"{case} [output {i}]", o, expected.narrow(0, i * shape[0], shape[0]))
-    return chk.report()
-
-
 def broadcast_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
     chk = Checker(rank)
     for dtype in DTYPES:
-        for shape in _shapes(layout, ws, dtype):
+        for shape in block_shapes(layout, ws, dtype):
             for src in range(ws):
-                case = _case("broadcast", "", dtype, ws, shape, f" src={src}")
+                case = case_name("broadcast", "", dtype, ws, shape, f" src={src}")
                 x = make_data(rank, case, shape, dtype)  # differs on every rank
                 got = x.clone()
                 dist.broadcast(got, src=src, group=groups.test)
@@ -205,7 +145,7 @@ def random_float_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckR
             kind = "product" if op == "PRODUCT" else "normal"
             for n in FLOAT_NUMELS:
                 for coll in ("all_reduce", "reduce_scatter_tensor"):
-                    case = _case(coll, op, dtype, ws, (n,), " random")
+                    case = case_name(coll, op, dtype, ws, (n,), " random")
                     in_shape = (n,) if coll == "all_reduce" else (n * ws,)
                     x = make_random_float(rank, case, in_shape, dtype, kind)
                     if coll == "all_reduce":

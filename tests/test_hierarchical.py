@@ -66,7 +66,6 @@ from typing import Any, Callable, Iterator, Optional
 
 import harness
 import pytest
-import test_surface_collectives
 import torch
 import torch.distributed as dist
 from harness import (
@@ -105,6 +104,7 @@ from harness import (
     traced_pieces,
     transport_expected,
 )
+from harness.batteries import coalescing_manager_worker, deprecated_coalesced_worker
 from harness.surface import finish, guarded
 
 WS = 6
@@ -413,8 +413,8 @@ TASKS: tuple[tuple[str, TaskFn, Any], ...] = (
     # test_surface_collectives.py's own: all_reduce_coalesced / all_gather_coalesced,
     # _coalescing_manager with async_ops (funcol's *_coalesced reach the same backend
     # ops as the manager's, and their first call costs seconds: not here).
-    ("surface-deprecated", test_surface_collectives.deprecated_coalesced_worker, None),
-    ("surface-manager", test_surface_collectives.coalescing_manager_worker, None),
+    ("surface-deprecated", deprecated_coalesced_worker, None),
+    ("surface-manager", coalescing_manager_worker, None),
     ("subgroups", subgroup_worker, None),  # args: the layout's subgroups
 )
 # The op spans of ringpg's traces whose algorithm is the hierarchical one or the ring.

@@ -22,13 +22,11 @@ gloo's all_reduce / all_gather (harness refs).
 from __future__ import annotations
 
 import itertools
-import warnings
 from typing import Any, Callable, Optional
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 from harness import (
     Checker,
     CheckReport,
@@ -39,11 +37,13 @@ from harness import (
     global_rank,
     known_gap,
     make_data,
-    reduce_op,
     ref_all_gather,
-    ref_all_reduce,
-    ref_reduce_scatter,
     sentinel_like,
+)
+from harness.batteries import (
+    coalescing_manager_worker,
+    deprecated_coalesced_worker,
+    functional_coalesced_worker,
 )
 from harness.surface import (
     finish,
@@ -161,99 +161,6 @@ def all_to_all_list_worker(rank: int, ws: int, groups: Groups, args: Any) -> Che
 
 
 # ------------------------------------------------------------------- coalesced
-
-COALESCED_SHAPES = ((5,), (0,), (3, 4), (1,))
-
-
-def deprecated_coalesced_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
-    """all_reduce_coalesced (SUM, MAX, AVG) and all_gather_coalesced."""
-    chk = Checker(rank)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        for dtype in (torch.float32, torch.int64):
-            for op in ("SUM", "MAX", "AVG"):
-                if op == "AVG" and not dtype.is_floating_point:
-                    continue
-                case = f"all_reduce_coalesced op={op} dtype={dtype_name(dtype)} ws={ws}"
-                xs = [make_data(rank, f"{case} [{i}]", s, dtype) for i, s in enumerate(COALESCED_SHAPES)]
-                got = [x.clone() for x in xs]
-                dist.all_reduce_coalesced(got, op=reduce_op(op), group=groups.test)
-                for i, (g, x) in enumerate(zip(got, xs)):
-                    chk.equal(f"{case} [tensor {i}]", g, ref_all_reduce(x, op, groups.ref))
-
-            case = f"all_gather_coalesced dtype={dtype_name(dtype)} ws={ws}"
-            xs = [make_data(rank, f"{case} [{i}]", s, dtype) for i, s in enumerate(COALESCED_SHAPES)]
-            outs = [[sentinel_like(s, dtype) for s in COALESCED_SHAPES] for _ in range(ws)]
-            dist.all_gather_coalesced(outs, xs, group=groups.test)
-            for i, (s, x) in enumerate(zip(COALESCED_SHAPES, xs)):
-                expected = ref_all_gather(x.reshape(-1), groups.ref).reshape(ws, *s)
-                for r in range(ws):
-                    chk.equal(f"{case} [tensor {i} of rank {r}]", outs[r][i], expected[r])
-    return finish(chk, groups.test)
-
-
-def coalescing_manager_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
-    """_coalescing_manager around all_reduce, all_gather_into_tensor, reduce_scatter_tensor."""
-    chk = Checker(rank)
-    g = groups.test
-    shapes = ((4,), (3, 5), (1,))
-    for async_ops in (False, True):
-        tag = f"ws={ws} async_ops={async_ops}"
-
-        case = f"coalesced all_reduce op=MAX dtype=float32 {tag}"
-        xs = [make_data(rank, f"{case} [{i}]", s, torch.float32) for i, s in enumerate(shapes)]
-        got = [x.clone() for x in xs]
-        with dist._coalescing_manager(group=g, async_ops=async_ops) as cm:
-            for t in got:
-                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g)
-        if async_ops:
-            cm.wait()
-        for i, (t, x) in enumerate(zip(got, xs)):
-            chk.equal(f"{case} [tensor {i}]", t, ref_all_reduce(x, "MAX", groups.ref))
-
-        # Mixed dtypes: each output only has to match its own input.
-        dtypes = (torch.float32, torch.int64, torch.bfloat16)
-        case = f"coalesced all_gather_into_tensor mixed dtypes {tag}"
-        xs = [make_data(rank, f"{case} [{i}]", s, d) for i, (s, d) in enumerate(zip(shapes, dtypes))]
-        outs = [sentinel_like((s[0] * ws, *s[1:]), d) for s, d in zip(shapes, dtypes)]
-        with dist._coalescing_manager(group=g, async_ops=async_ops) as cm:
-            for o, x in zip(outs, xs):
-                dist.all_gather_into_tensor(o, x, group=g)
-        if async_ops:
-            cm.wait()
-        for i, (o, x) in enumerate(zip(outs, xs)):
-            chk.equal(f"{case} [tensor {i}]", o, ref_all_gather(x, groups.ref))
-
-        for op in ("SUM", "AVG"):
-            case = f"coalesced reduce_scatter_tensor op={op} dtype=float32 {tag}"
-            xs = [make_data(rank, f"{case} [{i}]", (s[0] * ws, *s[1:]), torch.float32) for i, s in enumerate(shapes)]
-            outs = [sentinel_like(s, torch.float32) for s in shapes]
-            with dist._coalescing_manager(group=g, async_ops=async_ops) as cm:
-                for o, x in zip(outs, xs):
-                    dist.reduce_scatter_tensor(o, x.clone(), op=reduce_op(op), group=g)
-            if async_ops:
-                cm.wait()
-            for i, (o, x) in enumerate(zip(outs, xs)):
-                chk.equal(f"{case} [tensor {i}]", o, ref_reduce_scatter(x, op, groups.ref))
-    return finish(chk, groups.test)
-
-
-def functional_coalesced_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
-    """funcol all_gather_into_tensor_coalesced / reduce_scatter_tensor_coalesced on the group."""
-    chk = Checker(rank)
-    shapes = ((4,), (2, 3), (1,))
-    case = f"funcol all_gather_into_tensor_coalesced dtype=int64 ws={ws}"
-    xs = [make_data(rank, f"{case} [{i}]", s, torch.int64) for i, s in enumerate(shapes)]
-    outs = funcol.all_gather_into_tensor_coalesced(xs, groups.test)
-    for i, (o, x) in enumerate(zip(outs, xs)):
-        chk.equal(f"{case} [tensor {i}]", funcol.wait_tensor(o), ref_all_gather(x, groups.ref))
-    for op in ("sum", "max"):
-        case = f"funcol reduce_scatter_tensor_coalesced op={op} dtype=float32 ws={ws}"
-        xs = [make_data(rank, f"{case} [{i}]", (s[0] * ws, *s[1:]), torch.float32) for i, s in enumerate(shapes)]
-        outs = funcol.reduce_scatter_tensor_coalesced(xs, op, [0] * len(xs), groups.test)
-        for i, (o, x) in enumerate(zip(outs, xs)):
-            chk.equal(f"{case} [tensor {i}]", funcol.wait_tensor(o), ref_reduce_scatter(x, op.upper(), groups.ref))
-    return finish(chk, groups.test)
 
 
 # ---------------------------------------------------------- object collectives

@@ -20,14 +20,13 @@ AVG in reduce_scatter is compared with SUM / world size (computed from gloo's al
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 from harness import (
     DTYPES,
-    OPS,
     Checker,
     CheckReport,
     Groups,
@@ -38,18 +37,22 @@ from harness import (
     dtype_name,
     known_gap,
     make_data,
-    rank_block,
     ref_all_reduce,
     skip_case,
 )
+from harness.batteries import (
+    REDUCING,
+    bitwise_worker,
+    check_reducing,
+    expected_of,
+    premul_sum_worker,
+    reduce_every_dst_worker,
+    run_reducing,
+)
 from harness.surface import (
-    BITWISE_OPS,
-    FLOAT_DTYPES,
-    INT_DTYPES,
     WIDE_INT_DTYPES,
     error_text,
     finish,
-    guarded,
     random_raw,
     ref_reduce,
     small_complex,
@@ -58,103 +61,8 @@ from harness.surface import (
 
 pytestmark = pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}", scope="module")
 
-REDUCING = ("all_reduce", "reduce", "reduce_scatter_tensor")
-BLOCK_NUMELS = (1, 257)  # per-rank block sizes; the input has ws * numel elements
-REDUCE_SHAPES = ((1,), (1000,), (3, 7))
-
-
-def _reduce_op(op: Any) -> Any:
-    return getattr(dist.ReduceOp, op) if isinstance(op, str) else op
-
-
-def run_reducing(coll: str, x: torch.Tensor, op: Any, group: Any, dst: int) -> Optional[torch.Tensor]:
-    """Run ``coll`` on a copy of ``x`` (dim 0 = ws blocks); return this rank's result.
-
-    all_reduce: the reduced tensor; reduce: the reduced tensor on ``dst`` (global
-    rank), None elsewhere; reduce_scatter_tensor: this rank's block.
-    """
-    y = x.clone()
-    if coll == "all_reduce":
-        dist.all_reduce(y, op=_reduce_op(op), group=group)
-        return y
-    if coll == "reduce":
-        dist.reduce(y, dst=dst, op=_reduce_op(op), group=group)
-        return y if dist.get_rank() == dst else None
-    if coll == "reduce_scatter_tensor":
-        ws = dist.get_world_size(group)
-        out = torch.full((x.shape[0] // ws, *x.shape[1:]), 7, dtype=x.dtype)
-        dist.reduce_scatter_tensor(out, y, op=_reduce_op(op), group=group)
-        return out
-    raise ValueError(coll)
-
-
-def expected_of(coll: str, full: torch.Tensor, group: Any) -> torch.Tensor:
-    """What ``coll`` must produce on this rank, given the full reduction ``full``."""
-    return rank_block(full, group) if coll == "reduce_scatter_tensor" else full
-
-
-def check_reducing(
-    chk: Checker,
-    groups: Groups,
-    label: str,
-    make: Callable[[str, tuple[int, ...]], torch.Tensor],
-    op: Any,
-    ref: Callable[[torch.Tensor], torch.Tensor],
-    colls: tuple[str, ...] = REDUCING,
-) -> None:
-    """One (data, op) pair on every collective in ``colls`` and every block size.
-
-    ``make(case, shape)`` builds this rank's input; ``ref(x)`` the full reduction
-    (computed on gloo); ``op`` is a ReduceOp name or object.  ``reduce`` runs to the
-    last rank (test_reduce_every_dst covers every destination).
-    """
-    ws = dist.get_world_size(groups.test)
-    dst = ws - 1
-    for coll in colls:
-        for n in BLOCK_NUMELS:
-            case = f"{coll} {label} ws={ws} numel={ws * n}"
-            x = make(case, (ws * n,))
-            got = guarded(chk, case, lambda: run_reducing(coll, x, op, groups.test, dst))
-            expected = expected_of(coll, ref(x), groups.ref)
-            if got is not None:
-                chk.equal(case, got, expected)
-
 
 # ---------------------------------------------------------------- worker bodies
-
-
-def reduce_every_dst_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
-    """dist.reduce, harness.DTYPES x harness.OPS x every dst x a few shapes."""
-    chk = Checker(rank)
-    for dtype in DTYPES:
-        for op in OPS:
-            if skip_case(groups.backend, op, dtype):
-                continue
-            for shape in REDUCE_SHAPES:
-                for dst in range(ws):
-                    case = f"reduce op={op} dtype={dtype_name(dtype)} ws={ws} shape={shape} dst={dst}"
-                    x = make_data(rank, case, shape, dtype, data_kind(op))
-                    got = run_reducing("reduce", x, op, groups.test, dst)
-                    expected = ref_all_reduce(x, op, groups.ref)
-                    if got is not None:
-                        chk.equal(case, got, expected)
-    return finish(chk, groups.test)
-
-
-def premul_sum_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
-    """PREMUL_SUM with a float factor and a 1-element tensor factor (input dtype)."""
-    chk = Checker(rank)
-    for dtype in FLOAT_DTYPES:
-        for kind, factor in (("float 0.5", 0.5), ("tensor [3.0]", torch.tensor([3.0], dtype=dtype))):
-            check_reducing(
-                chk,
-                groups,
-                f"PREMUL_SUM factor={kind} dtype={dtype_name(dtype)}",
-                lambda case, shape: make_data(rank, case, shape, dtype),
-                dist._make_nccl_premul_sum(factor),
-                lambda x: ref_all_reduce(x * factor, "SUM", groups.ref),
-            )
-    return finish(chk, groups.test)
 
 
 def premul_sum_factor_dtype_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
@@ -179,24 +87,6 @@ def premul_sum_factor_dtype_worker(rank: int, ws: int, groups: Groups, args: Any
             if got is not None:
                 chk.equal(case + " [accepted, so the result must be right]", got, expected)
     return finish(chk, groups.test, restart_on_failure=True)
-
-
-def bitwise_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
-    """BAND/BOR/BXOR on every integer dtype and on bool, random bit patterns."""
-    chk = Checker(rank)
-    for dtype in (*INT_DTYPES, torch.bool):
-        if dtype in WIDE_INT_DTYPES and known_gap(groups.backend, "wide integer dtypes"):
-            continue
-        for op in BITWISE_OPS:
-            check_reducing(
-                chk,
-                groups,
-                f"op={op} dtype={dtype_name(dtype)} random bits",
-                lambda case, shape: random_raw(rank, case, shape, dtype),
-                op,
-                lambda x: ref_reduce(x, op, groups.ref),
-            )
-    return finish(chk, groups.test)
 
 
 def bool_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:

@@ -17,6 +17,10 @@ One module a room; every test imports what it needs from ``harness`` itself:
   purpose, and :func:`expect_error`, which times a call that should raise; the shared
   dead-peer scenario (:func:`die_mid_collective`, :func:`assert_survivors_raised_fast`).
 
+* :mod:`harness.batteries`: worker batteries more than one test file runs (the
+  collectives' exact checks, the coalesced APIs, the ReduceOps);
+* :mod:`harness.transports`: a battery on each transport (``on_transports`` for
+  conftest's ``bpool``, ``check_transport``);
 * :mod:`harness.surface`: raw-byte data, a reduction reference for every (dtype,
   ReduceOp) pair, and :func:`harness.surface.guarded` for the API-surface batteries.
 
