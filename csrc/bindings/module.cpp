@@ -77,11 +77,18 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, std::string groupName, const std::string& transport,
                        const std::string& algo) {
+             // The GIL is released for the group's set-up (it waits on the Store and on
+             // peers) inside the factory, not by a call_guard: with a call_guard pybind11
+             // would register the new instance with the GIL still released, racing other
+             // threads on its instance map ("Tried to deallocate unregistered instance!",
+             // an abort; pybind11 issue 5473), which torchft's ranks-as-threads test hit
+             // when two ranks created groups at once.
+             py::gil_scoped_release noGil;
              return c10::make_intrusive<ringpg::RingBackend>(store, rank, size, timeout, std::move(groupName),
                                                              transport, algo);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name") = "",
-           py::arg("transport") = "", py::arg("algo") = "", py::call_guard<py::gil_scoped_release>(),
+           py::arg("transport") = "", py::arg("algo") = "",
            "`transport` (auto, shm, tcp, gloo; \"\": RINGPG_TRANSPORT's) and `algo` (auto, ring, hier; \"\": "
            "RINGPG_ALGO's) pick this group's links and algorithm; every rank must pass the same")
       .def_property_readonly("local_address", &ringpg::RingBackend::localAddress)
