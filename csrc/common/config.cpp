@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <initializer_list>
 #include <string>
 
 namespace ringpg {
@@ -24,6 +25,20 @@ int64_t envInt(const char* name, int64_t dflt, int64_t lo, int64_t hi) {
   }
   TORCH_CHECK(x >= lo && x <= hi, "ringpg: ", name, "=", x, " is outside [", lo, ", ", hi, "]");
   return x;
+}
+
+// The one of `choices` whose name (`nameOf`) is `name`; else an error naming the setting
+// (`what`, e.g. "RINGPG_ALGO=") and every choice.
+template <typename E>
+E choiceNamed(const std::string& name, std::initializer_list<E> choices, const char* (*nameOf)(E), const char* what) {
+  std::string listed;
+  for (E choice : choices) {
+    if (name == nameOf(choice)) {
+      return choice;
+    }
+    listed += c10::str(listed.empty() ? "" : ", ", nameOf(choice));
+  }
+  TORCH_CHECK(false, "ringpg: ", what, name, " is not one of ", listed);
 }
 
 Config load() {
@@ -71,14 +86,8 @@ Config load() {
     c.connect = *v == "all" ? Config::Connect::All : Config::Connect::Lazy;
   }
   if (auto v = c10::utils::get_env("RINGPG_ALLTOALL"); v && !v->empty()) {
-    bool known = false;
-    for (auto choice : {Config::AllToAll::Auto, Config::AllToAll::Direct, Config::AllToAll::Bruck}) {
-      if (*v == Config::allToAllName(choice)) {
-        c.allToAll = choice;
-        known = true;
-      }
-    }
-    TORCH_CHECK(known, "ringpg: RINGPG_ALLTOALL=", *v, " is not one of auto, direct, bruck");
+    c.allToAll = choiceNamed(*v, {Config::AllToAll::Auto, Config::AllToAll::Direct, Config::AllToAll::Bruck},
+                             &Config::allToAllName, "RINGPG_ALLTOALL=");
   }
   if (auto v = c10::utils::get_env("RINGPG_HOSTID"); v && !v->empty()) {
     c.hostId = *v;
@@ -106,12 +115,7 @@ const char* Config::transportName(Transport t) {
 }
 
 Config::Transport Config::transportNamed(const std::string& name, const char* what) {
-  for (auto choice : {Transport::Auto, Transport::Shm, Transport::Tcp, Transport::Gloo}) {
-    if (name == transportName(choice)) {
-      return choice;
-    }
-  }
-  TORCH_CHECK(false, "ringpg: ", what, name, " is not one of auto, shm, tcp, gloo");
+  return choiceNamed(name, {Transport::Auto, Transport::Shm, Transport::Tcp, Transport::Gloo}, &transportName, what);
 }
 
 const char* Config::algoName(Algo a) {
@@ -127,12 +131,7 @@ const char* Config::algoName(Algo a) {
 }
 
 Config::Algo Config::algoNamed(const std::string& name, const char* what) {
-  for (auto choice : {Algo::Auto, Algo::Ring, Algo::Hier}) {
-    if (name == algoName(choice)) {
-      return choice;
-    }
-  }
-  TORCH_CHECK(false, "ringpg: ", what, name, " is not one of auto, ring, hier");
+  return choiceNamed(name, {Algo::Auto, Algo::Ring, Algo::Hier}, &algoName, what);
 }
 
 const char* Config::allToAllName(AllToAll a) {
