@@ -44,15 +44,25 @@ QUICK_TESTS=(
   "tests/test_collectives.py::test_matches_gloo[flat-all_reduce-ws3]"
   "tests/test_collectives.py::test_matches_gloo[flat-reduce_scatter_tensor-ws3]"
   "tests/test_collectives.py::test_matches_gloo[flat-all_gather_into_tensor-ws3]"
-  "tests/test_surface_reduce_ops.py::test_premul_sum[ws2]"
-  "tests/test_surface_collectives.py::test_p2p_tags_out_of_order[ws2]"
-  "tests/test_surface_collectives.py::test_batch_isend_irecv_ring[ws2]"
-  "tests/test_async.py::test_futures_then_and_wait_all[n262144-ws3]"
+  "tests/test_reduce_ops_and_dtypes.py::test_premul_sum[ws2]"
+  "tests/test_collectives.py::test_p2p_tags_out_of_order[ws2]"
+  "tests/test_collectives.py::test_batch_isend_irecv_ring[ws2]"
+  "tests/test_collectives.py::test_futures_then_and_wait_all[n262144-ws3]"
   "tests/test_faults.py::test_killed_rank_every_survivor_raises_fast[2-sigkill-shm]"
   "tests/test_faults.py::test_abort_fails_the_peers_pending_op_at_once"
   "tests/test_faults.py::test_shutdown_is_orderly_and_later_ops_are_refused"
-  "tests/test_registration.py"
 )
+# Registration's tests, by name: the rest of their file (rendezvous, shared settings,
+# torchrun) is not in the quick subset.
+for t in test_version_mismatch_raises_with_rebuild_command test_matching_versions_pass \
+  test_extension_exports_no_copy_of_the_cxx_runtime test_backend_name_registered \
+  test_register_twice_is_harmless test_entry_point_registers_cleanly test_get_backend_of_group \
+  test_backend_returns_the_groups_ringbackend_and_none_for_others test_features_follow_the_torch_release \
+  test_unavailable_feature_message_names_the_release \
+  test_backend_methods_of_a_newer_torch_are_present_or_raise_a_clear_error \
+  test_use_algorithm_picks_the_algorithm_of_groups_made_inside_it; do
+  QUICK_TESTS+=("tests/test_rendezvous_and_registration.py::$t")
+done
 
 VENV_ROOT=${RINGPG_VENV_DIR:-$HOME/.cache/ringpg-venvs}
 VENV=$VENV_ROOT/torch-$VERSION

@@ -4,7 +4,7 @@ ringpg runs allreduce, reduce_scatter_tensor and all_gather_into_tensor hierarch
 (csrc/algorithms/hierarchical.cpp: a ring over each host's ranks, one ring per local
 rank across the hosts, the hierSlot chunk layout) where several hosts hold the same
 number K > 1 of a group's ranks, and the flat ring where they hold different numbers.
-test_transport.py covers 2 hosts x 2 ranks and 2 + 1; test_blind_spots.py 2 x 4.  Here,
+test_transports.py covers 2 hosts x 2 ranks and 2 + 1; test_collectives.py 2 x 4.  Here,
 at world size 6, hosts emulated through ``RINGPG_HOSTID`` (harness.EMULATED_LAYOUTS):
 
 * ``3x2``: 3 hosts x 2 ranks, rank r on host r % 3 (cyclic: hierSlot is the rank, the
@@ -33,7 +33,7 @@ against gloo on the same ranks and inputs:
 * uint8, float16, float64, int64 and complex64 (the other element sizes) under SUM
   at an odd size;
 * the coalesced forms: ``_coalescing_manager`` around all_reduce / reduce_scatter_tensor /
-  all_gather_into_tensor on the same dtypes and ops, plus test_surface_collectives.py's
+  all_gather_into_tensor on the same dtypes and ops, plus test_collectives.py's
   own coalesced batteries (all_reduce_coalesced, all_gather_coalesced, the manager
   with async_ops), imported;
 * subgroups: one spanning 2 hosts x 2 ranks (hierarchical, whatever the world's shape,
@@ -410,7 +410,7 @@ TASKS: tuple[tuple[str, TaskFn, Any], ...] = (
     ("info", info_worker, None),
     ("battery", battery_worker, None),
     ("coalesced", coalesced_worker, None),
-    # test_surface_collectives.py's own: all_reduce_coalesced / all_gather_coalesced,
+    # test_collectives.py's own: all_reduce_coalesced / all_gather_coalesced,
     # _coalescing_manager with async_ops (funcol's *_coalesced reach the same backend
     # ops as the manager's, and their first call costs seconds: not here).
     ("surface-deprecated", deprecated_coalesced_worker, None),

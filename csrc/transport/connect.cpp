@@ -30,7 +30,7 @@ namespace {
 //    fail their first op with a "collective mismatch" that names no setting; and a
 //    rank with RINGPG_TRACE set runs a clock sync with rank 0 that untraced ranks skip.
 // (Local settings stay local: the receive window, the spin, socket buffers, the work
-// cache, the reduction ISA, congestion control; tests/test_settings_agreement.py runs a
+// cache, the reduction ISA, congestion control; tests/test_rendezvous_and_registration.py runs a
 // group whose ranks differ in the receive window.)
 // Whether the ranks' values of a setting (one per rank) may run together.
 using Agreement = bool (*)(const std::vector<std::string>& values);

@@ -102,7 +102,8 @@ FEATURES: Dict[str, Feature] = {
 
 # Methods of torch's c10d Backend (the Python class RingBackend extends) that a newer
 # torch has, with the release whose Python binding first has them (checked against each
-# release by tests/test_registration.py), and what ringpg makes of them where they exist.
+# release by tests/test_rendezvous_and_registration.py), and what ringpg makes of them
+# where they exist.
 _NOT_IMPLEMENTED = "ringpg does not implement it on any torch; there torch answers that the backend does not support it"
 BACKEND_METHODS: Dict[str, Tuple[Tuple[int, int], str]] = {
     "supports_coalescing": ((2, 7), "ringpg answers False"),

@@ -4,9 +4,8 @@ the coalesced APIs, and the reducing collectives' ReduceOps.
 
 Each is a worker task (``fn(rank, ws, groups, args) -> CheckReport``, harness.processes)
 that runs the same cases on the group under test and on gloo.  The files that own the
-subjects run them on shared memory (test_collectives.py, test_surface_collectives.py,
-test_surface_reduce_ops.py); test_blind_spots.py runs them again over TCP, and
-test_hierarchical.py on emulated hosts.
+subjects run them on shared memory (test_collectives.py, test_reduce_ops_and_dtypes.py);
+test_transports.py runs them again over TCP, and test_hierarchical.py on emulated hosts.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Launched by tests/test_torchrun.py under ``python -m torch.distributed.run``.
+"""Launched by tests/test_rendezvous_and_registration.py under ``python -m torch.distributed.run``.
 
 It never imports ringpg: ``init_process_group(backend="ringpg")`` must work through
 the ``torch.backends`` entry point that ``import torch`` runs.  It checks a few

@@ -1,28 +1,44 @@
-"""ringpg's ring transports, each compared with gloo in the same processes.
+"""ringpg's transports, each compared with gloo in the same processes, and the CPU count
+that decides whether their waits spin.
 
-Every rank of the test suite runs on one host, so ringpg's ring moves through
-shared memory by default (csrc/transport/shm.h); ``RINGPG_TRANSPORT=tcp`` keeps it
-on its own TCP sockets, the path ranks on different hosts take, and
-``RINGPG_TRANSPORT=gloo`` on Gloo's TCP pairs (csrc/transport/gloo_link.h).  All run here, and the
-shared-memory ring also with ``RINGPG_SEGMENT_BYTES=65536`` (64 KiB slots), so that
-segments, whole-buffer messages of the direct algorithms and the one-shot allreduce
-all span several slot fragments and wrap the slot ring many times.  Both transports
-also run with a long ``RINGPG_SPIN_US``, so that waits end while their thread polls
-(over TCP the waiting thread then reads its peer's socket itself, beside the engine's
-progress thread; over shared memory ws 3 and 4 spin on more ranks than this machine
-may have cores); the TCP one with ``RINGPG_TCP_CONGESTION=reno`` too.
+Every rank of the test suite runs on one host, so ringpg's ring moves through shared
+memory by default (csrc/transport/shm.h); ``RINGPG_TRANSPORT=tcp`` keeps it on its own
+TCP sockets, the path ranks on different hosts take, and ``RINGPG_TRANSPORT=gloo`` on
+Gloo's TCP pairs (csrc/transport/gloo_link.h); emulated hosts (``mixed``) put shared
+memory within a host and TCP between hosts.  All run here at world sizes 2 to 4, and
+the shared-memory ring also with ``RINGPG_SEGMENT_BYTES=65536`` (64 KiB slots), so
+that segments, whole-buffer messages of the direct algorithms and the one-shot
+allreduce all span several slot fragments and wrap the slot ring many times.  Both
+transports also run with a long ``RINGPG_SPIN_US``, so that waits end while their
+thread polls (over TCP the waiting thread then reads its peer's socket itself, beside
+the engine's progress thread; over shared memory ws 3 and 4 spin on more ranks than
+this machine may have cores); the TCP one with ``RINGPG_TCP_CONGESTION=reno`` too.
 
 Each configuration checks which transport the group really uses, which congestion
-control its sockets run, that no named
-shared-memory region is left behind once the group is up, and every collective
-that sends to a ring neighbour, on sizes around the slot and chunk boundaries.
-Data are small integers, so results are exact in every dtype (``torch.equal``).
+control its sockets run, that no named shared-memory region is left behind once the
+group is up, and every collective that sends to a ring neighbour, on sizes around the
+slot and chunk boundaries.  Over TCP, the batteries that otherwise run only on shared
+memory run as well: reduce to every root, all_reduce and reduce_scatter_tensor under
+SUM/AVG/MIN/MAX/PRODUCT, PREMUL_SUM, BAND/BOR/BXOR, list all_gather and the coalesced
+APIs (harness.batteries, the workers of test_collectives.py and
+test_reduce_ops_and_dtypes.py).  Data are small integers, so results are exact in
+every dtype (``torch.equal``).
+
+How ringpg counts the CPUs it may use (csrc/common/host.h) decides whether waits spin
+by default (``RINGPG_SPIN_US=auto``; the decision itself is checked per configuration
+above).  A container's CPU limit is usually a CFS quota rather than a cpuset, so the
+affinity mask alone overstates it: cgroup v2 writes the limit as ``cpu.max`` = "QUOTA
+PERIOD" (or "max PERIOD" without a limit), and a limit of 1.5 CPUs must count as 2.  A
+limit binds every cgroup below it, so the quota is looked up along the process's cgroup
+path (from /proc/self/cgroup) up to the hierarchy's root; the lookups here run on real
+directory trees laid out as cgroupfs lays them out.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from pathlib import Path
+from typing import Any, Iterator, Optional
 
 import pytest
 import torch
@@ -36,6 +52,7 @@ from harness import (
     CheckReport,
     Groups,
     InitSpec,
+    TaskFn,
     WorkerPool,
     assert_reports_ok,
     backend_under_test,
@@ -45,6 +62,7 @@ from harness import (
     emulated_host,
     emulated_topology,
     hierarchical_expected,
+    known_gap,
     make_data,
     reduce_op,
     ref_all_gather,
@@ -57,6 +75,28 @@ from harness import (
     transport_of,
     wait_spin_of,
 )
+from harness.batteries import (
+    all_gather_list_worker,
+    all_reduce_worker,
+    bitwise_worker,
+    coalescing_manager_worker,
+    deprecated_coalesced_worker,
+    functional_coalesced_worker,
+    premul_sum_worker,
+    reduce_every_dst_worker,
+    reduce_scatter_tensor_worker,
+)
+from harness.transports import on_transports, transport_worker
+
+try:  # the CPU-count tests need the built extension; the transports' run on gloo without it
+    import ringpg._C as _C
+except ModuleNotFoundError:
+    _C = None
+
+needs_C = pytest.mark.skipif(_C is None, reason="could not import 'ringpg._C'")
+
+
+# ============================================= every configuration, world sizes 2 to 4
 
 SMALL_SLOT = 65536
 # A spin longer than a small op, so that many waits end while their thread still polls
@@ -119,7 +159,7 @@ def expected_spin_us(env: tuple[tuple[str, str], ...], transport: str, ws: int, 
         local = len([q for q in range(ws) if emulated_host(layout, q) == emulated_host(layout, rank)])
         if local == 1:
             return 0  # no shared-memory link on this rank
-    import ringpg._C  # affinity mask lowered by a CFS quota (tests/test_host.py)
+    import ringpg._C  # affinity mask lowered by a CFS quota (the CPU-count tests below)
 
     return AUTO_SHM_SPIN_US if local <= ringpg._C.usable_cpus() else 0
 
@@ -134,10 +174,8 @@ def numels(ws: int, dtype: torch.dtype) -> list[int]:
     return [0, 1, ws - 1, 1000, per_slot - 1, per_slot * ws + 1, 5 * per_slot * ws + 7]
 
 
-pytestmark = [
-    pytest.mark.parametrize("world_size", [2, 3, 4], ids=lambda ws: f"ws{ws}", scope="module"),
-    pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c[0], scope="module"),
-]
+ON_WS_2_TO_4 = pytest.mark.parametrize("world_size", [2, 3, 4], ids=lambda ws: f"ws{ws}", scope="module")
+ON_CONFIGS = pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c[0], scope="module")
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +185,7 @@ def tpool(world_size: int, config: tuple[str, tuple[tuple[str, str], ...], str])
     p.close()
 
 
-def transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
+def transport_state_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
     prefix = f"ringpg-{os.getpid()}-"
     leftover = [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] if os.path.isdir("/dev/shm") else []
     import ringpg
@@ -212,11 +250,13 @@ def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRe
     return chk.report()
 
 
+@ON_CONFIGS
+@ON_WS_2_TO_4
 def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world_size: int) -> None:
     """The group runs on the transport its configuration asks for, waits spin as the
     README says, its data sockets run the congestion control asked for (else the
     host's), and the group leaves no names in /dev/shm."""
-    results = tpool.run(transport_worker)
+    results = tpool.run(transport_state_worker)
     if backend_under_test() == "ringpg":
         layout = dict(config[1]).get(EMULATED_HOSTS_ENV)
         transport = transport_expected(config[2], world_size) if layout else config[2]
@@ -254,5 +294,123 @@ def expected_copy(env: tuple[tuple[str, str], ...], transport: str, ws: int) -> 
     return [("slots" if slots else "cma") if shared[r] else "" for r in range(ws)]
 
 
+@ON_CONFIGS
+@ON_WS_2_TO_4
 def test_collectives_match_gloo(tpool: WorkerPool) -> None:
     assert_reports_ok(tpool.run(collectives_worker, timeout=240))
+
+
+# ============================================= the surface batteries over TCP, world sizes 2, 3
+
+# (id, worker, args, the gloo gap that skips it in RINGPG_TEST_BACKEND=gloo runs).
+# The workers are the shared-memory tests' own (harness.batteries).
+TCP_BATTERIES: tuple[tuple[str, TaskFn, Any, Optional[str]], ...] = (
+    # reduce to every root (non-zero ones included), harness.DTYPES x SUM/AVG/MIN/MAX/PRODUCT
+    ("reduce_every_dst", reduce_every_dst_worker, None, None),
+    # all_reduce, every dtype x SUM/AVG/MIN/MAX/PRODUCT x numels up to 2**20+3
+    ("all_reduce_ops", all_reduce_worker, "flat", None),
+    ("reduce_scatter_ops", reduce_scatter_tensor_worker, "flat", None),
+    ("premul_sum", premul_sum_worker, None, "PREMUL_SUM"),
+    ("bitwise", bitwise_worker, None, None),
+    ("all_gather_list", all_gather_list_worker, "flat", None),
+    # all_reduce_coalesced / all_gather_coalesced
+    ("deprecated_coalesced", deprecated_coalesced_worker, None, None),
+    # _coalescing_manager around all_reduce / all_gather_into_tensor / reduce_scatter_tensor
+    ("coalescing_manager", coalescing_manager_worker, None, None),
+    # funcol all_gather_into_tensor_coalesced / reduce_scatter_tensor_coalesced
+    ("functional_coalesced", functional_coalesced_worker, None, None),
+)
+
+
+@on_transports("tcp")
+@pytest.mark.parametrize("battery", TCP_BATTERIES, ids=lambda b: b[0])
+def test_tcp_surface(bpool: WorkerPool, battery: tuple[str, TaskFn, Any, Optional[str]]) -> None:
+    """A battery of the API-surface tests (run there on shared memory only) over TCP."""
+    _, worker, args, gap = battery
+    if gap is not None and known_gap(backend_under_test(), gap):
+        pytest.skip(f"{backend_under_test()} lacks: {gap}")
+    if backend_under_test() == "ringpg":
+        assert bpool.run(transport_worker) == ["tcp"] * bpool.world_size
+    assert_reports_ok(bpool.run(worker, args, timeout=240))
+
+
+# ============================================= the CPUs ringpg may use, one process
+
+
+@needs_C
+@pytest.mark.parametrize(
+    "text, cpus",
+    [
+        ("max 100000\n", None),  # no limit
+        ("200000 100000\n", 2),
+        ("150000 100000", 2),  # 1.5 CPUs: a rank may still run on 2 at once
+        ("50000 100000", 1),  # under one CPU still counts one
+        ("400000 50000", 8),
+        ("", None),
+        ("junk", None),
+        ("12x 100000", None),
+        ("100000", None),
+        ("-1 100000", None),
+    ],
+)
+def test_cpu_max_is_read_as_the_ceiling_of_quota_over_period(text: str, cpus: int | None) -> None:
+    assert _C.cpus_from_cpu_max(text) == cpus
+
+
+@needs_C
+def test_usable_cpus_never_exceeds_the_affinity_mask() -> None:
+    n = _C.usable_cpus()
+    assert 1 <= n <= len(os.sched_getaffinity(0))
+
+
+PROC_SELF_CGROUP_V1 = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n2:cpuacct:/other\n0::/init.scope\n"
+
+
+@needs_C
+@pytest.mark.parametrize(
+    "text, controller, path",
+    [
+        (PROC_SELF_CGROUP_V1, "cpu", "/docker/abc"),  # co-mounted controllers, comma list
+        (PROC_SELF_CGROUP_V1, "cpuacct", "/docker/abc"),  # the first hierarchy that has it
+        (PROC_SELF_CGROUP_V1, "", "/init.scope"),  # v2: id 0, no controllers
+        (PROC_SELF_CGROUP_V1, "pids", None),
+        ("0::/user.slice/a:b.scope\n", "", "/user.slice/a:b.scope"),  # ':' inside the path
+        ("2:cpuacct:/x\n", "cpu", None),  # no prefix match
+        ("", "", None),
+        ("garbage\n", "cpu", None),
+    ],
+)
+def test_cgroup_path_is_parsed_from_proc_self_cgroup(text: str, controller: str, path: str | None) -> None:
+    assert _C.cgroup_path(text, controller) == path
+
+
+def _write(d: Path, files: dict[str, str]) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (d / name).write_text(text)
+
+
+@needs_C
+def test_v2_quota_is_the_tightest_along_the_path(tmp_path: Path) -> None:
+    _write(tmp_path / "kubepods" / "pod1" / "ctr", {"cpu.max": "max 100000\n"})
+    _write(tmp_path / "kubepods" / "pod1", {"cpu.max": "250000 100000\n"})  # 2.5 CPUs
+    _write(tmp_path / "kubepods", {"cpu.max": "800000 100000\n"})
+    root = str(tmp_path)
+    assert _C.quota_cpus_along(root, "/kubepods/pod1/ctr", True) == 3
+    assert _C.quota_cpus_along(root, "/kubepods/pod1/ctr/", True) == 3
+    assert _C.quota_cpus_along(root, "/kubepods", True) == 8
+    assert _C.quota_cpus_along(root, "/", True) is None  # no cpu.max at the root
+    # A path the mount does not show (a container sees only its own subtree): the
+    # levels that exist still count.
+    assert _C.quota_cpus_along(str(tmp_path / "kubepods"), "/kubepods/pod1/ctr", True) == 8
+
+
+@needs_C
+def test_v1_quota_reads_quota_and_period_and_ignores_minus_one(tmp_path: Path) -> None:
+    _write(tmp_path, {"cpu.cfs_quota_us": "-1\n", "cpu.cfs_period_us": "100000\n"})
+    _write(tmp_path / "docker" / "abc", {"cpu.cfs_quota_us": "150000\n", "cpu.cfs_period_us": "100000\n"})
+    _write(tmp_path / "docker", {"cpu.cfs_quota_us": "-1\n", "cpu.cfs_period_us": "100000\n"})
+    root = str(tmp_path)
+    assert _C.quota_cpus_along(root, "/docker/abc", False) == 2
+    assert _C.quota_cpus_along(root, "/docker", False) is None
+    assert _C.quota_cpus_along(root, "/docker/abc", True) is None  # v2 files absent
