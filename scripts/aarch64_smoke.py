@@ -7,7 +7,7 @@ environment, and rendezvous over tcp://127.0.0.1).  Each rank runs all_reduce,
 reduce_scatter_tensor and all_gather_into_tensor on the default group (ringpg, on the
 transport RINGPG_TRANSPORT names) and the same op on a gloo group of the same ranks,
 for every dtype and ReduceOp ringpg's reduction kernels serve, and compares the two
-exactly (tests/surface_utils.ref_reduce: gloo where gloo has the reduction, else a gloo
+exactly (tests/harness/surface.ref_reduce: gloo where gloo has the reduction, else a gloo
 all-gather of the bytes and a local reduction).  Inputs are small integers (every
 reduction exact in every dtype, in any order), plus, at two ranks, random floats:
 there each element is one operation of two operands, whatever the order, so the
@@ -33,7 +33,7 @@ import ringpg._C  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from harness import Checker, data_kind, dtype_name, make_random_float, rank_block  # noqa: E402
-from surface_utils import (  # noqa: E402
+from harness.surface import (  # noqa: E402
     BITWISE_OPS,
     FLOAT_DTYPES,
     INT_DTYPES,
