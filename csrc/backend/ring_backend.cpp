@@ -403,9 +403,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(const char* name, const char
                                                     std::chrono::milliseconds timeout, bool asyncOp,
                                                     std::vector<at::Tensor> outputs,
                                                     const std::vector<at::Tensor>& inputs, OpFn fn) {
-  std::vector<at::Tensor> all = inputs;
-  all.insert(all.end(), outputs.begin(), outputs.end());
-  auto sync = DeviceSync::capture(name, all);
+  auto sync = DeviceSync::capture(name, inputs, outputs);
   std::unique_lock<std::mutex> lk(queueMu_);
   RINGPG_CHECK(!stopping_, name, "the process group has been shut down");
   const uint64_t seq = ++seq_;
@@ -469,7 +467,8 @@ void RingBackend::execute(Queued& q) {
   q.work->markStarted();
   try {
     bool network = false;
-    const std::string broken = net_->engine->brokenReason(&network);
+    // The flag first: the reason takes the engine's lock, which a small op should not.
+    const std::string broken = net_->engine->isBroken() ? net_->engine->brokenReason(&network) : std::string();
     if (!broken.empty()) {
       // After a failure every later op fails at once, with the original cause.
       const std::string msg = c10::str(describe(q.tag), ": not run, the group failed earlier: ", broken);

@@ -9,15 +9,18 @@ namespace ringpg {
 
 DeviceSync::DeviceSync(c10::Device device) : device_(device), ready_(device.type()), done_(device.type()) {}
 
-std::shared_ptr<DeviceSync> DeviceSync::capture(const char* op, const std::vector<at::Tensor>& tensors) {
+std::shared_ptr<DeviceSync> DeviceSync::capture(const char* op, const std::vector<at::Tensor>& inputs,
+                                                const std::vector<at::Tensor>& outputs) {
   std::optional<c10::Device> dev;
-  for (const auto& t : tensors) {
-    if (!t.defined() || t.device().is_cpu()) {
-      continue;
+  for (const auto* tensors : {&inputs, &outputs}) {
+    for (const auto& t : *tensors) {
+      if (!t.defined() || t.device().is_cpu()) {
+        continue;
+      }
+      RINGPG_CHECK(!dev || *dev == t.device(), op, "tensors on different devices (", *dev, " and ", t.device(),
+                   ") in one call");
+      dev = t.device();
     }
-    RINGPG_CHECK(!dev || *dev == t.device(), op, "tensors on different devices (", *dev, " and ", t.device(),
-                 ") in one call");
-    dev = t.device();
   }
   if (!dev) {
     return nullptr;

@@ -18,8 +18,10 @@ namespace ringpg {
 
 class DeviceSync {
  public:
-  // Null when no tensor is on an accelerator.  Throws on mixed devices.
-  static std::shared_ptr<DeviceSync> capture(const char* op, const std::vector<at::Tensor>& tensors);
+  // Null when no tensor of `inputs` and `outputs` is on an accelerator.  Throws on
+  // mixed devices.
+  static std::shared_ptr<DeviceSync> capture(const char* op, const std::vector<at::Tensor>& inputs,
+                                             const std::vector<at::Tensor>& outputs);
 
   void waitForCaller();       // worker thread
   void markDone();            // worker thread, after results are back on the device
