@@ -68,7 +68,15 @@ from benchmarks.backends import (  # noqa: E402
 )
 from benchmarks.cases import OPS, Case, canonical_dtype, canonical_op, check_cases, sweep_cases  # noqa: E402
 from benchmarks.data import CaseBuffers  # noqa: E402
-from benchmarks.launch import add_start_argument, die_with_parent, free_port, rank_context, torchrun_env  # noqa: E402
+from benchmarks.launch import (  # noqa: E402
+    HUGEPAGES,
+    add_start_argument,
+    die_with_parent,
+    free_port,
+    rank_context,
+    torchrun_env,
+    use_hugepages,
+)
 from benchmarks.machine import default_threads, format_facts, machine_facts  # noqa: E402
 from benchmarks.peers import Conductor, default_peers_dir, peer_results, start_peers, summary  # noqa: E402
 from benchmarks.table import Progress, TableFormatter, emit  # noqa: E402
@@ -124,6 +132,9 @@ class WorkerConfig:
     fresh: bool = False
     # --pin core: each rank bound to one CPU (rank r to the r-th allowed, round robin).
     pin: bool = False
+    # --hugepages: on, off, or native (each library's default; always under torchrun, where
+    # the ranks' environment is the user's).
+    hugepages: str = "native"
     # --peers: the MPI peers that run between the cases (their columns, in order), and the
     # directory of FIFOs the ranks wait on before each case (benchmarks.peers.Conductor).
     peers: List[str] = field(default_factory=list)
@@ -224,7 +235,8 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
             emit(
                 f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)}{peers} "
                 f"baseline={baseline} threads/rank={cfg.threads} batch={policy.batch} timing={timing}"
-                f"{' fresh' if cfg.fresh else ''}{' pinned' if cfg.pin else ''}{via}",
+                f"{' fresh' if cfg.fresh else ''}{' pinned' if cfg.pin else ''}"
+                f" hugepages={cfg.hugepages}{via}",
                 progress,
             )
             record(
@@ -446,6 +458,7 @@ def launch_with_peers(
         args.fresh,
         args.pin == "core",
         Path(tmpdir),
+        hugepages=args.hugepages,
     )
     conductor: Optional[Conductor] = None
     try:
@@ -774,6 +787,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "region, right before the op",
     )
     g.add_argument(
+        "--hugepages",
+        choices=list(HUGEPAGES),
+        default="on",
+        help="the memory every column's buffers live in: on (default): transparent huge pages "
+        "for everyone (torch's THP_MEM_ALLOC_ENABLE=1 for the bench's tensors, numpy's own "
+        "madvise for the MPI peers' arrays); off: for no one; native: each library's default "
+        "(numpy madvises its large arrays, torch does not)",
+    )
+    g.add_argument(
         "--pin",
         choices=["none", "core"],
         default="none",
@@ -1016,6 +1038,7 @@ def _config(
         untraced=list(args.untraced),
         fresh=args.fresh,
         pin=args.pin == "core",
+        hugepages="native" if torchrun_env() else args.hugepages,
     )
 
 
@@ -1052,6 +1075,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if tr is not None:
         return main_torchrun(args, *tr)
 
+    use_hugepages(args.hugepages)
     info, problem = check_backends(args)
     extra = {}
     cluster: Optional[netns.EmulatedCluster] = None

@@ -6,7 +6,8 @@ environment (numpy and mpi4py, no torch)::
     mpiexec -n N python -m benchmarks.mpi_peer CONFIG.json
 
 ``CONFIG.json`` holds the case list (``[op, dtype, numel]``), the iteration policy,
-``fresh`` and the control directory.  Every rank waits for its next command in a
+``fresh``, ``hugepages`` (the bench's ``--hugepages``: numpy's madvise) and the control
+directory.  Every rank waits for its next command in a
 blocking read of its own FIFO (``DIR/rank<r>``: ``run <index>`` or ``quit``), so an
 idle peer takes no CPU from the bench's ranks, even on an MPI whose blocking calls spin.
 Rank 0 writes one JSON line per event to the FIFO ``DIR/results``: ``ready`` (the MPI
@@ -155,9 +156,22 @@ def _send(out: Optional[TextIO], obj: Dict[str, Any]) -> None:
         out.flush()
 
 
+def use_hugepages(choice: str) -> None:
+    """numpy's huge-page madvise for its large arrays as the bench's --hugepages asks
+    (``native``: numpy's default, which is on where the kernel has transparent huge pages)."""
+    if choice == "native":
+        return
+    try:
+        from numpy._core import multiarray  # numpy 2
+    except ImportError:
+        from numpy.core import multiarray  # type: ignore[no-redef]  # numpy 1
+    multiarray._set_madvise_hugepage(choice == "on")
+
+
 def main(argv: List[str]) -> int:
     with open(argv[0]) as f:
         cfg = json.load(f)
+    use_hugepages(cfg.get("hugepages", "native"))
     comm = MPI.COMM_WORLD
     rank, ws = comm.Get_rank(), comm.Get_size()
     control = Path(cfg["control_dir"])

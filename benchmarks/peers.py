@@ -124,6 +124,7 @@ class PeerJob:
         fresh: bool,
         pin: bool,
         workdir: Path,
+        hugepages: str = "native",
     ) -> None:
         self.peer = peer
         self.world_size = world_size
@@ -139,7 +140,15 @@ class PeerJob:
         self._pending = b""
         config = self.dir / "config.json"
         config.write_text(
-            json.dumps({"cases": self.cases, "policy": dict(policy), "fresh": fresh, "control_dir": str(self.dir)})
+            json.dumps(
+                {
+                    "cases": self.cases,
+                    "policy": dict(policy),
+                    "fresh": fresh,
+                    "hugepages": hugepages,
+                    "control_dir": str(self.dir),
+                }
+            )
         )
         self.log_path = self.dir / "log"
         with open(self.log_path, "w") as log:
@@ -239,6 +248,7 @@ def start_peers(
     fresh: bool,
     pin: bool,
     workdir: Path,
+    hugepages: str = "native",
 ) -> Tuple[List[PeerJob], Dict[str, str]]:
     """Start every peer of ``names`` for ``world_size`` ranks, one after another (each waits
     for the previous one's ``ready``); returns the running jobs and, per peer that is
@@ -250,7 +260,7 @@ def start_peers(
         if peer is None:
             skipped[name] = why
             continue
-        job = PeerJob(peer, world_size, cases, policy, fresh, pin, workdir)
+        job = PeerJob(peer, world_size, cases, policy, fresh, pin, workdir, hugepages)
         try:
             job.wait_ready()
         except PeerFailed as e:
