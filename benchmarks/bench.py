@@ -73,6 +73,7 @@ from benchmarks.launch import (  # noqa: E402
     add_start_argument,
     die_with_parent,
     free_port,
+    hugepages_in_effect,
     rank_context,
     torchrun_env,
     use_hugepages,
@@ -132,9 +133,6 @@ class WorkerConfig:
     fresh: bool = False
     # --pin core: each rank bound to one CPU (rank r to the r-th allowed, round robin).
     pin: bool = False
-    # --hugepages: on, off, or native (each library's default; always under torchrun, where
-    # the ranks' environment is the user's).
-    hugepages: str = "native"
     # --peers: the MPI peers that run between the cases (their columns, in order), and the
     # directory of FIFOs the ranks wait on before each case (benchmarks.peers.Conductor).
     peers: List[str] = field(default_factory=list)
@@ -236,7 +234,7 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
                 f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)}{peers} "
                 f"baseline={baseline} threads/rank={cfg.threads} batch={policy.batch} timing={timing}"
                 f"{' fresh' if cfg.fresh else ''}{' pinned' if cfg.pin else ''}"
-                f" hugepages={cfg.hugepages}{via}",
+                f" hugepages={hugepages_in_effect()}{via}",
                 progress,
             )
             record(
@@ -1038,7 +1036,6 @@ def _config(
         untraced=list(args.untraced),
         fresh=args.fresh,
         pin=args.pin == "core",
-        hugepages="native" if torchrun_env() else args.hugepages,
     )
 
 

@@ -103,6 +103,11 @@ def use_hugepages(choice: str) -> None:
         os.environ[THP_ENV] = "1" if choice == "on" else "0"
 
 
+def hugepages_in_effect() -> str:
+    """What this process's torch allocator was told: ``on``, ``off``, or ``native`` (unset)."""
+    return {"1": "on", "0": "off"}.get(os.environ.get(THP_ENV, ""), "native")
+
+
 def quick_reverse_lookups() -> None:
     """Makes a reverse DNS lookup that gets no answer give up after one try of 1 s, in this
     process and the ranks it starts (unless RES_OPTIONS is set): torch's c10d sockets name

@@ -473,3 +473,21 @@ def test_scale_threads_runs_ranks_as_threads_and_checks_every_op() -> None:
     assert [ar[1], small[1], a2a[1]] == ["yes", "yes", "yes"], p.stdout
     assert float(ar[2]) == 5.0 and 5.0 < float(small[2]) <= 1 + 2 * (2 + 4), p.stdout
     assert float(a2a[2]) == 1 + 2 * 11, p.stdout
+
+
+@pytest.mark.parametrize("choice", ["on", "off"])
+def test_hugepages_reach_the_ranks(choice: str) -> None:
+    """--hugepages sets torch's huge-page switch in the ranks' own environment (the header
+    is written by rank 0 from what it reads there), over a user's own setting."""
+    env = dict(os.environ, THP_MEM_ALLOC_ENABLE="0" if choice == "on" else "1")
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", *_tiny("--backends", "ringpg", "--ops", "ar", "--dtypes", "float32")]
+        + ["--hugepages", choice, "--no-save"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f" hugepages={choice} " in p.stdout, p.stdout
