@@ -7,9 +7,9 @@ environment (numpy and mpi4py, no torch)::
 
 ``CONFIG.json`` holds the case list (``[op, dtype, numel]``), the iteration policy,
 ``fresh``, ``hugepages`` (the bench's ``--hugepages``: numpy's madvise) and the control
-directory.  Every rank waits for its next command in a
-blocking read of its own FIFO (``DIR/rank<r>``: ``run <index>`` or ``quit``), so an
-idle peer takes no CPU from the bench's ranks, even on an MPI whose blocking calls spin.
+directory.  Every rank waits for its next command in a blocking read of its own FIFO
+(``DIR/rank<r>``: ``run <index>`` or ``quit``), so an idle peer takes no CPU from the
+bench's ranks, even on an MPI whose blocking calls spin.
 Rank 0 writes one JSON line per event to the FIFO ``DIR/results``: ``ready`` (the MPI
 library, whether the ranks share a clock), then per case its timed spans (start, end,
 end - start in ns, MAX over ranks, per timed iteration) and the wrong elements (each
