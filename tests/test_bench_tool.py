@@ -491,3 +491,21 @@ def test_hugepages_reach_the_ranks(choice: str) -> None:
     )
     assert p.returncode == 0, p.stdout + p.stderr
     assert f" hugepages={choice} " in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("mode", [[], ["--after-barrier"]], ids=["back-to-back", "after-barrier"])
+def test_backtoback_times_each_op_and_backend(mode: list) -> None:
+    """benchmarks.backtoback: one line per op, size and backend, each a positive time."""
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.backtoback", "--ops", "ar,rs,ag", "--bytes", "4KiB"]
+        + ["--backends", "ringpg,gloo,floor", "--iters", "40", "--rounds", "2", *mode],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [line.split() for line in p.stdout.splitlines() if not line.startswith("#")]
+    got = {(r[0], r[2]) for r in rows if float(r[3]) > 0 and r[1] == "4096"}
+    ops = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
+    assert got == {(o, b) for o in ops for b in ("ringpg", "gloo", "floor")}, p.stdout
