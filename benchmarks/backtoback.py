@@ -7,12 +7,13 @@
   is timed from the last rank's start to the last rank's end (one host, one clock), as
   ``benchmarks.bench`` times it; the median over the iterations.  The path runs cold.
 
-Backends are ``--backends`` entries as the bench reads them (``floor``: torch's fake
-group with the flight recorder hook, benchmarks/backends.py), measured in the same
-processes, taking turns round by round.  Prints one line per op, size and backend::
+Cases, buffers and backends are the bench's (``sweep_cases``, ``CaseBuffers``, float32;
+``--backends`` entries, ``floor`` being torch's fake group with the flight recorder hook),
+measured in the same processes, taking turns round by round; outputs are not checked
+(``bench --check`` does that).  Prints one line per op, size and backend::
 
-    python -m benchmarks.backtoback --ops ar --bytes 4KiB --backends ringpg,floor
-    python -m benchmarks.backtoback --ops ar,rs,ag --bytes 4KiB,64KiB --after-barrier
+    python -m benchmarks.backtoback --ops ar --max-bytes 4KiB --backends ringpg,floor
+    python -m benchmarks.backtoback --ops ar,rs,ag --max-bytes 64KiB --after-barrier
 
 Set ``TORCH_FR_BUFFER_SIZE=0`` to leave torch's flight recorder out of every column.
 """
@@ -31,22 +32,13 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.backends import new_group_of
-from benchmarks.cases import canonical_op
+from benchmarks.cases import canonical_op, sweep_cases
+from benchmarks.data import CaseBuffers
 from benchmarks.launch import HUGEPAGES, add_start_argument, run_ranks, use_hugepages
+from benchmarks.timing import op_times_ns, ranks_share_clock
 from benchmarks.units import parse_bytes
 
-Key = Tuple[str, int, str]  # op, bytes per rank, backend
-
-
-def _call(op: str, group: Any, x: torch.Tensor, big: torch.Tensor) -> None:
-    if op == "all_reduce":
-        dist.all_reduce(x, group=group)
-    elif op == "reduce_scatter_tensor":
-        dist.reduce_scatter_tensor(x, big, group=group)
-    elif op == "all_gather_into_tensor":
-        dist.all_gather_into_tensor(big, x, group=group)
-    else:
-        raise ValueError(f"backtoback: {op} is not one of all_reduce, reduce_scatter_tensor, all_gather_into_tensor")
+Key = Tuple[str, int, str]  # op, size in bytes (the bench's: the full buffer), backend
 
 
 def _rank(rank: int, ws: int, port: int, args: argparse.Namespace, q: Any) -> None:
@@ -54,45 +46,43 @@ def _rank(rank: int, ws: int, port: int, args: argparse.Namespace, q: Any) -> No
     import ringpg  # noqa: F401 - registers the backend in a spawned rank
 
     groups = {b: new_group_of(b, timedelta(seconds=60)) for b in args.backends}
+    shared_clock = ranks_share_clock(dist.group.WORLD)
     pc = time.perf_counter_ns
-    out: Dict[Key, float] = {}
-    spans: Dict[Key, List[Tuple[int, int]]] = {}
-    for op in args.ops:
-        for nbytes in args.bytes:
-            x = torch.ones(max(1, nbytes // 4))
-            big = torch.ones(x.numel() * ws)
-            for rnd in range(args.rounds):
-                order = args.backends if rnd % 2 == 0 else args.backends[::-1]
-                for b in order:
-                    g, key = groups[b], (op, nbytes, b)
-                    for _ in range(max(1, args.iters // 5)):  # warm-up
-                        _call(op, g, x, big)
-                    dist.barrier(group=g)
-                    if args.after_barrier:
-                        for _ in range(args.iters):
-                            dist.barrier(group=g)
-                            t0 = pc()
-                            _call(op, g, x, big)
-                            spans.setdefault(key, []).append((t0, pc()))
-                        continue
-                    times = [0] * args.iters
-                    for i in range(args.iters):
+    medians: Dict[Key, float] = {}
+    spans: Dict[Key, List[Tuple[int, int, int]]] = {}
+    for case in sweep_cases(args.ops, ["float32"], ws, args.min_bytes, args.max_bytes):
+        bufs = CaseBuffers(case, rank, torch.device("cpu"))
+        for rnd in range(args.rounds):
+            for b in args.backends if rnd % 2 == 0 else args.backends[::-1]:
+                g, key = groups[b], (case.op, case.size_bytes, b)
+                for _ in range(max(1, args.iters // 5)):  # warm-up
+                    bufs.run(g)
+                dist.barrier(group=g)
+                if args.after_barrier:
+                    for _ in range(args.iters):
+                        dist.barrier(group=g)
                         t0 = pc()
-                        _call(op, g, x, big)
-                        times[i] = pc() - t0
-                    out[key] = min(out.get(key, float("inf")), statistics.median(times) / 1000)
-    keys = sorted(spans) if args.after_barrier else sorted(out)
+                        bufs.run(g)
+                        t1 = pc()
+                        spans.setdefault(key, []).append((t0, t1, t1 - t0))
+                    continue
+                times = [0] * args.iters
+                for i in range(args.iters):
+                    t0 = pc()
+                    bufs.run(g)
+                    times[i] = pc() - t0
+                medians[key] = min(medians.get(key, float("inf")), statistics.median(times) / 1000)
+    keys = sorted(spans if args.after_barrier else medians)
     if args.after_barrier:
-        # Every rank's (start, end) of each op; an op's time runs from the last start to the last end.
-        local = torch.tensor([spans[k] for k in keys], dtype=torch.int64)
-        every = [torch.empty_like(local) for _ in range(ws)]
-        dist.all_gather(every, local)
-        last = torch.stack(every).amax(dim=0)
+        # The bench's rule (timing.op_times_ns): the spans' MAX over ranks, then per op
+        # the last start to the last end (the slowest rank's own time without one clock).
+        every = torch.tensor([spans[k] for k in keys], dtype=torch.int64)
+        dist.all_reduce(every, op=dist.ReduceOp.MAX)
         figures = [
-            statistics.median(((last[i, :, 1] - last[i, :, 0]).double() / 1000).tolist()) for i in range(len(keys))
+            statistics.median((op_times_ns(every[i], 1, shared_clock) / 1000).tolist()) for i in range(len(keys))
         ]
     else:
-        mine = torch.tensor([out[k] for k in keys], dtype=torch.float64)
+        mine = torch.tensor([medians[k] for k in keys], dtype=torch.float64)
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the slowest rank's median
         figures = mine.tolist()
     dist.destroy_process_group()
@@ -101,8 +91,9 @@ def _rank(rank: int, ws: int, port: int, args: argparse.Namespace, q: Any) -> No
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ops", default="ar", help="comma list: ar, rs, ag (or the full names)")
-    ap.add_argument("--bytes", default="4KiB", help="comma list of sizes per rank (4KiB, 64KiB, ...)")
+    ap.add_argument("--ops", default="ar", help="comma list, as the bench's --ops (ar, rs, ag, bc, a2a)")
+    ap.add_argument("--min-bytes", default="4KiB", help="as the bench's: the full buffer, powers of two")
+    ap.add_argument("--max-bytes", default="4KiB")
     ap.add_argument("--backends", default="ringpg,floor", help="comma list, as the bench's --backends")
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5000, help="timed ops per round and backend")
@@ -113,7 +104,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     add_start_argument(ap)
     args = ap.parse_args(argv)
     args.ops = [canonical_op(o) for o in args.ops.split(",")]
-    args.bytes = [parse_bytes(b) for b in args.bytes.split(",")]
+    args.min_bytes, args.max_bytes = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
     args.backends = args.backends.split(",")
     return args
 

@@ -497,7 +497,7 @@ def test_hugepages_reach_the_ranks(choice: str) -> None:
 def test_backtoback_times_each_op_and_backend(mode: list) -> None:
     """benchmarks.backtoback: one line per op, size and backend, each a positive time."""
     p = subprocess.run(
-        [sys.executable, "-m", "benchmarks.backtoback", "--ops", "ar,rs,ag", "--bytes", "4KiB"]
+        [sys.executable, "-m", "benchmarks.backtoback", "--ops", "ar,rs,ag", "--max-bytes", "4KiB"]
         + ["--backends", "ringpg,gloo,floor", "--iters", "40", "--rounds", "2", *mode],
         cwd=REPO,
         capture_output=True,
