@@ -82,8 +82,7 @@ Config load() {
     c.algo = Config::algoNamed(*v, "RINGPG_ALGO=");
   }
   if (auto v = c10::utils::get_env("RINGPG_CONNECT"); v && !v->empty()) {
-    TORCH_CHECK(*v == "lazy" || *v == "all", "ringpg: RINGPG_CONNECT=", *v, " is not one of lazy, all");
-    c.connect = *v == "all" ? Config::Connect::All : Config::Connect::Lazy;
+    c.connect = choiceNamed(*v, {Config::Connect::Lazy, Config::Connect::All}, &Config::connectName, "RINGPG_CONNECT=");
   }
   if (auto v = c10::utils::get_env("RINGPG_ALLTOALL"); v && !v->empty()) {
     c.allToAll = choiceNamed(*v, {Config::AllToAll::Auto, Config::AllToAll::Direct, Config::AllToAll::Bruck},
@@ -134,6 +133,10 @@ Config::Algo Config::algoNamed(const std::string& name, const char* what) {
   return choiceNamed(name, {Algo::Auto, Algo::Ring, Algo::Hier}, &algoName, what);
 }
 
+const char* Config::connectName(Connect c) {
+  return c == Connect::All ? "all" : "lazy";
+}
+
 const char* Config::allToAllName(AllToAll a) {
   switch (a) {
     case AllToAll::Auto:
@@ -158,7 +161,7 @@ std::string Config::summary() const {
                   " work_cache_bytes=", workCacheBytes, " hier_piece_bytes=", hierPieceBytes, " cma_bytes=", cmaBytes,
                   " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
                   " transport_setting=", transportName(transport), " algo=", algoName(algo),
-                  " connect=", connect == Connect::All ? "all" : "lazy", " alltoall=", allToAllName(allToAll),
+                  " connect=", connectName(connect), " alltoall=", allToAllName(allToAll),
                   " tcp_congestion=", tcpCongestion.empty() ? std::string("default") : tcpCongestion,
                   " hostid=", hostId.empty() ? std::string("(auto)") : hostId,
                   " ifname=", ifname.empty() ? std::string("(hostname)") : ifname,

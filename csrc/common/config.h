@@ -74,6 +74,7 @@ struct Config {
   // may differ: a peer dialled by an "all" rank dials it back.
   enum class Connect : uint8_t { Lazy, All };
   Connect connect = Connect::Lazy;
+  static const char* connectName(Connect c);
   // How all-to-all moves its blocks (RINGPG_ALLTOALL):
   //   Direct: to every peer straight (direct.h), each byte sent once, but a rank
   //           talks to, and so connects to, all p - 1 peers (2(p - 1) sockets);

@@ -26,12 +26,13 @@ namespace {
 //    keeps the whole group on TCP).
 //  - the wire plan: the algorithm (hierarchical or ring), the one-shot limit, the
 //    segment size (frame sizes; the shared-memory slot size), the hierarchical piece
-//    size and the all-to-all algorithm decide which frames each rank sends and expects, so ranks that differ would
-//    fail their first op with a "collective mismatch" that names no setting; and a
-//    rank with RINGPG_TRACE set runs a clock sync with rank 0 that untraced ranks skip.
+//    size and the all-to-all algorithm decide which frames each rank sends and
+//    expects, so ranks that differ would fail their first op with a "collective
+//    mismatch" that names no setting; and a rank with RINGPG_TRACE set runs a clock
+//    sync with rank 0 that untraced ranks skip.
 // (Local settings stay local: the receive window, the spin, socket buffers, the work
-// cache, the reduction ISA, congestion control; tests/test_rendezvous_and_registration.py runs a
-// group whose ranks differ in the receive window.)
+// cache, the reduction ISA, congestion control; tests/test_rendezvous_and_registration.py
+// runs a group whose ranks differ in the receive window.)
 // Whether the ranks' values of a setting (one per rank) may run together.
 using Agreement = bool (*)(const std::vector<std::string>& values);
 
