@@ -133,6 +133,8 @@ class WorkerConfig:
     fresh: bool = False
     # --pin core: each rank bound to one CPU (rank r to the r-th allowed, round robin).
     pin: bool = False
+    # An unreported run-in before each op's first case (timing runs; not --check).
+    run_in: bool = True
     # --peers: the MPI peers that run between the cases (their columns, in order), and the
     # directory of FIFOs the ranks wait on before each case (benchmarks.peers.Conductor).
     peers: List[str] = field(default_factory=list)
@@ -247,11 +249,29 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
                 }
             )
             emit(table.header(), progress)
+
+        def buffers_for(case: Case) -> Any:
+            bufs: Any = CaseBuffers(case, rank, device, fresh=cfg.fresh)
+            if pairs:
+                # The same bytes in each dtype (counts scale with the element size).
+                by_dtype = {case.dtype: bufs}
+                for dt in pairs[1:]:
+                    numel_dt = case.size_bytes // Case(case.op, dt, 1, ws).itemsize
+                    by_dtype[dt] = CaseBuffers(Case(case.op, dt, numel_dt, ws), rank, device, fresh=cfg.fresh)
+                bufs = {col: by_dtype[dt] for col, (_, dt) in columns.items()}
+            return bufs
+
+        def measure(case: Case) -> Any:
+            return measure_case(
+                buffers_for(case), col_groups, ref, policy, sync=sync, shared_clock=shared_clock, unverified=unverified
+            )
+
         previous_op = None
         for i, (op, dtype, numel) in enumerate(cfg.cases):
             case = Case(op, dtype, numel, ws)
+            first_of_op = op != previous_op
             if rank == 0:
-                if previous_op is not None and op != previous_op:
+                if previous_op is not None and first_of_op:
                     emit("#", progress)
                 progress.update(
                     f"[{cfg.progress_offset + i + 1}/{cfg.progress_total or len(cfg.cases)}] {case.describe()}"
@@ -259,18 +279,13 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
             previous_op = op
             if gate is not None:
                 gate.readline()  # "go": the peers of the case before (or of this one) are done
-            bufs: Any = CaseBuffers(case, rank, device, fresh=cfg.fresh)
-            if pairs:
-                # The same bytes in each dtype (counts scale with the element size).
-                by_dtype = {dtype: bufs}
-                for dt in pairs[1:]:
-                    numel_dt = case.size_bytes // Case(op, dt, 1, ws).itemsize
-                    by_dtype[dt] = CaseBuffers(Case(op, dt, numel_dt, ws), rank, device, fresh=cfg.fresh)
-                bufs = {col: by_dtype[dt] for col, (_, dt) in columns.items()}
-            res = measure_case(
-                bufs, col_groups, ref, policy, sync=sync, shared_clock=shared_clock, unverified=unverified
-            )
-            del bufs
+            if first_of_op and cfg.run_in:
+                # A run-in, not reported: an op's first case measured slow for every
+                # backend, the floor too, though each case has warm-up rounds (16 cores:
+                # the floor's and ringpg's 4 KiB all-gather 30-33 us first, 17-18 us at
+                # 8 KiB next; benchmarks/RESULTS.md, 2026-11-27 (2)).
+                measure(case)
+            res = measure(case)
             if any(r.wrong or r.error for r in res.backends.values()):
                 status = 1
             if gate is not None and rank == 0:  # the peers' figures of this case, then the row
@@ -1035,6 +1050,7 @@ def _config(
         pair_dtypes=list(args.dtypes) if args.pair_dtypes else [],
         untraced=list(args.untraced),
         fresh=args.fresh,
+        run_in=not args.check,
         pin=args.pin == "core",
     )
 
