@@ -300,6 +300,62 @@ def test_collectives_match_gloo(tpool: WorkerPool) -> None:
     assert_reports_ok(tpool.run(collectives_worker, timeout=240))
 
 
+# ============================================= a ring of two's large reduce steps
+
+# A ring of two lends its reduce steps once the op moves this much (algorithms/ring.cpp,
+# kLentReduceFrom): the receiver reduces them in pieces read straight from the sender's
+# memory (ShmRing::readLeftInto), which the battery's sizes above never reach.
+LENT_REDUCE_BYTES = 4 << 20
+# (id, world size, environment): single copy; the kernel refusing it (the slots); and
+# emulated hosts of two ranks each, whose hierarchical collectives run host rings of two
+# on pieces below that size (RINGPG_HIER_PIECE_BYTES), so their reduce steps stay copied.
+LARGE_REDUCE_CONFIGS = [
+    ("cma", 2, TRANSPORT_ENVS["shm"]),
+    ("cma-refused", 2, (*TRANSPORT_ENVS["shm"], (REFUSE_CMA_ENV, "1"))),
+    ("mixed-block", 4, ((EMULATED_HOSTS_ENV, EMULATED_LAYOUTS["mixed-block"]),)),
+]
+
+
+def large_reduce_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    """all_reduce and reduce_scatter_tensor past LENT_REDUCE_BYTES, in odd sizes (a short
+    last segment and a short last piece), against gloo; and which copy the group uses."""
+    chk = Checker(rank)
+    g, ref = groups.test, groups.ref
+    for dtype in (torch.float32, torch.bfloat16, torch.int32):
+        n = LENT_REDUCE_BYTES // dtype.itemsize + 7
+        for op in ("SUM", "MAX"):
+            if skip_case(groups.backend, op, dtype):
+                continue
+            case = f"all_reduce op={op} dtype={dtype_name(dtype)} ws={ws} numel={n}"
+            x = make_data(rank, case, (n,), dtype, data_kind(op))
+            got = x.clone()
+            dist.all_reduce(got, op=reduce_op(op), group=g)
+            chk.equal(case, got, ref_all_reduce(x, op, ref))
+
+            case = f"reduce_scatter_tensor op={op} dtype={dtype_name(dtype)} ws={ws} numel={n}"
+            x = make_data(rank, case, (n * ws,), dtype, data_kind(op))
+            out = sentinel_like((n,), dtype)
+            dist.reduce_scatter_tensor(out, x.clone(), op=reduce_op(op), group=g)
+            chk.equal(case, out, ref_reduce_scatter(x, op, ref))
+    return chk.report()
+
+
+@pytest.mark.parametrize("config", LARGE_REDUCE_CONFIGS, ids=lambda c: c[0])
+def test_large_reduce_steps_match_gloo_with_and_without_single_copy(config: tuple[str, int, Any]) -> None:
+    """A ring of two's reduce steps of a large op go by single copy where the kernel
+    allows it (read and reduced in pieces) and through the slots where it refuses;
+    both give gloo's results, and the group reports which it used."""
+    _, ws, env = config
+    pool = WorkerPool(ws, InitSpec(env=env))
+    try:
+        if backend_under_test() == "ringpg":
+            copies = [r["copy"] for r in pool.run(transport_state_worker)]
+            assert copies == expected_copy(env, "shm", ws), copies
+        assert_reports_ok(pool.run(large_reduce_worker, timeout=240))
+    finally:
+        pool.close()
+
+
 # ============================================= the surface batteries over TCP, world sizes 2, 3
 
 # (id, worker, args, the gloo gap that skips it in RINGPG_TEST_BACKEND=gloo runs).

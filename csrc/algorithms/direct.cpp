@@ -70,10 +70,9 @@ void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, 
   const size_t nbytes = static_cast<size_t>(count) * elemSize;
   if (p == 2 && c.ringFusedEverywhere()) {
     // Two ranks over shared memory (ringFusedEverywhere: the same on both ranks, so both
-    // take this path and no lent send meets a reducing receive).  The peer's buffer is
-    // reduced straight out of its slots into the accumulator, rank 0's operand first on
-    // both ranks (the same bits everywhere), and ours goes to it through the slots, as
-    // every send to a reducing receive does (Link::postSendCopied).  No staging copy, no
+    // take this path).  The peer's buffer is reduced straight out of its slots into the
+    // accumulator, rank 0's operand first on both ranks (the same bits everywhere), and
+    // ours goes to it through the slots (Link::postSendCopied).  No staging copy, no
     // system call: at 64 KiB, 31 us where the staged exchange by single copy took 41
     // (RESULTS.md, 2026-11-26 (8)).
     const int peer = 1 - r;

@@ -221,15 +221,23 @@ void RingSweep::postAhead(int64_t done) {
 void RingSweep::postSend(int step, int chunk, int64_t j, const char* src, int64_t n) {
   const int64_t begin = trace_ ? traceNow() : 0;
   const size_t bytes = static_cast<size_t>(n) * es_;
-  // Copied, never lent (Link::postSendCopied): what a reduce step sends, which the right
-  // neighbour reduces (fused or from its staging); and an allreduce's gather segments
-  // below kLentGatherAfterReduce.  Lending those measured slower at two ranks on one
-  // host: allreduce of 256 KiB (64 KiB segments) 94 us lent against 70 copied, 512 KiB
-  // 137 against 123; from 4 MiB (512 KiB segments) lending wins, 700 us against 810
-  // (benchmarks/RESULTS.md, 2026-11-26 (8)).  A plain all-gather gains from lending at
-  // every size single copy takes.
+  // Copied, never lent (Link::postSendCopied): an allreduce's gather segments below
+  // kLentGatherAfterReduce, and what a reduce step sends (which the right neighbour
+  // reduces, fused or from its staging) unless lentReduce.  Lending those measured
+  // slower at two ranks on one host: allreduce of 256 KiB (64 KiB segments) 94 us lent
+  // against 70 copied, 512 KiB 137 against 123; from 4 MiB (512 KiB segments) lending
+  // wins, 700 us against 810 (benchmarks/RESULTS.md, 2026-11-26 (8)).  A plain
+  // all-gather gains from lending at every size single copy takes.
   constexpr size_t kLentGatherAfterReduce = 256 * 1024;
-  const bool copied = isReduceStep(step) || (job_.reduceScatter && bytes < kLentGatherAfterReduce);
+  // A reduce step's segments are lent in a ring of two whose op moves at least
+  // kLentReduceFrom: the receiver reads them in cache-sized pieces that it reduces as
+  // they land (ShmRing::readLeftInto), so no slot is written and read in between.  On
+  // two cores, 4-16 MiB reduce-scatter took 0.77-0.84x the copied time and 8-32 MiB
+  // allreduce 0.86-0.92x; at 1-2 MiB it was even, and at 4 ranks sharing those cores
+  // 16-32 MiB reduce-scatter took 1.2-1.3x (benchmarks/RESULTS.md, 2026-11-27 (3)).
+  constexpr size_t kLentReduceFrom = 4 * 1024 * 1024;
+  const bool lentReduce = ring_.size() == 2 && static_cast<size_t>(job_.count) * es_ >= kLentReduceFrom;
+  const bool copied = (isReduceStep(step) && !lentReduce) || (job_.reduceScatter && bytes < kLentGatherAfterReduce);
   sends_.push_back(copied ? c_.sendCopied(ring_.right(), src, bytes) : c_.send(ring_.right(), src, bytes));
   if (trace_) {
     trace_->segment(TraceKind::Send, "send", begin, step, chunk, j, ring_.right(), n * static_cast<int64_t>(es_));

@@ -42,9 +42,10 @@ class Link {
   virtual RequestPtr postSend(int peer, const FrameHeader& op, const void* data, size_t len) = 0;
   virtual RequestPtr postRecv(int peer, const FrameHeader& op, void* data, size_t len) = 0;
   // A send that links which could lend the buffer (shared memory's single copy) copy
-  // instead, where lending measured slower: a send the receiver reduces as it arrives
-  // (a ring's reduce-scatter step, the two-rank one-shot), and an allreduce's smaller
-  // gather segments (algorithms/ring.cpp).
+  // instead, where lending measured slower: most sends the receiver reduces as they
+  // arrive (a ring's reduce-scatter step, the two-rank one-shot), and an allreduce's
+  // smaller gather segments (algorithms/ring.cpp).  Either way the receiver may reduce
+  // or copy what arrives: the choice is the sender's alone.
   virtual RequestPtr postSendCopied(int peer, const FrameHeader& op, const void* data, size_t len) {
     return postSend(peer, op, data, len);
   }

@@ -446,10 +446,9 @@ bool ShmRing::pullRecvs() {
     const bool lent = sh.remote != 0;
     const size_t want = lent ? req.len - req.progress : std::min(slotBytes_, req.len - req.progress);
     const bool ofThisReceive = sameCollective(req.hdr, sh.frame);
-    // A descriptor needs single copy agreed, and a receive that copies: sends to a
-    // reducing receive are never lent (postSendCopied).
+    // A descriptor needs single copy agreed (a reducing receive takes it in pieces).
     if (!ofThisReceive || sh.frame.kind != req.hdr.kind || sh.offset != req.progress || sh.length != want ||
-        (lent && (cmaBytes_ == 0 || r.consume))) {
+        (lent && cmaBytes_ == 0)) {
       std::string msg =
           ofThisReceive
               ? c10::str("ringpg: rank ", rank_, " received a corrupt shared-memory fragment from rank ", left_,
@@ -462,7 +461,9 @@ bool ShmRing::pullRecvs() {
     if (lent) {
       // Straight from the sender's buffer into ours.
       std::string why;
-      if (!readLeft(req.buf + req.progress, sh.remote, want, &why)) {
+      const bool read = r.consume ? readLeftInto(r.consume, sh.remote, req.progress, want, &why)
+                                  : readLeft(req.buf + req.progress, sh.remote, want, &why);
+      if (!read) {
         const std::string msg =
             c10::str("ringpg: rank ", rank_, " could not read rank ", left_, "'s message (cross-memory attach): ", why);
         engine_.fail(msg, /*network=*/true);
@@ -518,6 +519,22 @@ bool ShmRing::readLeft(char* dst, uint64_t remote, size_t n, std::string* why) {
       return false;
     }
     done += static_cast<size_t>(got);
+  }
+  return true;
+}
+
+bool ShmRing::readLeftInto(const FragmentConsumer& consume, uint64_t remote, size_t offset, size_t n,
+                           std::string* why) {
+  if (pieces_.empty()) {
+    pieces_.resize(kPieceBytes);
+  }
+  for (size_t done = 0; done < n;) {
+    const size_t k = std::min(kPieceBytes, n - done);
+    if (!readLeft(pieces_.data(), remote + done, k, why)) {
+      return false;
+    }
+    consume(pieces_.data(), offset + done, k);
+    done += k;
   }
   return true;
 }

@@ -25,9 +25,11 @@
 // (the sender's address; no payload) and the receiver copies it straight from the
 // sender's buffer into its own: one copy instead of two.  The sender's request stays
 // pending until the receiver has released that slot, so the buffer outlives the read.
-// Only receives that copy take descriptors: a send to a receive that reduces, and an
-// allreduce's smaller gather segments, go through the slots (postSendCopied), which
-// measured faster at 2 ranks.  Where the probe fails anywhere, every link keeps the slots.
+// A receive that reduces takes a descriptor in pieces of kPieceBytes, each reduced
+// while it is in cache (readLeftInto).  Most sends to a reducing receive, and an
+// allreduce's smaller gather segments, still go through the slots (postSendCopied),
+// which measured faster at 2 ranks; a two-rank ring's large reduce steps are lent
+// (algorithms/ring.cpp).  Where the probe fails anywhere, every link keeps the slots.
 // When the group breaks (a timeout, a dead peer, abort) a lent send fails at once and
 // its buffer goes back to the caller while the receiver may be reading it; the
 // receiver's group is breaking too, and its op fails once the news arrives (the
@@ -51,6 +53,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
 #include "transport/engine.h"
@@ -141,6 +144,11 @@ class ShmRing final : public Link {
   // Copies `n` bytes at `remote` in the left neighbour's memory to `dst`; false (and
   // `*why`) when the kernel refuses or the peer is gone.
   bool readLeft(char* dst, uint64_t remote, size_t n, std::string* why);
+  // A lent message to a receive that reduces: `n` bytes at `remote` read in pieces of
+  // kPieceBytes into pieces_, each handed to `consume` (at `offset` + its place) while
+  // it is still in cache, so the peer's bytes are read once and never stored here whole.
+  bool readLeftInto(const FragmentConsumer& consume, uint64_t remote, size_t offset, size_t n, std::string* why);
+  static constexpr size_t kPieceBytes = 256 * 1024;
   void failAll(const std::string& reason, bool network);
   // Fails every pending request if a neighbour they need has shut its group down.
   bool failIfNeighbourLeft();
@@ -165,6 +173,7 @@ class ShmRing final : public Link {
   std::deque<RequestPtr> sends_;
   std::deque<Recv> recvs_;
   std::deque<Lent> lent_; // in slot order
+  std::vector<char> pieces_; // readLeftInto's piece, allocated on first use
 };
 
 } // namespace ringpg
