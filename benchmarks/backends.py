@@ -106,7 +106,8 @@ def _flight_recorder_entries() -> int:
 
 def floor_group(timeout: Any) -> Any:
     """A group of every rank that measures torch's floor: each op goes through torch's
-    Python API, the dispatcher and a Work, and moves nothing (torch's fake process group).
+    Python API, the dispatcher and a Work, and sends nothing (torch's fake process group;
+    its all-gather does copy the input into every chunk of the output).
     From torch 2.15 torch attaches its flight recorder hook to every group of an
     out-of-tree backend (ringpg's too) but not to fake groups, so it is attached here
     likewise, unless the recorder is off (TORCH_FR_BUFFER_SIZE=0).  Ops on it leave
