@@ -8,6 +8,12 @@
 # default). mpi4py's wheels (>= 4.1) load the MPI found at run time: in each venv, its own.
 # Optional; CI does not run it. Each venv is checked with a 2-rank allreduce.
 # Usage: bash scripts/install_peers.sh [DIR] [NAME...]   (names: mpich ompi impi; default all)
+#
+# Offline (a machine without network, such as the lent GPU machine): RINGPG_PEERS_WHEELS=W
+# installs each MPI's wheel and mpi4py's from the folder W (`pip download --no-deps
+# --only-binary=:all:` them elsewhere, for that machine's Python), with no pip in the venv;
+# numpy is the running Python's own, seen through a .pth file. A peer whose MPI wheel is
+# not in W is skipped with a line saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-${RINGPG_PEERS_DIR:-$HOME/.cache/ringpg-peers}}
@@ -16,6 +22,7 @@ NAMES=("$@")
 [ ${#NAMES[@]} -gt 0 ] || NAMES=(mpich ompi impi)
 PY=${PYTHON:-python3}
 mkdir -p "$DIR"
+INSTALLED=()
 for name in "${NAMES[@]}"; do
   case "$name" in
     mpich) mpi=mpich ;;
@@ -24,8 +31,23 @@ for name in "${NAMES[@]}"; do
     *) echo "install_peers: unknown peer $name (mpich, ompi, impi)" >&2; exit 2 ;;
   esac
   venv="$DIR/$name"
-  [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
-  "$venv/bin/pip" install -q --upgrade numpy mpi4py "$mpi"
+  if [ -n "${RINGPG_PEERS_WHEELS:-}" ]; then
+    W=$RINGPG_PEERS_WHEELS
+    wheel=$(ls "$W"/"$(echo "${mpi%%<*}" | tr - _)"-*.whl 2>/dev/null | head -1 || true)
+    if [ -z "$wheel" ]; then
+      echo "install_peers: $name: no ${mpi%%<*} wheel in $W; skipped"
+      continue
+    fi
+    [ -x "$venv/bin/python" ] || "$PY" -m venv --without-pip "$venv"
+    site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    mkdir -p "$site"
+    "$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > "$site/zz_numpy_from_base.pth"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-warn-script-location --prefix "$venv" \
+      "$W"/mpi4py-*.whl "$wheel"
+  else
+    [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+    "$venv/bin/pip" install -q --upgrade numpy mpi4py "$mpi"
+  fi
   # Open MPI refuses to run as root unless told; the bench sets the same two variables.
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH="$venv/bin:$PATH" \
     "$venv/bin/mpiexec" -n 2 "$venv/bin/python" -c "
@@ -37,5 +59,7 @@ assert x[0] == MPI.COMM_WORLD.Get_size()
 if MPI.COMM_WORLD.Get_rank() == 0:
     print('install_peers: $name:', MPI.Get_library_version().splitlines()[0].split(',')[0].strip())
 "
+  INSTALLED+=("$name")
 done
-echo "install_peers: run python -m benchmarks.bench --peers $(IFS=,; echo "${NAMES[*]}") --peers-dir $DIR"
+[ ${#INSTALLED[@]} -gt 0 ] || { echo "install_peers: no peer installed" >&2; exit 1; }
+echo "install_peers: run python -m benchmarks.bench --peers $(IFS=,; echo "${INSTALLED[*]}") --peers-dir $DIR"
