@@ -13,6 +13,7 @@
 #include <c10/util/Logging.h>
 #include <c10/util/StringUtil.h>
 
+#include <sched.h>
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -40,9 +41,12 @@ struct RegionHeader {
 
 // The creator sleeps on `seq`; anyone who publishes or releases a slot it waits for
 // bumps `seq` and, if the creator announced it may sleep, wakes it (an event count).
+// `cpu`: the CPU the creator last waited on (sched_getcpu; -1 before its first wait),
+// which a neighbour's spin reads (ShmRing::neighbourOn).
 struct Bell {
   std::atomic<uint32_t> seq;
   std::atomic<uint32_t> sleeping;
+  std::atomic<int32_t> cpu;
 };
 
 struct LinkHeader {
@@ -160,6 +164,7 @@ struct ShmRing::Region {
     s->base = static_cast<char*>(p);
     // A new region reads as zeros: head = tail = 0, bell quiet.
     s->header() = RegionHeader{kRegionMagic, nonce, kSlots, slotBytes};
+    s->bell().cpu.store(-1, std::memory_order_relaxed);
     return s;
   }
 
@@ -572,10 +577,23 @@ bool ShmRing::failIfNeighbourLeft() {
   return !why.empty();
 }
 
+void ShmRing::publishCpu(int cpu) {
+  std::atomic<int32_t>& mine = own_->bell().cpu;
+  if (mine.load(std::memory_order_relaxed) != cpu) { // a store only on a move: the line stays shared
+    mine.store(cpu, std::memory_order_relaxed);
+  }
+}
+
+bool ShmRing::neighbourOn(int cpu) {
+  return (receivesLeft_ && fromLeft_->bell().cpu.load(std::memory_order_relaxed) == cpu) ||
+         (sendsRight_ && toRight().bell().cpu.load(std::memory_order_relaxed) == cpu);
+}
+
 bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
   using namespace std::chrono;
   const auto spinEnd = Clock::now() + microseconds(spinMicros_);
   Bell& bell = own_->bell();
+  publishCpu(::sched_getcpu()); // the vDSO or rseq's cpu_id: no system call
   while (true) {
     if (engine_.isBroken()) {
       // A peer died or the group failed elsewhere (we hear it through the sockets).
@@ -604,8 +622,16 @@ bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
       // then, Config::shmSpinMicros): the neighbour we wait for is running, and a yield
       // would hand the core to any other runnable thread (a compiler, a data loader)
       // for up to a scheduler tick — milliseconds for a wait of microseconds.  Where
-      // they do not (a spin set by hand), the neighbour may need this very core.
-      if (spinYields_) {
+      // they do not (a spin set by hand), the neighbour may need this very core; and so
+      // it may where it last waited on this CPU: a busy host (other work on the other
+      // cores) can queue both ranks on one, and each pausing spin then costs the other
+      // its whole length (two ranks, 4-64 KiB, a CPU hog beside them: 180-300 us an op
+      // pausing, 11-130 yielding to it; benchmarks/RESULTS.md, 2026-11-27 (4)).
+      // The CPU is published on every look, so a neighbour that is spinning too never
+      // reads a CPU it has left.
+      const int cpu = ::sched_getcpu();
+      publishCpu(cpu);
+      if (spinYields_ || neighbourOn(cpu)) {
         std::this_thread::yield();
       } else {
         cpuRelax();
@@ -621,6 +647,7 @@ bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
       futexWait(&bell.seq, key, std::min<nanoseconds>(deadline - now, milliseconds(10)));
     }
     bell.sleeping.store(0, std::memory_order_relaxed);
+    publishCpu(::sched_getcpu()); // woken, perhaps elsewhere
   }
 }
 

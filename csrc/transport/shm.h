@@ -153,6 +153,11 @@ class ShmRing final : public Link {
   // Fails every pending request if a neighbour they need has shut its group down.
   bool failIfNeighbourLeft();
   void finish(const RequestPtr& req);
+  // Publishes `cpu`, the one this thread runs on, in our bell for the neighbours' spins.
+  void publishCpu(int cpu);
+  // Whether a same-host neighbour last waited on `cpu`, the one this thread runs on:
+  // then it is queued behind us (or asleep), and a spin that pauses keeps it from running.
+  bool neighbourOn(int cpu);
   // The right neighbour's region, whose bell we ring: the left one's when they are
   // the same rank (world size 2).
   Region& toRight();
