@@ -206,26 +206,36 @@ def transport_state_worker(rank: int, ws: int, groups: Groups, args: Any) -> dic
     }
 
 
+def check_reductions(
+    chk: Checker, rank: int, ws: int, groups: Groups, dtype: torch.dtype, n: int, ops: tuple[str, ...]
+) -> None:
+    """all_reduce of ``n`` elements and reduce_scatter_tensor to ``n`` per rank under each
+    of ``ops`` (gloo's gaps skipped), against gloo on the same inputs."""
+    g, ref = groups.test, groups.ref
+    tag = f"dtype={dtype_name(dtype)} ws={ws} numel={n}"
+    for op in ops:
+        if skip_case(groups.backend, op, dtype):
+            continue
+        case = f"all_reduce op={op} {tag}"
+        x = make_data(rank, case, (n,), dtype, data_kind(op))
+        got = x.clone()
+        dist.all_reduce(got, op=reduce_op(op), group=g)
+        chk.equal(case, got, ref_all_reduce(x, op, ref))
+
+        case = f"reduce_scatter_tensor op={op} {tag}"
+        x = make_data(rank, case, (n * ws,), dtype, data_kind(op))
+        out = sentinel_like((n,), dtype)
+        dist.reduce_scatter_tensor(out, x.clone(), op=reduce_op(op), group=g)
+        chk.equal(case, out, ref_reduce_scatter(x, op, ref))
+
+
 def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
     chk = Checker(rank)
     g, ref = groups.test, groups.ref
     for dtype in DTYPES:
         for n in numels(ws, dtype):
             tag = f"dtype={dtype_name(dtype)} ws={ws} numel={n}"
-            for op in REDUCE_OPS:
-                if skip_case(groups.backend, op, dtype):
-                    continue
-                case = f"all_reduce op={op} {tag}"
-                x = make_data(rank, case, (n,), dtype, data_kind(op))
-                got = x.clone()
-                dist.all_reduce(got, op=reduce_op(op), group=g)
-                chk.equal(case, got, ref_all_reduce(x, op, ref))
-
-                case = f"reduce_scatter_tensor op={op} {tag}"
-                x = make_data(rank, case, (n * ws,), dtype, data_kind(op))
-                out = sentinel_like((n,), dtype)
-                dist.reduce_scatter_tensor(out, x.clone(), op=reduce_op(op), group=g)
-                chk.equal(case, out, ref_reduce_scatter(x, op, ref))
+            check_reductions(chk, rank, ws, groups, dtype, n, REDUCE_OPS)
 
             case = f"all_gather_into_tensor {tag}"
             x = make_data(rank, case, (n,), dtype)
@@ -320,23 +330,8 @@ def large_reduce_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckR
     """all_reduce and reduce_scatter_tensor past LENT_REDUCE_BYTES, in odd sizes (a short
     last segment and a short last piece), against gloo; and which copy the group uses."""
     chk = Checker(rank)
-    g, ref = groups.test, groups.ref
     for dtype in (torch.float32, torch.bfloat16, torch.int32):
-        n = LENT_REDUCE_BYTES // dtype.itemsize + 7
-        for op in ("SUM", "MAX"):
-            if skip_case(groups.backend, op, dtype):
-                continue
-            case = f"all_reduce op={op} dtype={dtype_name(dtype)} ws={ws} numel={n}"
-            x = make_data(rank, case, (n,), dtype, data_kind(op))
-            got = x.clone()
-            dist.all_reduce(got, op=reduce_op(op), group=g)
-            chk.equal(case, got, ref_all_reduce(x, op, ref))
-
-            case = f"reduce_scatter_tensor op={op} dtype={dtype_name(dtype)} ws={ws} numel={n}"
-            x = make_data(rank, case, (n * ws,), dtype, data_kind(op))
-            out = sentinel_like((n,), dtype)
-            dist.reduce_scatter_tensor(out, x.clone(), op=reduce_op(op), group=g)
-            chk.equal(case, out, ref_reduce_scatter(x, op, ref))
+        check_reductions(chk, rank, ws, groups, dtype, LENT_REDUCE_BYTES // dtype.itemsize + 7, ("SUM", "MAX"))
     return chk.report()
 
 
