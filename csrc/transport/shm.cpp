@@ -585,8 +585,10 @@ void ShmRing::publishCpu(int cpu) {
 }
 
 bool ShmRing::neighbourOn(int cpu) {
-  return (receivesLeft_ && fromLeft_->bell().cpu.load(std::memory_order_relaxed) == cpu) ||
-         (sendsRight_ && toRight().bell().cpu.load(std::memory_order_relaxed) == cpu);
+  // -1: sched_getcpu failed (a sandbox without getcpu), as the -1 of a bell not yet
+  // published; no CPU known, nothing to compare.
+  return cpu >= 0 && ((receivesLeft_ && fromLeft_->bell().cpu.load(std::memory_order_relaxed) == cpu) ||
+                      (sendsRight_ && toRight().bell().cpu.load(std::memory_order_relaxed) == cpu));
 }
 
 bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
