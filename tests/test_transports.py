@@ -69,6 +69,7 @@ from harness import (
     ref_all_reduce,
     ref_broadcast,
     ref_reduce_scatter,
+    run_workers,
     sentinel_like,
     skip_case,
     transport_expected,
@@ -412,6 +413,69 @@ def test_cpu_max_is_read_as_the_ceiling_of_quota_over_period(text: str, cpus: in
 def test_usable_cpus_never_exceeds_the_affinity_mask() -> None:
     n = _C.usable_cpus()
     assert 1 <= n <= len(os.sched_getaffinity(0))
+
+
+@needs_C
+@pytest.mark.parametrize(
+    "shares, cpus",
+    [
+        (["0;-", "1;-"], 2),  # two ranks, each pinned to a CPU of its own
+        (["3;-", "3;-"], 1),  # both pinned to one CPU
+        (["0-1;-", "0-1;-"], 2),  # unpinned on two CPUs: the masks overlap
+        (["0,2-3,7;-"], 4),  # runs and single CPUs
+        (["0-7;2", "0-7;2"], 2),  # one container's quota caps the union
+        (["0-7;2", "8;-"], 9),  # a rank without a quota lifts the cap
+        (["0-1;1", "0-1;3"], 2),  # the largest quota caps
+        (["junk", "1-;x", "3-1;-", ""], 1),  # unreadable shares count no CPU, at least 1
+    ],
+)
+def test_cpus_together_is_the_union_of_masks_capped_by_the_largest_quota(shares: list[str], cpus: int) -> None:
+    assert _C.cpus_together(shares) == cpus
+
+
+@needs_C
+def test_cpu_share_text_lists_this_process_mask() -> None:
+    mask, quota = _C.cpu_share_text().split(";")
+    assert _C.cpus_together([f"{mask};-"]) == len(os.sched_getaffinity(0))
+    assert quota == "-" or int(quota) >= 1
+
+
+def pinned_group_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
+    """Pins this rank to one CPU (its own, or the first for every rank when ``args``),
+    creates a ringpg group there, and reports its spin and an allreduce against gloo."""
+    import ringpg
+
+    mask = os.sched_getaffinity(0)
+    cpus = sorted(mask)
+    os.sched_setaffinity(0, {cpus[0] if args else cpus[rank % len(cpus)]})
+    try:
+        g = dist.new_group(backend="ringpg")
+        x = torch.arange(5000, dtype=torch.int64) * (rank + 1)
+        got, ref = x.clone(), x.clone()
+        dist.all_reduce(got, group=g)
+        dist.all_reduce(ref, group=groups.ref)
+        spin = ringpg.backend(g).wait_spin_us
+        dist.destroy_process_group(g)
+        return {"spin": spin, "equal": torch.equal(got, ref)}
+    finally:
+        os.sched_setaffinity(0, mask)
+
+
+@pytest.mark.parametrize("shared_cpu", [False, True], ids=["own-cpu", "one-cpu"])
+def test_ranks_pinned_to_cpus_of_their_own_spin(shared_cpu: bool) -> None:
+    """Ranks pinned one to a CPU (taskset, numactl, an MPI launcher's binding) each see
+    one CPU in their own mask, yet the host's ranks have a CPU each: auto spins there, as
+    unpinned (sleeping instead made small ops 2-3x slower: RESULTS 2026-11-27 (5)).
+    Ranks pinned to one CPU together do not spin."""
+    ws = 2
+    if backend_under_test() != "ringpg":
+        pytest.skip("ringpg's wait spin")
+    if not shared_cpu and len(os.sched_getaffinity(0)) < ws:
+        pytest.skip(f"needs {ws} CPUs")
+    given = os.environ.get("RINGPG_SPIN_US", "auto")
+    spin = int(given) if given != "auto" else (0 if shared_cpu else AUTO_SHM_SPIN_US)
+    results = run_workers(pinned_group_worker, ws, shared_cpu, InitSpec(env=TRANSPORT_ENVS["shm"]))
+    assert results == [{"spin": spin, "equal": True}] * ws, results
 
 
 PROC_SELF_CGROUP_V1 = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n2:cpuacct:/other\n0::/init.scope\n"

@@ -282,4 +282,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("quota_cpus_along", &ringpg::quotaCpusAlong, py::arg("mount"), py::arg("path"), py::arg("v2"),
         "Tightest CFS quota, in CPUs, on a cgroup and its ancestors (None: no limit)");
   m.def("usable_cpus", &ringpg::usableCpus, "CPUs this process may use (affinity, lowered by a CFS quota)");
+  m.def("cpu_share_text", &ringpg::cpuShareText,
+        "This process's affinity mask as a CPU list and its quota ('0-3;-'), as a group exchanges it");
+  m.def("cpus_together", &ringpg::cpusTogether, py::arg("shares"),
+        "CPUs processes with these cpu_share_text values may run on together (union of masks, quota-capped)");
 }

@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <c10/util/StringUtil.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -137,6 +139,72 @@ int usableCpus() {
     cpus = std::min(cpus, *q);
   }
   return cpus;
+}
+
+std::string cpuShareText() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::string list;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    // Runs of set bits as "a-b" (or "a" alone), comma-separated: a pinned rank is one
+    // number, an unpinned one a range, whatever the host's CPU count.
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (!CPU_ISSET(cpu, &set)) {
+        continue;
+      }
+      int last = cpu;
+      while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) {
+        ++last;
+      }
+      list += c10::str(list.empty() ? "" : ",", cpu, last > cpu ? c10::str("-", last) : std::string());
+      cpu = last;
+    }
+  }
+  const auto quota = quotaCpus();
+  return c10::str(list, ";", quota ? std::to_string(*quota) : std::string("-"));
+}
+
+int cpusTogether(const std::vector<std::string>& shares) {
+  std::vector<bool> any; // any[cpu]: some share's mask holds cpu
+  std::optional<int> largestQuota;
+  bool unlimited = false; // some share has no quota
+  for (const auto& share : shares) {
+    const size_t semi = share.find(';');
+    std::istringstream runs(share.substr(0, semi));
+    std::string run;
+    while (std::getline(runs, run, ',')) {
+      int first = 0;
+      int last = 0;
+      char dash = 0;
+      std::istringstream in(run);
+      if (!(in >> first) || first < 0) {
+        continue;
+      }
+      last = first;
+      if (in >> dash && !(dash == '-' && in >> last)) {
+        continue;
+      }
+      if (last < first || last >= CPU_SETSIZE) {
+        continue;
+      }
+      if (any.size() <= static_cast<size_t>(last)) {
+        any.resize(last + 1, false);
+      }
+      std::fill(any.begin() + first, any.begin() + last + 1, true);
+    }
+    const std::string quota = semi == std::string::npos ? "-" : share.substr(semi + 1);
+    int q = 0;
+    if (std::istringstream(quota) >> q && q > 0) {
+      largestQuota = std::max(largestQuota.value_or(q), q);
+    } else {
+      unlimited = true;
+    }
+  }
+  int cpus = static_cast<int>(std::count(any.begin(), any.end(), true));
+  if (largestQuota && !unlimited) {
+    cpus = std::min(cpus, *largestQuota);
+  }
+  return std::max(1, cpus);
 }
 
 } // namespace ringpg

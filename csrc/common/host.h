@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ringpg {
 
@@ -42,5 +43,17 @@ void nameThisThread(const char* name);
 // CFS quota on its cgroup or an ancestor (container CPU limits, systemd CPUQuota);
 // at least 1.
 int usableCpus();
+
+// This process's share of its host's CPUs as text for the group's exchange: its
+// affinity mask as a CPU list ("0-3,8") and, after a ';', its CPU quota ("-": none).
+std::string cpuShareText();
+
+// CPUs the processes whose cpuShareText() are `shares` may run on together: the union
+// of their affinity masks, lowered by the largest of their quotas (ranks in one
+// container share its quota; ranks each under a quota of their own are undercounted,
+// which only costs a spin).  Ranks each pinned to a CPU of their own (taskset,
+// numactl, an MPI launcher's binding) have one CPU each in their own mask but as many
+// CPUs as ranks together.  At least 1; an unreadable share counts no CPU.
+int cpusTogether(const std::vector<std::string>& shares);
 
 } // namespace ringpg

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "common/host.h"
 #include "transport/rendezvous.h"
 #include "transport/store_exchange.h"
 
@@ -168,10 +167,12 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   // on first use.
   g->engine->connectPeers(peersAtCreation(g->topology, rank, cfg), deadline);
   const size_t slotBytes = std::clamp<size_t>(cfg.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
-  // Spin only while this host's ranks can each have a core; a spin set by hand on more
-  // ranks than CPUs yields between looks (the rank it waits for may need this core).
+  // Spin only while this host's ranks can each have a core: counted over the CPUs they
+  // may use together, so that ranks pinned one to a core spin (a pinned rank's own mask
+  // holds one CPU).  A spin set by hand on more ranks than CPUs yields between looks
+  // (the rank it waits for may need this core).
   const int localRanks = g->topology.ranksOn(g->topology.hostOf[rank]);
-  const int cpus = usableCpus();
+  const int cpus = g->topology.hostCpus.at(g->topology.hostOf[rank]);
   g->shmSpinMicros = cfg.shmSpinMicros(localRanks, cpus);
   bool shmUsed = false;
   g->shm = ShmRing::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, transport, slotBytes, g->shmSpinMicros,

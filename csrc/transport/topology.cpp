@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "common/config.h"
+#include "common/host.h"
 #include "transport/rendezvous.h"
 #include "transport/store_exchange.h"
 
@@ -95,9 +96,28 @@ std::string hostIdentity() {
 
 Topology exchangeTopology(c10d::Store& store, const std::string& prefix, int rank, int size) {
   if (size == 1) {
-    return Topology::singleHost(1);
+    Topology t = Topology::singleHost(1);
+    t.hostCpus = {usableCpus()};
+    return t;
   }
-  return Topology::fromHosts(allGatherValues(store, prefix + "host", rank, size, hostIdentity()));
+  // One value a rank, in one round trip: "IDENTITY\nSHARE" (an identity holds no newline).
+  const auto values = allGatherValues(store, prefix + "host", rank, size, hostIdentity() + "\n" + cpuShareText());
+  std::vector<std::string> ids;
+  std::vector<std::string> shares;
+  for (const auto& v : values) {
+    const size_t nl = v.rfind('\n');
+    ids.push_back(nl == std::string::npos ? v : v.substr(0, nl));
+    shares.push_back(nl == std::string::npos ? std::string() : v.substr(nl + 1));
+  }
+  Topology t = Topology::fromHosts(ids);
+  for (const auto& ranks : t.hostRanks) {
+    std::vector<std::string> mine;
+    for (const int r : ranks) {
+      mine.push_back(shares[r]);
+    }
+    t.hostCpus.push_back(cpusTogether(mine));
+  }
+  return t;
 }
 
 } // namespace ringpg

@@ -25,6 +25,9 @@ struct Topology {
   std::vector<int> local;                  // local[rank]: which of its host's ranks it is
   int perHost = 0;                         // K when every host holds K ranks, else 0
   int mostPerHost = 0;                     // the most ranks any host holds
+  // hostCpus[h]: CPUs host h's ranks may run on together (cpusTogether, common/host.h);
+  // filled by exchangeTopology, empty in a topology made from host identities alone.
+  std::vector<int> hostCpus;
 
   // The topology of ranks whose host identities are `hostIds` (index = rank).
   static Topology fromHosts(const std::vector<std::string>& hostIds);
@@ -69,8 +72,9 @@ struct Topology {
 // their own stand for separate hosts).
 std::string hostIdentity();
 
-// Collective over the group: publishes this rank's host identity under `prefix` and
-// reads everyone's (the store's own timeout bounds each read).
+// Collective over the group: publishes this rank's host identity and CPU share
+// (cpuShareText) under `prefix` and reads everyone's (the store's own timeout bounds
+// each read).
 Topology exchangeTopology(c10d::Store& store, const std::string& prefix, int rank, int size);
 
 } // namespace ringpg
