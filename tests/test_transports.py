@@ -352,6 +352,29 @@ def test_large_reduce_steps_match_gloo_with_and_without_single_copy(config: tupl
         pool.close()
 
 
+# ============================================= the two-rank one-shot allreduce, in place or not
+
+# The two-rank one-shot allreduce reduces the peer's buffer straight into the caller's
+# where its own send went into the slots at once (the message fits the ring's 8 slots),
+# else into a scratch area copied back after the send (algorithms/direct.cpp).  Slots of
+# 64 KiB and a one-shot limit of 1 MiB reach both sides of that line.
+ONESHOT_SLOTS_ENV = (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)), ("RINGPG_ONESHOT_BYTES", str(1 << 20)))
+SHM_SLOTS = 8  # transport/shm.cpp, kSlots
+
+
+def oneshot_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    chk = Checker(rank)
+    for dtype in (torch.float32, torch.bfloat16, torch.int32):
+        per_slot = SMALL_SLOT // dtype.itemsize
+        for n in (1000, SHM_SLOTS * per_slot, SHM_SLOTS * per_slot + 1, (SHM_SLOTS + 4) * per_slot + 3):
+            check_reductions(chk, rank, ws, groups, dtype, n, REDUCE_OPS)
+    return chk.report()
+
+
+def test_two_rank_one_shot_in_place_and_through_scratch_match_gloo() -> None:
+    assert_reports_ok(run_workers(oneshot_worker, 2, None, InitSpec(env=ONESHOT_SLOTS_ENV), timeout=240))
+
+
 # ============================================= the surface batteries over TCP, world sizes 2, 3
 
 # (id, worker, args, the gloo gap that skips it in RINGPG_TEST_BACKEND=gloo runs).
