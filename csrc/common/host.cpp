@@ -144,21 +144,26 @@ int usableCpus() {
 std::string cpuShareText() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  std::string list;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    // Runs of set bits as "a-b" (or "a" alone), comma-separated: a pinned rank is one
-    // number, an unpinned one a range, whatever the host's CPU count.
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-      if (!CPU_ISSET(cpu, &set)) {
-        continue;
-      }
-      int last = cpu;
-      while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) {
-        ++last;
-      }
-      list += c10::str(list.empty() ? "" : ",", cpu, last > cpu ? c10::str("-", last) : std::string());
-      cpu = last;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+    // A mask we cannot read (more CPUs than a cpu_set_t holds): every CPU the host
+    // has, as usableCpus() assumes then.
+    for (unsigned cpu = 0; cpu < std::max(1u, std::thread::hardware_concurrency()) && cpu < CPU_SETSIZE; ++cpu) {
+      CPU_SET(cpu, &set);
     }
+  }
+  // Runs of set bits as "a-b" (or "a" alone), comma-separated: a pinned rank is one
+  // number, an unpinned one a range, whatever the host's CPU count.
+  std::string list;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) {
+      continue;
+    }
+    int last = cpu;
+    while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) {
+      ++last;
+    }
+    list += c10::str(list.empty() ? "" : ",", cpu, last > cpu ? c10::str("-", last) : std::string());
+    cpu = last;
   }
   const auto quota = quotaCpus();
   return c10::str(list, ";", quota ? std::to_string(*quota) : std::string("-"));
