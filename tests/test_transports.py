@@ -501,6 +501,58 @@ def test_ranks_pinned_to_cpus_of_their_own_spin(shared_cpu: bool) -> None:
     assert results == [{"spin": spin, "equal": True}] * ws, results
 
 
+def colocated_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
+    """``args`` times: the ranks wait on one CPU together (pinned there for an op and a gloo
+    barrier), are freed to their whole mask, and run a small allreduce at once, still
+    queued on that CPU.  Reports on how many of those ops the ranks ended on different
+    CPUs, whether this thread's mask came back as it was, and the results against gloo."""
+    import ctypes
+
+    sched_getcpu = ctypes.CDLL(None).sched_getcpu
+    mask = os.sched_getaffinity(0)
+    first = min(mask)
+    x = torch.arange(1000, dtype=torch.int64) * (rank + 1)
+    apart, masks_kept, equal = 0, True, True
+    for _ in range(args):
+        os.sched_setaffinity(0, {first})
+        dist.all_reduce(x.clone(), group=groups.test)  # each rank's waits publish that CPU
+        dist.barrier(group=groups.ref)
+        os.sched_setaffinity(0, mask)  # a wider mask migrates no one: both stay queued there
+        got = x.clone()
+        dist.all_reduce(got, group=groups.test)
+        cpus: list[Any] = [None] * ws
+        dist.all_gather_object(cpus, sched_getcpu(), group=groups.ref)
+        apart += len(set(cpus)) == ws
+        masks_kept &= os.sched_getaffinity(0) == mask
+        ref = x.clone()
+        dist.all_reduce(ref, group=groups.ref)
+        equal &= torch.equal(got, ref)
+    os.sched_setaffinity(0, mask)
+    return {"apart": apart, "masks_kept": masks_kept, "equal": equal}
+
+
+COLOCATED_TRIALS = 12
+
+
+def test_a_waiter_queued_with_its_neighbour_on_one_cpu_moves_off_it() -> None:
+    """Ranks that could each have a core but were queued on one CPU (a wakeup put one
+    beside the other) stay there for the op, each spin costing the other its length:
+    the waiter moves itself to another CPU of its mask, and its mask stays as it was
+    (transport/shm.cpp, ShmRing::waitUntil; RESULTS 2026-11-27 (6))."""
+    ws = 2
+    if backend_under_test() != "ringpg":
+        pytest.skip("ringpg's wait spin")
+    if len(os.sched_getaffinity(0)) < ws:
+        pytest.skip(f"needs {ws} CPUs")
+    if os.environ.get("RINGPG_SPIN_US", "auto") == "0":
+        pytest.skip("RINGPG_SPIN_US=0: no spin notices the neighbour")
+    results = run_workers(colocated_worker, ws, COLOCATED_TRIALS, InitSpec(env=TRANSPORT_ENVS["shm"]))
+    assert all(r["masks_kept"] and r["equal"] for r in results), results
+    # Without the move the two ranks end nearly every one of these ops on one CPU; the
+    # scheduler may still separate a pair now and then, or put one back.
+    assert results[0]["apart"] >= COLOCATED_TRIALS // 2, results
+
+
 PROC_SELF_CGROUP_V1 = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n2:cpuacct:/other\n0::/init.scope\n"
 
 

@@ -3,10 +3,13 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -139,6 +142,26 @@ int usableCpus() {
     cpus = std::min(cpus, *q);
   }
   return cpus;
+}
+
+bool moveOffCpu(int cpu) {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof(mask), &mask) != 0 || CPU_COUNT(&mask) < 2 ||
+      !CPU_ISSET(cpu, &mask)) {
+    return false;
+  }
+  cpu_set_t others = mask;
+  CPU_CLR(cpu, &others);
+  if (sched_setaffinity(0, sizeof(others), &others) != 0) {
+    return false;
+  }
+  if (sched_setaffinity(0, sizeof(mask), &mask) != 0) {
+    // Only if the cpuset shrank meanwhile; the thread keeps the narrower mask.
+    TORCH_WARN_ONCE("ringpg: could not restore this thread's CPU affinity after moving it off CPU ", cpu, ": ",
+                    std::strerror(errno));
+  }
+  return true;
 }
 
 std::string cpuShareText() {

@@ -44,6 +44,12 @@ void nameThisThread(const char* name);
 // at least 1.
 int usableCpus();
 
+// Moves the calling thread off CPU `cpu` onto another CPU of its affinity mask and
+// leaves the mask as it was: the mask less `cpu` for a moment (the kernel migrates the
+// thread at once), then the mask again.  False, and the thread where it was, when the
+// mask holds no other CPU or the kernel refuses (a sandbox without sched_setaffinity).
+bool moveOffCpu(int cpu);
+
 // This process's share of its host's CPUs as text for the group's exchange: its
 // affinity mask as a CPU list ("0-3,8") and, after a ';', its CPU quota ("-": none).
 std::string cpuShareText();

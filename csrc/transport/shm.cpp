@@ -631,9 +631,21 @@ bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
       // pausing, 11-130 yielding to it; benchmarks/RESULTS.md, 2026-11-27 (4)).
       // The CPU is published on every look, so a neighbour that is spinning too never
       // reads a CPU it has left.
+      //
+      // Where each rank could have a core, the two queued on one CPU are the
+      // scheduler's doing: a wakeup placed one beside the other (gloo's socket thread
+      // wakes a rank from its barrier, and 17-46% of the ops that followed started that
+      // way on the 2-vCPU VM), and they stay there for the whole op, 120-165 us instead
+      // of 41-56.  Neither a yield nor a sleep moved them; so the waiter moves itself
+      // to another CPU of its mask (moveOffCpu), which the scheduler might equally have
+      // chosen, and its mask stays what it was.  Measured, with a CPU hog beside the
+      // ranks, 4-64 KiB: 21-32 us an op instead of 45-207 (benchmarks/RESULTS.md,
+      // 2026-11-27 (6)).
       const int cpu = ::sched_getcpu();
       publishCpu(cpu);
-      if (spinYields_ || neighbourOn(cpu)) {
+      if (!spinYields_ && neighbourOn(cpu) && moveOffCpu(cpu)) {
+        publishCpu(::sched_getcpu());
+      } else if (spinYields_ || neighbourOn(cpu)) {
         std::this_thread::yield();
       } else {
         cpuRelax();
