@@ -639,7 +639,7 @@ bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
       // of 41-56.  Neither a yield nor a sleep moved them; so the waiter moves itself
       // to another CPU of its mask (moveOffCpu), which the scheduler might equally have
       // chosen, and its mask stays what it was.  Measured, with a CPU hog beside the
-      // ranks, 4-64 KiB: 21-32 us an op instead of 45-207 (benchmarks/RESULTS.md,
+      // ranks, 4-256 KiB: 23-77 us an op instead of 29-368 (benchmarks/RESULTS.md,
       // 2026-11-27 (6)).
       const int cpu = ::sched_getcpu();
       publishCpu(cpu);
