@@ -100,7 +100,7 @@ Topology exchangeTopology(c10d::Store& store, const std::string& prefix, int ran
     t.hostCpus = {usableCpus()};
     return t;
   }
-  // One value a rank, in one round trip: "IDENTITY\nSHARE" (an identity holds no newline).
+  // One value a rank, in one round trip: "IDENTITY\nSHARE" (a share holds no newline).
   const auto values = allGatherValues(store, prefix + "host", rank, size, hostIdentity() + "\n" + cpuShareText());
   std::vector<std::string> ids;
   std::vector<std::string> shares;
