@@ -132,16 +132,7 @@ void nameThisThread(const char* name) {
 }
 
 int usableCpus() {
-  int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    cpus = std::max(1, CPU_COUNT(&set));
-  }
-  if (const auto q = quotaCpus()) {
-    cpus = std::min(cpus, *q);
-  }
-  return cpus;
+  return cpusTogether({cpuShareText()}); // this process alone: its mask, lowered by its quota
 }
 
 bool moveOffCpu(int cpu) {
@@ -169,7 +160,7 @@ std::string cpuShareText() {
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) != 0) {
     // A mask we cannot read (more CPUs than a cpu_set_t holds): every CPU the host
-    // has, as usableCpus() assumes then.
+    // has, up to what a cpu_set_t holds.
     for (unsigned cpu = 0; cpu < std::max(1u, std::thread::hardware_concurrency()) && cpu < CPU_SETSIZE; ++cpu) {
       CPU_SET(cpu, &set);
     }
