@@ -643,9 +643,10 @@ bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
       // 2026-11-27 (6)).
       const int cpu = ::sched_getcpu();
       publishCpu(cpu);
-      if (!spinYields_ && neighbourOn(cpu) && moveOffCpu(cpu)) {
+      const bool sharing = neighbourOn(cpu);
+      if (!spinYields_ && sharing && moveOffCpu(cpu)) {
         publishCpu(::sched_getcpu());
-      } else if (spinYields_ || neighbourOn(cpu)) {
+      } else if (spinYields_ || sharing) {
         std::this_thread::yield();
       } else {
         cpuRelax();
