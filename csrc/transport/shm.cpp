@@ -40,7 +40,8 @@ struct RegionHeader {
 };
 
 // The creator sleeps on `seq`; anyone who publishes or releases a slot it waits for
-// bumps `seq` and, if the creator announced it may sleep, wakes it (an event count).
+// looks at `sleeping` and, if the creator announced it may sleep, bumps `seq` and
+// wakes it (an event count; ring()).
 // `cpu`: the CPU the creator last waited on (sched_getcpu; -1 before its first wait),
 // which a neighbour's spin reads (ShmRing::neighbourOn).
 struct Bell {
@@ -85,8 +86,17 @@ void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nano
 }
 
 void ring(Bell& bell) {
-  bell.seq.fetch_add(1, std::memory_order_seq_cst);
-  if (bell.sleeping.load(std::memory_order_seq_cst) != 0) {
+  // The fence pairs with the sleeper's (ShmRing::waitUntil): it announced `sleeping`
+  // and then looked at the slots, we moved a slot (head or tail) and now look at
+  // `sleeping`, so at least one of us sees the other's store.  Only a sleeper's bell is
+  // bumped: a bump is a locked write to a line the spinning neighbour reads on every
+  // look, where the fence is local (with the cached tail of pushSends, 0.1-0.5 us
+  // less per 4 KiB op; benchmarks/RESULTS.md, 2026-11-27 (7)).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (bell.sleeping.load(std::memory_order_relaxed) != 0) {
+    // Release: the slot we moved is visible to a sleeper whose key (read with
+    // acquire) already counts this bump.
+    bell.seq.fetch_add(1, std::memory_order_seq_cst);
     ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell.seq), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
   }
 }
@@ -396,8 +406,11 @@ bool ShmRing::pushSends() {
     const RequestPtr& req = sends_.front();
     const uint64_t head = L.head.load(std::memory_order_relaxed); // only this thread writes it
     // Acquire: the receiver is done reading the slot it released before we overwrite it.
-    if (head - L.tail.load(std::memory_order_acquire) >= kSlots) {
-      break;
+    if (head - releasedSeen_ >= kSlots) {
+      releasedSeen_ = L.tail.load(std::memory_order_acquire);
+      if (head - releasedSeen_ >= kSlots) {
+        break;
+      }
     }
     char* slot = own_->slot(head, slotBytes_);
     auto* sh = reinterpret_cast<SlotHeader*>(slot);
@@ -654,8 +667,10 @@ bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
       continue;
     }
     // Announce the sleep, then look once more: a neighbour that moved a slot after our
-    // last look either sees `sleeping` and wakes us, or changed `seq` before we read it.
+    // last look sees `sleeping` (the fences) and bumps `seq`; a bump before we read the
+    // key made its slot visible to this look, a bump after it fails the futex wait.
     bell.sleeping.store(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst); // pairs with ring()'s
     const uint32_t key = bell.seq.load(std::memory_order_seq_cst);
     if (!progress() && req->state.load(std::memory_order_acquire) == Request::State::Pending) {
       // Bounded sleeps: a broken engine (which rings no bell) is noticed within 10 ms.

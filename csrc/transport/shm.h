@@ -175,6 +175,10 @@ class ShmRing final : public Link {
   bool receivesLeft_ = false; // the left one does: fromLeft_'s slots carry from it
   size_t cmaBytes_ = 0;  // single copy from this size on (0: never; agreed at connect)
   int leftPid_ = 0;      // the left neighbour's process, which readLeft() reads
+  // Our link's tail as last read: the slots the right neighbour had released then.  A
+  // push reads the shared `tail` (a line the neighbour writes) only when this count
+  // says the slots are full, not on every fragment.
+  uint64_t releasedSeen_ = 0;
   std::deque<RequestPtr> sends_;
   std::deque<Recv> recvs_;
   std::deque<Lent> lent_; // in slot order
