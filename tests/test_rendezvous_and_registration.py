@@ -624,12 +624,16 @@ def test_a_rank_that_differs_fails_every_rank_naming_each_setting(tmp_path: Any)
 
 
 def _local_settings_differ_then_algorithms(rank: int, ws: int, port: int, args: Any) -> dict:
-    """Equal non-default shared settings and receive windows that differ (local): the ring
-    runs on each transport; then one rank picks another algorithm with use_algorithm."""
+    """Equal non-default shared settings and receive windows and RINGPG_CMA_BYTES that differ
+    (local): the ring runs on each transport; then one rank picks another algorithm with
+    use_algorithm."""
     import ringpg
 
     os.environ["RINGPG_SEGMENT_BYTES"] = "65536"  # equal on every rank, not the default
     os.environ["RINGPG_RECV_WINDOW"] = {0: "16", 1: "1"}.get(rank, "")  # rank 2: the default
+    # Set on rank 1 alone, to its default: the group takes single copy as asked rather
+    # than measuring it (a measurement needs every rank).
+    os.environ["RINGPG_CMA_BYTES"] = "65536" if rank == 1 else ""
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws, timeout=timedelta(seconds=30)
@@ -648,8 +652,10 @@ def _local_settings_differ_then_algorithms(rank: int, ws: int, port: int, args: 
         ag = torch.empty(n * ws)
         dist.all_gather_into_tensor(ag, x, group=g)
         want_ag = torch.cat([torch.arange(n, dtype=torch.float32) % 1000 + q for q in range(ws)])
+        b = ringpg.backend(g)
         out[transport] = {
             "transport": transport_of(g),
+            "copy": (b.same_host_copy, b.same_host_copy_probe) if b is not None else None,
             "all_reduce": bool(torch.equal(y, want_sum)),
             "reduce_scatter": bool(torch.equal(rs, want_sum[rank * (n // ws) : (rank + 1) * (n // ws)])),
             "all_gather": bool(torch.equal(ag, want_ag)),
@@ -666,9 +672,10 @@ def test_local_settings_may_differ_and_use_algorithm_is_agreed() -> None:
     res = harness.run_scenario(_local_settings_differ_then_algorithms, 3)
     for r, v in res.items():
         assert "crash" not in v, v
-        for transport, want in (("auto", "shm"), ("tcp", "tcp"), ("gloo", "gloo")):
+        for transport, want, copy in (("auto", "shm", "cma"), ("tcp", "tcp", ""), ("gloo", "gloo", "")):
             assert v[transport] == {
                 "transport": want,
+                "copy": (copy, None),
                 "all_reduce": True,
                 "reduce_scatter": True,
                 "all_gather": True,

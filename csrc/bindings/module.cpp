@@ -101,8 +101,27 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("same_host_copy", &ringpg::RingBackend::sameHostCopy,
                              "how same-host messages of at least RINGPG_CMA_BYTES move, the same on every rank: "
                              "'cma' (one copy, straight from the sender's buffer: cross-memory attach), 'slots' (two "
-                             "copies through shared memory: the kernel refused the probe somewhere, or "
-                             "RINGPG_CMA_BYTES=0), '' (no shared-memory link on this rank)")
+                             "copies through shared memory: the kernel refused the probe somewhere, "
+                             "RINGPG_CMA_BYTES=0, or, with it unset, single copy measured slower: "
+                             "same_host_copy_probe), '' (no shared-memory link on this rank)")
+      .def_property_readonly(
+          "same_host_copy_probe",
+          [](const ringpg::RingBackend& b) -> py::object {
+            const ringpg::ShmRing::CopyProbe p = b.sameHostCopyProbe();
+            if (!p.measured) {
+              return py::none();
+            }
+            py::dict d;
+            d["bytes"] = p.bytes;
+            d["cma_us"] = p.lentMicros;
+            d["slots_us"] = p.copiedMicros;
+            return d;
+          },
+          "what the group measured at creation to choose same_host_copy, the same on every rank: "
+          "{'bytes', 'cma_us', 'slots_us'}, microseconds to move `bytes` each way around the host rings by "
+          "single copy and through the slots (each rank's best of three, summed over the ranks); 'cma' "
+          "where single copy was the faster; None where nothing was measured (RINGPG_CMA_BYTES set, single "
+          "copy refused, no shared-memory link on this rank)")
       .def_property_readonly(
           "hosts", [](const ringpg::RingBackend& b) { return b.topology().hosts; },
           "how many hosts the group's ranks run on (RINGPG_HOSTID, else hostname, boot id, netns)")

@@ -55,6 +55,9 @@ Config load() {
   c.workCacheBytes =
       static_cast<size_t>(envInt("RINGPG_WORK_CACHE_BYTES", static_cast<int64_t>(c.workCacheBytes), 0, 1LL << 40));
   c.cmaBytes = static_cast<size_t>(envInt("RINGPG_CMA_BYTES", static_cast<int64_t>(c.cmaBytes), 0, 1LL << 40));
+  if (auto v = c10::utils::get_env("RINGPG_CMA_BYTES"); v && !v->empty()) {
+    c.cmaBytesSet = true;
+  }
   c.hierPieceBytes =
       static_cast<size_t>(envInt("RINGPG_HIER_PIECE_BYTES", static_cast<int64_t>(c.hierPieceBytes), 0, 1LL << 40));
   if (auto v = c10::utils::get_env("RINGPG_SPIN_US"); v && *v == "auto") {
@@ -159,6 +162,7 @@ std::string Config::summary() const {
                   recvWindowSet ? std::to_string(recvWindow) : c10::str(recvWindow, "(gloo:", kGlooRecvWindow, ")"),
                   " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
                   " work_cache_bytes=", workCacheBytes, " hier_piece_bytes=", hierPieceBytes, " cma_bytes=", cmaBytes,
+                  cmaBytesSet ? "" : "(measured)",
                   " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
                   " transport_setting=", transportName(transport), " algo=", algoName(algo),
                   " connect=", connectName(connect), " alltoall=", allToAllName(allToAll),

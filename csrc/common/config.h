@@ -35,8 +35,11 @@ struct Config {
   size_t hierPieceBytes = 2 * 1024 * 1024;
   // Same-host messages of at least this many bytes go by single copy (cross-memory
   // attach, transport/shm.h) where every rank may read its neighbour's memory
-  // (RINGPG_CMA_BYTES; 0: never, two copies through the slots).
+  // (RINGPG_CMA_BYTES; 0: never, two copies through the slots).  Unset, the group
+  // also measures at creation whether single copy beats the slots on this host, and
+  // keeps the slots where it does not (ShmRing::connect); set, it is taken as asked.
   size_t cmaBytes = 64 * 1024;
+  bool cmaBytesSet = false;
   // Microseconds a waiting thread spins (pausing) before it sleeps (RINGPG_SPIN_US);
   // kSpinAuto: shared-memory groups spin kAutoShmSpinMicros when every rank can have
   // a core, TCP waits do not spin (see shmSpinMicros()).

@@ -176,7 +176,8 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   g->shmSpinMicros = cfg.shmSpinMicros(localRanks, cpus);
   bool shmUsed = false;
   g->shm = ShmRing::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, transport, slotBytes, g->shmSpinMicros,
-                            /*spinYields=*/localRanks > cpus, cfg.cmaBytes, Clock::now() + timeout, &shmUsed);
+                            /*spinYields=*/localRanks > cpus, cfg.cmaBytes, /*measureCopy=*/!cfg.cmaBytesSet,
+                            Clock::now() + timeout, &shmUsed);
   g->transport = transport == Config::Transport::Gloo ? "gloo"
                  : !shmUsed                           ? "tcp"
                  : g->topology.hosts == 1             ? "shm"

@@ -12,12 +12,15 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 #include <c10/util/StringUtil.h>
+#include <c10/util/irange.h>
 
 #include <sched.h>
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -223,8 +226,8 @@ ShmRing::Region& ShmRing::toRight() {
 
 std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, const std::string& prefix,
                                           const Topology& topo, int rank, Config::Transport setting, size_t slotBytes,
-                                          int spinMicros, bool spinYields, size_t cmaBytes, Deadline deadline,
-                                          bool* used) {
+                                          int spinMicros, bool spinYields, size_t cmaBytes, bool measureCopy,
+                                          Deadline deadline, bool* used) {
   *used = false;
   const int size = topo.size();
   // No two ranks share a host: every rank knows it from the same topology, so none
@@ -310,11 +313,16 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
     ok = self->fromRight_ != nullptr;
   }
 
-  // Agreement: every rank's verdicts, "<links usable><single copy usable>" as two digits.
-  const std::vector<std::string> verdicts =
-      allGatherValues(store, prefix + "shm/verdict", rank, size, c10::str(ok ? 1 : 0, cmaOk ? 1 : 0));
-  const bool all = std::all_of(verdicts.begin(), verdicts.end(), [](const std::string& v) { return v[0] == '1'; });
-  const bool allCma = std::all_of(verdicts.begin(), verdicts.end(), [](const std::string& v) { return v[1] == '1'; });
+  // Agreement: every rank's verdicts, "<links usable><single copy usable><measure it>"
+  // as three digits.
+  const std::vector<std::string> verdicts = allGatherValues(store, prefix + "shm/verdict", rank, size,
+                                                            c10::str(ok ? 1 : 0, cmaOk ? 1 : 0, measureCopy ? 1 : 0));
+  const auto allSay = [&](size_t digit) {
+    return std::all_of(verdicts.begin(), verdicts.end(), [&](const std::string& v) { return v[digit] == '1'; });
+  };
+  const bool all = allSay(0);
+  const bool allCma = allSay(1);
+  const bool measure = allSay(2);
   if (cmaWanted && !allCma && !cmaWhy.empty()) {
     LOG(INFO) << "ringpg: rank " << rank << " cannot read rank " << left
               << "'s memory (cross-memory attach): " << cmaWhy << "; the group keeps two copies per byte";
@@ -342,6 +350,28 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
   self->cmaBytes_ = allCma ? cmaBytes : 0;
   self->sendsRight_ = rightShared;
   self->receivesLeft_ = leftShared;
+  if (allCma && measure) {
+    // Single copy only where it measured faster than the slots (shm.h): each rank with
+    // a link times one segment each way (the host rings' links all run at once, as in
+    // a ring step), and every rank sums the same figures, so all choose alike.
+    const std::pair<double, double> mine = leftShared ? self->probeCopies(slotBytes, deadline) : std::pair{0.0, 0.0};
+    const std::vector<std::string> times =
+        allGatherValues(store, prefix + "shm/copy", rank, size, c10::str(mine.first, " ", mine.second));
+    CopyProbe& p = self->copyProbe_;
+    p.measured = true;
+    p.bytes = slotBytes;
+    for (const std::string& t : times) {
+      std::istringstream in(t);
+      double lent = 0;
+      double copied = 0;
+      in >> lent >> copied;
+      p.lentMicros += lent;
+      p.copiedMicros += copied;
+    }
+    if (!(p.lentMicros < p.copiedMicros)) {
+      self->cmaBytes_ = 0;
+    }
+  }
   // A rank alone on its host has no shared-memory link.
   return leftShared || rightShared ? std::move(self) : nullptr;
 }
@@ -555,6 +585,53 @@ bool ShmRing::readLeftInto(const FragmentConsumer& consume, uint64_t remote, siz
     done += k;
   }
   return true;
+}
+
+std::pair<double, double> ShmRing::probeCopies(size_t bytes, Deadline deadline) {
+  // Keys no op reaches (an op's key is its sequence number, counted from 1), so a
+  // probe frame can never be taken for an op's.
+  uint64_t key = ~uint64_t{0} - 4 * kProbeRounds; // per round, two ways, each a start and a timed exchange
+  std::vector<char> out(bytes);
+  std::vector<char> in(bytes);
+  std::array<char, 8> tick{};
+  std::array<char, 8> tock{};
+  // Sends `n` bytes at `src` to the right while receiving as many into `dst` from the
+  // left, and waits for both.
+  const auto exchange = [&](const char* src, char* dst, size_t n, bool lend) {
+    FrameHeader h = frameOfKind(FrameKind::Collective);
+    h.key = key++;
+    h.opNumel = n;
+    const RequestPtr recv = postRecv(left_, h, dst, n);
+    const RequestPtr send = post(right_, h, src, n, lend);
+    for (const RequestPtr& req : {send, recv}) {
+      if (!waitUntil(req, deadline)) {
+        throwBackend(c10::str("ringpg: rank ", rank_, " timed out at group creation measuring its same-host links",
+                              " (rank ", req == send ? right_ : left_, " did not take part)"));
+      }
+      if (req->state.load(std::memory_order_acquire) != Request::State::Done) {
+        const std::string why = c10::str("ringpg: rank ", rank_, " could not measure its same-host links at group",
+                                         " creation: ", req->error);
+        req->networkError ? throwNetwork(why) : throwBackend(why);
+      }
+    }
+  };
+  const size_t asked = cmaBytes_;
+  cmaBytes_ = 1; // both ends take descriptors while measuring; each send says whether it lends
+  std::array<double, 2> best{std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity()};
+  for (const auto round : c10::irange(kProbeRounds)) {
+    for (const auto k : c10::irange(2)) {
+      const bool lend = (round + k) % 2 == 0; // which goes first alternates between rounds
+      // Written just now, as a buffer an op sends usually is: in the sender's cache.
+      std::memset(out.data(), 2 * round + k + 1, bytes);
+      exchange(tick.data(), tock.data(), tick.size(), /*lend=*/false); // start together
+      const auto t0 = Clock::now();
+      exchange(out.data(), in.data(), bytes, lend);
+      const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+      best[lend ? 0 : 1] = std::min(best[lend ? 0 : 1], us);
+    }
+  }
+  cmaBytes_ = asked;
+  return {best[0], best[1]};
 }
 
 bool ShmRing::progress() {

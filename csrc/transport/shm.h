@@ -30,6 +30,13 @@
 // allreduce's smaller gather segments, still go through the slots (postSendCopied),
 // which measured faster at 2 ranks; a two-rank ring's large reduce steps are lent
 // (algorithms/ring.cpp).  Where the probe fails anywhere, every link keeps the slots.
+// Whether single copy pays depends on the host: on a 2-vCPU Intel Xeon guest a 1 MiB
+// all-gather took 77 us by single copy and 111-118 through the slots, on a 2-vCPU AMD
+// EPYC (Zen 5) guest process_vm_readv moved 14 GB/s where a copy out of a slot moved
+// 40-120, and single copy lost at every size up to 16 MiB (benchmarks/RESULTS.md,
+// 2026-11-27 (8)).  So where RINGPG_CMA_BYTES is left unset the group measures it at
+// creation (probeCopies: one segment each way around the host rings, lent and copied)
+// and keeps single copy only where it was the faster of the two.
 // When the group breaks (a timeout, a dead peer, abort) a lent send fails at once and
 // its buffer goes back to the caller while the receiver may be reading it; the
 // receiver's group is breaking too, and its op fails once the news arrives (the
@@ -53,6 +60,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/config.h"
@@ -83,11 +91,13 @@ class ShmRing final : public Link {
   // pausing on it.
   // `engine`: the group's failure state, which outlives the ring.
   // `cmaBytes`: the smallest message sent as a descriptor (RINGPG_CMA_BYTES; 0: this
-  // rank never does, and the group does not probe for it).
+  // rank never does, and the group does not probe for it).  `measureCopy`: this rank
+  // leaves the choice to a measurement (RINGPG_CMA_BYTES unset); the group measures
+  // where every rank does, and else takes single copy wherever the kernel allows it.
   static std::unique_ptr<ShmRing> connect(c10d::Store& store, Engine& engine, const std::string& prefix,
                                           const Topology& topo, int rank, Config::Transport setting, size_t slotBytes,
-                                          int spinMicros, bool spinYields, size_t cmaBytes, Deadline deadline,
-                                          bool* used);
+                                          int spinMicros, bool spinYields, size_t cmaBytes, bool measureCopy,
+                                          Deadline deadline, bool* used);
   ~ShmRing() override;
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;
@@ -101,6 +111,16 @@ class ShmRing final : public Link {
   // Whether large messages go by single copy (cross-memory attach) on this group's
   // links: the same on every rank.
   bool singleCopy() const { return cmaBytes_ > 0; }
+  // What the group measured at creation to choose between single copy and the slots,
+  // the same on every rank: microseconds summed over the ranks with a shared-memory
+  // link, each rank's best of kProbeRounds exchanges of `bytes` each way.
+  struct CopyProbe {
+    bool measured = false; // false: no measurement (RINGPG_CMA_BYTES set, or single copy refused)
+    size_t bytes = 0;
+    double lentMicros = 0;   // single copy
+    double copiedMicros = 0; // through the slots
+  };
+  const CopyProbe& copyProbe() const { return copyProbe_; }
 
   const char* transport() const override { return "shm"; }
   // Collective frames to the right neighbour / from the left one (the only peers a
@@ -149,6 +169,12 @@ class ShmRing final : public Link {
   // it is still in cache, so the peer's bytes are read once and never stored here whole.
   bool readLeftInto(const FragmentConsumer& consume, uint64_t remote, size_t offset, size_t n, std::string* why);
   static constexpr size_t kPieceBytes = 256 * 1024;
+  // This rank's best times (microseconds) to send `bytes` to the right neighbour while
+  // receiving as many from the left one, as a ring step does, lent and then copied:
+  // collective over the group's shared-memory ranks (all of them run it at once, after
+  // the agreement).  {lent, copied}; throws if a neighbour fails to take part.
+  std::pair<double, double> probeCopies(size_t bytes, Deadline deadline);
+  static constexpr int kProbeRounds = 3;
   void failAll(const std::string& reason, bool network);
   // Fails every pending request if a neighbour they need has shut its group down.
   bool failIfNeighbourLeft();
@@ -174,6 +200,7 @@ class ShmRing final : public Link {
   bool sendsRight_ = false;   // the right neighbour shares this host: own_'s slots carry to it
   bool receivesLeft_ = false; // the left one does: fromLeft_'s slots carry from it
   size_t cmaBytes_ = 0;  // single copy from this size on (0: never; agreed at connect)
+  CopyProbe copyProbe_;
   int leftPid_ = 0;      // the left neighbour's process, which readLeft() reads
   // Our link's tail as last read: the slots the right neighbour had released then.  A
   // push reads the shared `tail` (a line the neighbour writes) only when this count
