@@ -369,6 +369,46 @@ def test_large_reduce_steps_match_gloo_with_and_without_single_copy(config: tupl
         pool.close()
 
 
+# ============================================= all-gather written past the caches
+
+# An all-gather whose output reaches RINGPG_STREAM_BYTES writes it with streaming stores
+# (reduce.h, copyStreaming): its own chunk and every segment out of the slots.  Asked
+# for from 1 byte here, so odd sizes put chunk boundaries at every alignment (int8, odd
+# numels) and short tails; through the slots, and by single copy (whose receives the
+# kernel writes, the own chunk still streamed).  all_gather into a list gathers into a
+# buffer it reads back, so it keeps plain stores: checked alongside.
+STREAM_CONFIGS = [
+    ("slots", 2, (("RINGPG_STREAM_BYTES", "1"), ("RINGPG_CMA_BYTES", "0"))),
+    ("slots", 3, (("RINGPG_STREAM_BYTES", "1"), ("RINGPG_CMA_BYTES", "0"))),
+    ("cma", 2, (("RINGPG_STREAM_BYTES", "1"), ("RINGPG_CMA_BYTES", "4096"))),
+]
+
+
+def streamed_all_gather_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    chk = Checker(rank)
+    g, ref = groups.test, groups.ref
+    for dtype in (torch.float32, torch.bfloat16, torch.int8):
+        per_slot = SMALL_SLOT // dtype.itemsize
+        for n in (1, 63, 1001, 3 * per_slot + 17, (1 << 20) // dtype.itemsize + 5):
+            tag = f"dtype={dtype_name(dtype)} ws={ws} numel={n}"
+            case = f"all_gather_into_tensor {tag}"
+            x = make_data(rank, case, (n,), dtype)
+            out = sentinel_like((n * ws,), dtype)
+            dist.all_gather_into_tensor(out, x, group=g)
+            chk.equal(case, out, ref_all_gather(x, ref))
+            case = f"all_gather {tag}"
+            outs = [sentinel_like((n,), dtype) for _ in range(ws)]
+            dist.all_gather(outs, x, group=g)
+            chk.equal(case, torch.cat(outs), ref_all_gather(x, ref))
+    return chk.report()
+
+
+@pytest.mark.parametrize("config", STREAM_CONFIGS, ids=lambda c: f"{c[0]}-ws{c[1]}")
+def test_all_gather_written_past_the_caches_matches_gloo(config: tuple[str, int, Any]) -> None:
+    _, ws, env = config
+    assert_reports_ok(run_workers(streamed_all_gather_worker, ws, None, InitSpec(env=env), timeout=240))
+
+
 # ============================================= the two-rank one-shot allreduce, in place or not
 
 # The two-rank one-shot allreduce reduces the peer's buffer straight into the caller's

@@ -131,7 +131,8 @@ void hostReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& 
 // The ring sends the own chunk straight from `input` and copies it into `output`
 // while those bytes travel (ring.h).  An input that overlaps the output (FSDP passes
 // the output's own chunk; anything else is allowed too) is put in place first instead.
-void hostAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output) {
+// `readBack`: the caller copies `output` out at once (RingJob::outputReadBack).
+void hostAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output, bool readBack = false) {
   const size_t chunkBytes = nbytes(input);
   char* ownSlot = bytes(output) + chunkBytes * c.rank();
   // Addresses as integers: `<` between pointers into different objects is unspecified.
@@ -154,6 +155,7 @@ void hostAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& outp
   job.count = output.numel();
   job.elemSize = output.element_size();
   job.allGather = true;
+  job.outputReadBack = readBack;
   ringCollective(c, job, RingBuffers{nullptr, bytes(output), overlaps ? nullptr : bytes(input)});
 }
 
@@ -310,7 +312,7 @@ void allGatherInto(OpContext& c, const at::Tensor& input, const at::Tensor& outp
 void allGather(OpContext& c, const at::Tensor& input, const std::vector<at::Tensor>& outputs) {
   at::Tensor hin = toHost(input).reshape({-1});
   at::Tensor flat = at::empty({hin.numel() * c.size()}, hin.options());
-  hostAllGather(c, hin, flat);
+  hostAllGather(c, hin, flat, /*readBack=*/true);
   for (const auto q : c10::irange(c.size())) {
     outputs[q].copy_(flat.narrow(0, q * hin.numel(), hin.numel()).view(outputs[q].sizes()));
   }
@@ -320,7 +322,7 @@ void allGatherCoalesced(OpContext& c, const std::vector<at::Tensor>& inputs, con
   at::Tensor flatIn = at::cat(flatHost(inputs));
   const int64_t n = flatIn.numel();
   at::Tensor flat = at::empty({n * c.size()}, flatIn.options());
-  hostAllGather(c, flatIn, flat);
+  hostAllGather(c, flatIn, flat, /*readBack=*/true);
   size_t k = 0;
   for (const auto q : c10::irange(c.size())) {
     int64_t off = q * n;

@@ -24,8 +24,10 @@ RequestPtr OpContext::sendCopied(int peer, const void* data, size_t nbytes) {
   return links_.to[peer]->postSendCopied(peer, header(), data, nbytes);
 }
 
-RequestPtr OpContext::recv(int peer, void* data, size_t nbytes) {
-  return links_.from[peer]->postRecv(peer, header(), data, nbytes);
+RequestPtr OpContext::recv(int peer, void* data, size_t nbytes, bool streaming) {
+  RequestPtr req = links_.from[peer]->postRecv(peer, header(), data, nbytes);
+  req->streaming = streaming; // before any wait moves it: only waits copy out of the slots
+  return req;
 }
 
 std::vector<RequestPtr> OpContext::announce() {

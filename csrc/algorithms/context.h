@@ -68,7 +68,8 @@ class OpContext {
   // A send the link copies rather than lends (Link::postSendCopied): one `peer` reduces
   // as it arrives, or one that measured faster copied.
   RequestPtr sendCopied(int peer, const void* data, size_t nbytes);
-  RequestPtr recv(int peer, void* data, size_t nbytes);
+  // `streaming`: into an output larger than the caches keep (Request::streaming).
+  RequestPtr recv(int peer, void* data, size_t nbytes, bool streaming = false);
   // True when recvReduce() from `peer` reduces each fragment as it arrives (its link
   // fuses receives: shared memory); otherwise the caller receives into staging and reduces.
   bool fusedRecvReduce(int peer) const;

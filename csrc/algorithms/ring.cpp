@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "algorithms/ring_plan.h"
+#include "reduce/reduce.h"
 
 namespace ringpg {
 
@@ -127,6 +128,9 @@ class RingSweep {
   int64_t units_;         // segments received in the whole sweep
   Range ownChunk_;
   int window_;            // receives posted ahead
+  // A plain all-gather into an output of at least Config::streamFrom(): the own chunk
+  // and every received segment are written with streaming stores (reduce.h).
+  bool streaming_;
   size_t slotBytes_;      // one staging slot: a full segment
   char* slots_ = nullptr; // window_ staging slots for unfused reduce steps; unit u uses u % window_
   std::vector<bool> inputReady_;
@@ -153,6 +157,13 @@ RingSweep::RingSweep(OpContext& c, const RingView& ring, const RingJob& job, con
   units_ = static_cast<int64_t>(endStep - firstStep_) * plan_.segments;
   ownChunk_ = chunkOf(r_);
   window_ = c.recvWindowFrom(ring.left());
+  // Only a plain all-gather: it writes its whole output once and reads none of it, so
+  // a plain copy's lines, read for ownership, leave the caches unread when the output
+  // outgrows them.  An allreduce's gather lands in the buffer its reduce steps just
+  // wrote, and streaming there measured slower (benchmarks/RESULTS.md, 2026-11-27 (8)).
+  const size_t streamFrom = c.config().streamFrom();
+  streaming_ = job.allGather && !job.reduceScatter && !job.outputReadBack && streamFrom > 0 &&
+               static_cast<size_t>(job.count) * es_ >= streamFrom;
   slotBytes_ = static_cast<size_t>(plan_.segElems) * es_;
   // Fused: the link reduces each fragment as it arrives, with no staging slots.
   slots_ = job.reduceScatter && !fused_ ? c.scratch(slotBytes_ * window_) : nullptr;
@@ -213,7 +224,7 @@ void RingSweep::postAhead(int64_t done) {
       // Slot u % window is free again: unit u - window was reduced before u was posted.
       recvs_[posted_] = c_.recv(ring_.left(), slots_ + (posted_ % window_) * slotBytes_, R.length * es_);
     } else {
-      recvs_[posted_] = c_.recv(ring_.left(), home(chunk, R), R.length * es_); // gathered: lands in place
+      recvs_[posted_] = c_.recv(ring_.left(), home(chunk, R), R.length * es_, streaming_); // lands in place
     }
   }
 }
@@ -269,7 +280,13 @@ void RingSweep::send(int step) {
 void RingSweep::copyOwnChunk() {
   if (b_.own && !ownChunk_.empty()) {
     const int64_t begin = trace_ ? traceNow() : 0;
-    std::memcpy(b_.work + ownChunk_.offset * es_, b_.own, ownChunk_.length * es_);
+    char* dst = b_.work + ownChunk_.offset * es_;
+    const size_t n = ownChunk_.length * es_;
+    if (streaming_) {
+      copyStreaming(dst, b_.own, n);
+    } else {
+      std::memcpy(dst, b_.own, n);
+    }
     if (trace_) {
       tracePrimitive("copyOwnChunk", begin, -1, -1, -1);
     }

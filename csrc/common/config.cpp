@@ -1,5 +1,7 @@
 #include "common/config.h"
 
+#include "common/host.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 #include <c10/util/env.h>
@@ -57,6 +59,11 @@ Config load() {
   c.cmaBytes = static_cast<size_t>(envInt("RINGPG_CMA_BYTES", static_cast<int64_t>(c.cmaBytes), 0, 1LL << 40));
   if (auto v = c10::utils::get_env("RINGPG_CMA_BYTES"); v && !v->empty()) {
     c.cmaBytesSet = true;
+  }
+  if (auto v = c10::utils::get_env("RINGPG_STREAM_BYTES"); v && *v == "auto") {
+    c.streamBytes = Config::kStreamAuto;
+  } else {
+    c.streamBytes = envInt("RINGPG_STREAM_BYTES", c.streamBytes, 0, 1LL << 50);
   }
   c.hierPieceBytes =
       static_cast<size_t>(envInt("RINGPG_HIER_PIECE_BYTES", static_cast<int64_t>(c.hierPieceBytes), 0, 1LL << 40));
@@ -152,6 +159,14 @@ const char* Config::allToAllName(AllToAll a) {
   return "?";
 }
 
+size_t Config::streamFrom() const {
+  // Half the last-level cache: the prototype's all-gather streamed at 16-64 MiB took
+  // 0.85x the time, at 1-8 MiB 1.25-1.84x, with a 32 MiB L3 (benchmarks/RESULTS.md,
+  // 2026-11-27 (8)).
+  static const size_t halfCache = lastLevelCacheBytes() / 2; // read once: sysfs files, asked on every op
+  return streamBytes == kStreamAuto ? halfCache : static_cast<size_t>(streamBytes);
+}
+
 const Config& Config::get() {
   static const Config config = load(); // thread-safe static init
   return config;
@@ -162,7 +177,8 @@ std::string Config::summary() const {
                   recvWindowSet ? std::to_string(recvWindow) : c10::str(recvWindow, "(gloo:", kGlooRecvWindow, ")"),
                   " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
                   " work_cache_bytes=", workCacheBytes, " hier_piece_bytes=", hierPieceBytes, " cma_bytes=", cmaBytes,
-                  cmaBytesSet ? "" : "(measured)",
+                  cmaBytesSet ? "" : "(measured)", " stream_bytes=",
+                  streamBytes == kStreamAuto ? c10::str("auto(", streamFrom(), ")") : std::to_string(streamBytes),
                   " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
                   " transport_setting=", transportName(transport), " algo=", algoName(algo),
                   " connect=", connectName(connect), " alltoall=", allToAllName(allToAll),

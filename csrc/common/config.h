@@ -40,6 +40,14 @@ struct Config {
   // keeps the slots where it does not (ShmRing::connect); set, it is taken as asked.
   size_t cmaBytes = 64 * 1024;
   bool cmaBytesSet = false;
+  // An all-gather whose output holds at least this many bytes writes its chunks into it
+  // with streaming stores, past the caches (reduce.h, copyStreaming): RINGPG_STREAM_BYTES
+  // (0: never); unset or "auto" (kStreamAuto), half this host's last-level cache, and
+  // never where that size is unknown (streamFrom()).
+  static constexpr int64_t kStreamAuto = -1;
+  int64_t streamBytes = kStreamAuto;
+  // The output size from which all-gather streams; 0: never.
+  size_t streamFrom() const;
   // Microseconds a waiting thread spins (pausing) before it sleeps (RINGPG_SPIN_US);
   // kSpinAuto: shared-memory groups spin kAutoShmSpinMicros when every rank can have
   // a core, TCP waits do not spin (see shmSpinMicros()).

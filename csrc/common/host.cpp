@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -129,6 +130,42 @@ void nameThisThread(const char* name) {
   char buf[16] = {}; // the kernel keeps 15 characters and the terminator
   std::snprintf(buf, sizeof(buf), "%s", name);
   pthread_setname_np(pthread_self(), buf); // only a label: a failure changes nothing
+}
+
+size_t lastLevelCacheBytes() {
+  // The kernel's view first (sysfs: "32768K"): glibc's sysconf counts a whole socket's
+  // L3 on some AMD parts (384 MiB on a Zen 5 guest whose core sees 32 MiB).
+  size_t best = 0;
+  int bestLevel = 0;
+  for (int i = 0;; ++i) {
+    const std::string dir = c10::str("/sys/devices/system/cpu/cpu0/cache/index", i, "/");
+    std::ifstream levelIn(dir + "level");
+    std::ifstream typeIn(dir + "type");
+    std::ifstream sizeIn(dir + "size");
+    int level = 0;
+    std::string type;
+    size_t size = 0;
+    std::string unit;
+    if (!(levelIn >> level) || !(typeIn >> type) || !(sizeIn >> size)) {
+      break;
+    }
+    sizeIn >> unit;
+    size *= unit == "K" ? 1024 : unit == "M" ? 1024 * 1024 : unit == "G" ? 1024 * 1024 * 1024 : 1;
+    if (type != "Instruction" && level > bestLevel) {
+      best = size;
+      bestLevel = level;
+    }
+  }
+  if (best > 0) {
+    return best;
+  }
+  for (const int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
+    const long bytes = ::sysconf(name);
+    if (bytes > 0) {
+      return static_cast<size_t>(bytes);
+    }
+  }
+  return 0;
 }
 
 int usableCpus() {

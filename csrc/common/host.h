@@ -1,6 +1,7 @@
 // What this process may use of its host, for defaults that depend on it.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,10 @@ inline void cpuRelax() {
 // Names the calling thread (at most 15 characters: the kernel's limit), so that top -H,
 // perf, py-spy and /proc/PID/task/*/comm tell ringpg's threads from the caller's.
 void nameThisThread(const char* name);
+
+// Bytes of this CPU's last-level cache (the L3, else the L2, as the C library reads
+// them from the CPU); 0 where neither is known.
+size_t lastLevelCacheBytes();
 
 // CPUs this process may run on: its affinity mask (taskset, cpusets), lowered by a
 // CFS quota on its cgroup or an ancestor (container CPU limits, systemd CPUQuota);

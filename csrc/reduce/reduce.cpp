@@ -10,6 +10,8 @@
 #include <c10/util/StringUtil.h>
 #include <c10/util/env.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -247,6 +249,35 @@ void divideLoop(void* data, int64_t n, int64_t divisor) {
   }
 }
 } // namespace
+
+void copyStreaming(void* dst, const void* src, size_t n) {
+#if defined(__x86_64__)
+  // SSE2, every x86-64's: a streaming store of 16 bytes needs a 16-byte-aligned
+  // destination, so the head up to that alignment and the tail under 64 bytes are
+  // copied plainly.  Four stores fill a line's write-combining buffer at once.
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  const size_t head = std::min(n, (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15);
+  std::memcpy(d, s, head);
+  size_t i = head;
+  for (; i + 64 <= n; i += 64) {
+    const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i x1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i x2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i x3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), x0);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), x1);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), x2);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), x3);
+  }
+  std::memcpy(d + i, s + i, n - i);
+  // Streaming stores are weakly ordered: visible to a reader that synchronizes with us
+  // (a request marked done, a slot released) only after this fence.
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
 
 void divideIntegers(c10::ScalarType dtype, void* data, int64_t n, int64_t divisor) {
   using c10::ScalarType;

@@ -11,6 +11,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,6 +31,12 @@ void reduce(c10::ScalarType dtype, RedOp op, void* out, const void* a, const voi
 // data[i] /= divisor for i < n, truncating toward zero (AVG on integer dtypes).
 // Precondition: dtype is an integer type (not bool).
 void divideIntegers(c10::ScalarType dtype, void* data, int64_t n, int64_t divisor);
+
+// dst[0, n) = src[0, n) with stores that bypass the caches where the architecture has
+// them (x86-64's movntdq; elsewhere a plain memcpy): for an output larger than the
+// caches keep, whose lines a plain copy would first read for ownership and then see
+// evicted unread.  Ordered (sfence) before it returns.  `dst` and `src` do not overlap.
+void copyStreaming(void* dst, const void* src, size_t n);
 
 // Name of the instruction set the kernels were dispatched to ("avx512+bf16", "avx512",
 // "avx2", "sve", "neon", "baseline"): the best this CPU runs, or the one

@@ -33,6 +33,11 @@ struct Request {
   // send: the receiver may copy it straight from `buf` (shared memory's single copy);
   // false where it reduces what arrives, which reads a slot faster than a peer's pages.
   bool lendable = true;
+  // receive: write the payload with streaming stores, past the caches (reduce.h,
+  // copyStreaming), into an output larger than they keep.  A hint: the shared-memory
+  // link's copies out of its slots follow it, in the waiting thread that posted it;
+  // other links' receives write through the kernel and ignore it.
+  bool streaming = false;
   // The transport/link.h Link that posted it, and so the one that waits for it (null:
   // posted on the engine directly, point-to-point).
   Link* link = nullptr;

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "common/host.h"
+#include "reduce/reduce.h"
 #include "transport/rendezvous.h"
 #include "transport/store_exchange.h"
 
@@ -521,7 +522,11 @@ bool ShmRing::pullRecvs() {
     } else if (r.consume) {
       r.consume(slot + kLine, req.progress, want);
     } else {
-      std::memcpy(req.buf + req.progress, slot + kLine, want);
+      if (req.streaming) {
+        copyStreaming(req.buf + req.progress, slot + kLine, want);
+      } else {
+        std::memcpy(req.buf + req.progress, slot + kLine, want);
+      }
     }
     // Release: we are done reading the slot before the sender may reuse it.
     L.tail.store(tail + 1, std::memory_order_release);
