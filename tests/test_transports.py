@@ -490,6 +490,44 @@ def test_cpu_max_is_read_as_the_ceiling_of_quota_over_period(text: str, cpus: in
 
 
 @needs_C
+@pytest.mark.parametrize(
+    "text, size",
+    [
+        ("32768K\n", 32 << 20),  # sysfs's index3/size
+        ("48K", 48 << 10),
+        ("1M", 1 << 20),
+        ("2G", 2 << 30),
+        ("512", 512),
+        ("", None),
+        ("K", None),
+        ("12Q", None),
+        ("-4K", None),
+        ("4K 8K", None),
+    ],
+)
+def test_cache_size_text_is_read_in_bytes(text: str, size: int | None) -> None:
+    assert _C.cache_bytes_from_text(text) == size
+
+
+@needs_C
+def test_last_level_cache_is_the_kernels_highest_level_data_cache() -> None:
+    """The size all-gather streams from by default (half of it) is the kernel's
+    highest-level data or unified cache of CPU 0, where sysfs lists one."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    caches = []
+    for d in sorted(base.glob("index*")) if base.is_dir() else []:
+        try:
+            level, kind, size = ((d / f).read_text().strip() for f in ("level", "type", "size"))
+        except OSError:
+            break
+        if kind != "Instruction" and _C.cache_bytes_from_text(size) is not None:
+            caches.append((int(level), _C.cache_bytes_from_text(size)))
+    if not caches:
+        pytest.skip("sysfs lists no cache sizes here")
+    assert _C.last_level_cache_bytes() == max(caches)[1]
+
+
+@needs_C
 def test_usable_cpus_never_exceeds_the_affinity_mask() -> None:
     n = _C.usable_cpus()
     assert 1 <= n <= len(os.sched_getaffinity(0))

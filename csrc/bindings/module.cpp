@@ -296,6 +296,10 @@ PYBIND11_MODULE(_C, m) {
       py::arg("packed"), py::arg("count"), "The inverse of pack_values; for the tests");
   m.def("cpus_from_cpu_max", &ringpg::cpusFromCpuMax,
         "CPUs a cgroup v2 cpu.max text allows (None: unlimited or unreadable); for tests");
+  m.def("cache_bytes_from_text", &ringpg::cacheBytesFromText,
+        "Bytes a sysfs cache size text reads ('32768K'; None: not a size); for tests");
+  m.def("last_level_cache_bytes", &ringpg::lastLevelCacheBytes,
+        "Bytes of this CPU's last-level cache (0: unknown): half of it is where all-gather streams by default");
   m.def("cgroup_path", &ringpg::cgroupPath, py::arg("proc_self_cgroup"), py::arg("controller"),
         "This process's cgroup path from /proc/self/cgroup text (controller '' = the v2 hierarchy)");
   m.def("quota_cpus_along", &ringpg::quotaCpusAlong, py::arg("mount"), py::arg("path"), py::arg("v2"),

@@ -1,7 +1,5 @@
 #include "common/config.h"
 
-#include "common/host.h"
-
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 #include <c10/util/env.h>
@@ -10,6 +8,8 @@
 #include <cctype>
 #include <initializer_list>
 #include <string>
+
+#include "common/host.h"
 
 namespace ringpg {
 namespace {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -132,28 +133,43 @@ void nameThisThread(const char* name) {
   pthread_setname_np(pthread_self(), buf); // only a label: a failure changes nothing
 }
 
+std::optional<size_t> cacheBytesFromText(const std::string& text) {
+  std::istringstream in(text);
+  long long n = 0;
+  std::string unit;
+  if (!(in >> n) || n < 0) {
+    return std::nullopt;
+  }
+  in >> unit; // empty where the size has no suffix
+  const size_t scale = unit.empty()  ? 1
+                       : unit == "K" ? size_t{1} << 10
+                       : unit == "M" ? size_t{1} << 20
+                       : unit == "G" ? size_t{1} << 30
+                                     : 0;
+  if (scale == 0 || (in >> unit)) {
+    return std::nullopt;
+  }
+  return static_cast<size_t>(n) * scale;
+}
+
 size_t lastLevelCacheBytes() {
-  // The kernel's view first (sysfs: "32768K"): glibc's sysconf counts a whole socket's
-  // L3 on some AMD parts (384 MiB on a Zen 5 guest whose core sees 32 MiB).
+  // The kernel's view first: glibc's sysconf counts a whole socket's L3 on some AMD
+  // parts (384 MiB on a Zen 5 guest whose core sees 32 MiB).
   size_t best = 0;
   int bestLevel = 0;
   for (int i = 0;; ++i) {
     const std::string dir = c10::str("/sys/devices/system/cpu/cpu0/cache/index", i, "/");
-    std::ifstream levelIn(dir + "level");
-    std::ifstream typeIn(dir + "type");
-    std::ifstream sizeIn(dir + "size");
-    int level = 0;
-    std::string type;
-    size_t size = 0;
-    std::string unit;
-    if (!(levelIn >> level) || !(typeIn >> type) || !(sizeIn >> size)) {
+    const auto level = readFile((dir + "level").c_str());
+    const auto type = readFile((dir + "type").c_str());
+    const auto size = readFile((dir + "size").c_str());
+    if (!level || !type || !size) {
       break;
     }
-    sizeIn >> unit;
-    size *= unit == "K" ? 1024 : unit == "M" ? 1024 * 1024 : unit == "G" ? 1024 * 1024 * 1024 : 1;
-    if (type != "Instruction" && level > bestLevel) {
-      best = size;
-      bestLevel = level;
+    const int lv = std::atoi(level->c_str());
+    const auto bytes = cacheBytesFromText(*size);
+    if (bytes && type->rfind("Instruction", 0) != 0 && lv > bestLevel) {
+      best = *bytes;
+      bestLevel = lv;
     }
   }
   if (best > 0) {

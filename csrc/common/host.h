@@ -40,8 +40,13 @@ inline void cpuRelax() {
 // perf, py-spy and /proc/PID/task/*/comm tell ringpg's threads from the caller's.
 void nameThisThread(const char* name);
 
-// Bytes of this CPU's last-level cache (the L3, else the L2, as the C library reads
-// them from the CPU); 0 where neither is known.
+// Bytes a sysfs cache size reads ("32768K", "1M", "512"), or nullopt where the text
+// is no size.
+std::optional<size_t> cacheBytesFromText(const std::string& text);
+
+// Bytes of this CPU's last-level cache: the highest-level data or unified cache the
+// kernel lists for CPU 0 (sysfs), else the L3 or L2 the C library reports; 0 where
+// none is known.
 size_t lastLevelCacheBytes();
 
 // CPUs this process may run on: its affinity mask (taskset, cpusets), lowered by a
