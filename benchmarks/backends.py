@@ -202,6 +202,19 @@ def algorithm_of(group: Any, device: str = "cpu") -> Optional[str]:
     return _ringpg_says(group, device, "allreduce_algorithm")
 
 
+def copy_of(group: Any, device: str = "cpu") -> Optional[str]:
+    """How a live ringpg group moves large same-host messages, with what it measured to
+    choose: "cma", "slots", or either followed by "(measured: cma X us, slots Y us)"
+    (``same_host_copy_probe``); None for other backends and groups with no same-host link."""
+    copy = _ringpg_says(group, device, "same_host_copy")
+    if not copy:
+        return None
+    probe = _ringpg_says(group, device, "same_host_copy_probe")
+    if probe is None:
+        return copy
+    return f"{copy}(measured:cma={probe['cma_us']:.0f}us,slots={probe['slots_us']:.0f}us)"
+
+
 def unique_labels(names: Sequence[str]) -> List[str]:
     """Labels for the backend list: duplicates get ``#1``, ``#2`` (e.g. ``gloo,gloo``)."""
     counts: Dict[str, int] = {}

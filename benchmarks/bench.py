@@ -58,6 +58,7 @@ from benchmarks.backends import (  # noqa: E402
     FLOOR,
     algorithm_of,
     backend_status,
+    copy_of,
     ensure_registered,
     expand_specs,
     new_group_of,
@@ -226,11 +227,14 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
         transports = {label: t for label, g in groups.items() if (t := transport_of(g, cfg.device))}
         # What each ringpg group's allreduce, reduce-scatter and all-gather run ("hier", "ring").
         algorithms = {label: a for label, g in groups.items() if (a := algorithm_of(g, cfg.device))}
+        # How each ringpg group moves large same-host messages, as it measured at creation.
+        copies = {label: cp for label, g in groups.items() if (cp := copy_of(g, cfg.device))}
         shared_clock = ranks_share_clock(ref)
         timing = "last-start-to-last-end" if shared_clock else "slowest-rank"
         if rank == 0:
             via = "".join(f" {label}:transport={t}" for label, t in transports.items())
             via += "".join(f" {label}:algo={a}" for label, a in algorithms.items())
+            via += "".join(f" {label}:copy={cp}" for label, cp in copies.items())
             peers = f" peers={','.join(cfg.peers)}" if cfg.peers else ""
             emit(
                 f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)}{peers} "
@@ -245,6 +249,7 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
                     "world_size": ws,
                     "transports": transports,
                     "algorithms": algorithms,
+                    "copies": copies,
                     "timing": timing,
                 }
             )
@@ -658,6 +663,7 @@ def finalize(
     timing = {e["world_size"]: e.get("timing") for e in events if e.get("kind") == "transports"}
     transports = {e["world_size"]: e.get("transports") for e in events if e.get("kind") == "transports"}
     algorithms = {e["world_size"]: e.get("algorithms") for e in events if e.get("kind") == "transports"}
+    copies = {e["world_size"]: e.get("copies") for e in events if e.get("kind") == "transports"}
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     save = not args.no_save and not args.check
     out_dir = Path(args.out_dir)
@@ -684,6 +690,7 @@ def finalize(
                     "timing": timing,
                     "transports": transports,
                     "algorithms": algorithms,
+                    "copies": copies,
                     "fresh": args.fresh,
                     "peers": peers,
                     "problems": launch_problems,
