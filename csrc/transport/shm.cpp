@@ -689,6 +689,7 @@ bool ShmRing::neighbourOn(int cpu) {
 bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
   using namespace std::chrono;
   const auto spinEnd = Clock::now() + microseconds(spinMicros_);
+  bool mayMove = true; // moveOffCpu has not refused during this wait
   Bell& bell = own_->bell();
   publishCpu(::sched_getcpu()); // the vDSO or rseq's cpu_id: no system call
   while (true) {
@@ -739,7 +740,10 @@ bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
       const int cpu = ::sched_getcpu();
       publishCpu(cpu);
       const bool sharing = neighbourOn(cpu);
-      if (!spinYields_ && sharing && moveOffCpu(cpu)) {
+      // A mask with nowhere else to go (a rank pinned to the CPU its unpinned neighbour
+      // shares) refuses the move: asked once per wait, not on every look (two system
+      // calls each), it yields for the rest of the wait.
+      if (!spinYields_ && sharing && mayMove && (mayMove = moveOffCpu(cpu))) {
         publishCpu(::sched_getcpu());
       } else if (spinYields_ || sharing) {
         std::this_thread::yield();
