@@ -34,9 +34,9 @@
 // all-gather took 77 us by single copy and 111-118 through the slots, on a 2-vCPU AMD
 // EPYC (Zen 5) guest process_vm_readv moved 14 GB/s where a copy out of a slot moved
 // 40-120, and the slots were 9-41% faster from 256 KiB to 4 MiB, even at 16-64 MiB
-// (benchmarks/RESULTS.md, 2026-11-27 (8)).  So where RINGPG_CMA_BYTES is left unset the group measures it at
-// creation (probeCopies: one segment each way around the host rings, lent and copied)
-// and keeps single copy only where it was the faster of the two.
+// (benchmarks/RESULTS.md, 2026-11-27 (8)).  So where RINGPG_CMA_BYTES is left unset
+// the group measures it at creation (probeCopies: one segment each way around the
+// host rings, lent and copied) and keeps single copy only where it was the faster.
 // When the group breaks (a timeout, a dead peer, abort) a lent send fails at once and
 // its buffer goes back to the caller while the receiver may be reading it; the
 // receiver's group is breaking too, and its op fails once the news arrives (the
