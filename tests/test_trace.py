@@ -2,7 +2,7 @@
 
 One 3-rank pool per transport (shared memory, where the reduction is fused into the
 receive, and TCP, where it follows it) runs a small and a multi-segment all_reduce
-with RINGPG_TRACE set, then shuts down so every rank closes its file; the tests read
+and an all_gather_into_tensor with RINGPG_TRACE set, then shuts down so every rank closes its file; the tests read
 those files.  Nothing here asserts speed (benchmarks/RESULTS.md has the overhead).
 """
 
@@ -28,6 +28,8 @@ WS = 3
 SMALL = 12  # one segment per chunk: the walkthrough's op
 MEDIUM = 3 * 80000 + 1  # several segments per chunk, chunks of unequal length
 SMALL_SEQ, MEDIUM_SEQ = 1, 2
+GATHER = 80000 + 1  # elements a rank contributes to the traced all-gather: several segments
+GATHER_SEQ = 6
 TOL_US = 0.002  # timestamps are printed in us with 3 decimals
 
 
@@ -37,7 +39,8 @@ def small_input(rank: int) -> torch.Tensor:
 
 def traced_worker(rank: int, ws: int, groups: Groups, args: Any) -> Dict[str, Any]:
     """The two traced all_reduces (seq 1 and 2 of the ringpg group), a profiled one (3), one with
-    tracing switched off (4) and one after it is switched back on (5)."""
+    tracing switched off (4), one after it is switched back on (5), and an all-gather from a
+    separate input (6)."""
     small = small_input(rank)
     dist.all_reduce(small, group=groups.test)
     medium = torch.full((MEDIUM,), float(rank + 1))
@@ -54,7 +57,10 @@ def traced_worker(rank: int, ws: int, groups: Groups, args: Any) -> Dict[str, An
     dist.all_reduce(torch.ones(8), group=groups.test)
     b.tracing = True  # seq 5 traced again
     dist.all_reduce(torch.ones(8), group=groups.test)
+    gathered = torch.empty(ws * GATHER)
+    dist.all_gather_into_tensor(gathered, torch.full((GATHER,), float(rank + 1)), group=groups.test)
     return {
+        "gathered_ok": bool(torch.equal(gathered, torch.arange(1, ws + 1).float().repeat_interleave(GATHER))),
         "tracing_was_on": was,
         "small": small.tolist(),
         "medium_ok": bool(torch.all(medium == float(sum(range(1, ws + 1))))),
@@ -106,14 +112,14 @@ def test_files_are_complete_json_one_per_rank(traced: Dict[str, Any]) -> None:
 def test_op_spans_name_op_seq_and_bytes(traced: Dict[str, Any]) -> None:
     for t in traced["traces"]:
         ops = t.ops()
-        assert [o["name"] for o in ops] == ["all_reduce"] * 4
-        assert [o["args"]["seq"] for o in ops] == [1, 2, 3, 5]  # 4 ran with tracing switched off
-        assert [o["args"]["bytes"] for o in ops] == [SMALL * 4, MEDIUM * 4, 8 * 4, 8 * 4]
+        assert [o["name"] for o in ops] == ["all_reduce"] * 4 + ["all_gather_into_tensor"]
+        assert [o["args"]["seq"] for o in ops] == [1, 2, 3, 5, GATHER_SEQ]  # 4 ran with tracing switched off
+        assert [o["args"]["bytes"] for o in ops][:4] == [SMALL * 4, MEDIUM * 4, 8 * 4, 8 * 4]
         assert ops[1]["args"]["algorithm"] == "ring" and ops[1]["args"]["fused"] == (traced["transport"] == "shm")
         assert ops[1]["args"]["segments"] > 1
         # The tracer's own cost follows each op: writing out its events.
         writes = [e for e in t.events if e["cat"] == "trace"]
-        assert [w["args"]["op_seq"] for w in writes] == [1, 2, 3, 5]
+        assert [w["args"]["op_seq"] for w in writes] == [1, 2, 3, 5, GATHER_SEQ]
         assert all(w["ts"] >= o["ts"] + o["dur"] - TOL_US for w, o in zip(writes, ops))
         for seq in (SMALL_SEQ, MEDIUM_SEQ):
             op = _op(t, seq)
@@ -153,6 +159,18 @@ def test_steps_and_chunks_match_the_ring_plan(traced: Dict[str, Any], seq: int) 
         # The named primitives, in NCCL's order.
         names = [e["name"] for e in _of(t, seq, "step")]
         assert names == ["send", "recvReduceSend", "recvReduceCopySend", "recvCopySend", "recv", "finish"]
+
+
+def test_all_gather_from_its_own_input_starts_with_copy_send(traced: Dict[str, Any]) -> None:
+    # Its own chunk leaves and lands in the output segment by segment (NCCL's copySend),
+    # then the gather steps: one recvCopySend at three ranks, and the last recv.
+    assert all(r["gathered_ok"] for r in traced["results"])
+    for t in traced["traces"]:
+        names = [e["name"] for e in _of(t, GATHER_SEQ, "step")]
+        assert names == ["copySend", "recvCopySend", "recv", "finish"]
+        first_sends = [e for e in _of(t, GATHER_SEQ, "send") if e["args"]["step"] == WS - 1]
+        assert len(first_sends) == _op(t, GATHER_SEQ)["args"]["segments"] > 1
+        assert {e["args"]["chunk"] for e in first_sends} == {t.rank}
 
 
 @pytest.mark.parametrize("seq", [SMALL_SEQ, MEDIUM_SEQ])
@@ -223,7 +241,7 @@ def test_merged_file_one_track_per_rank(traced: Dict[str, Any], tmp_path: Any) -
     starts = [e for e in timed if e["ph"] == "s"]
     ends = [e for e in timed if e["ph"] == "f"]
     assert starts and len(starts) == len(ends) == sum(1 for e in timed if e.get("cat") == "send")
-    assert summary["ranks"] == WS and summary["ops"] == 4 * WS
+    assert summary["ranks"] == WS and summary["ops"] == 5 * WS
 
 
 def test_walkthrough_sums_match_the_result(traced: Dict[str, Any]) -> None:

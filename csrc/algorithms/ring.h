@@ -1,6 +1,6 @@
 // Ring collectives, written with NCCL's named steps (ring.cpp, RingSweep): on each rank
 //   reduce-scatter = send, recvReduceSend x (p-2), recvReduceCopy
-//   all-gather     = send, recvCopySend x (p-2), recv
+//   all-gather     = copySend (send, in place), recvCopySend x (p-2), recv
 //   allreduce      = send, recvReduceSend x (p-2), recvReduceCopySend, recvCopySend x (p-2), recv
 // in one pipelined sweep: the last reduced segment leaves as the first gathered one.
 //
