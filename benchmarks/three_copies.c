@@ -12,10 +12,13 @@
 // torch's floor in `python -m benchmarks.bench --backends ringpg,floor --peers ...`.
 //
 //   cc -O2 -pthread benchmarks/three_copies.c -o /tmp/three_copies
-//   /tmp/three_copies [SEG [SLOTS [ITERS]]]      (defaults 131072 8 2000)
+//   /tmp/three_copies [SEG [SLOTS [ITERS [ORDER]]]]      (defaults 131072 8 2000 chunk)
 //
 // prints, for an all-gather output of 128 KiB to 4 MiB (the bench's size: both chunks),
-// the median and tenth percentile of the op's time in microseconds.
+// the median and tenth percentile of the op's time in microseconds.  ORDER says when a
+// rank copies its own chunk into its output: `chunk`, all of it before the first slot
+// copy; `segment`, each segment right after it went into a slot, from the cache (what
+// ringpg's copySend does, algorithms/ring.cpp).
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -46,6 +49,7 @@ typedef struct {
 static size_t chunkBytes, segBytes;
 static uint64_t slotCount;
 static int iters;
+static int bySegment; // ORDER: the own chunk copied segment by segment (1) or whole first (0)
 static int cpus[2];
 static Direction dirs[2]; // dirs[r]: rank r's slots, read by 1 - r
 static _Alignas(64) _Atomic uint64_t arrived[2];
@@ -77,7 +81,9 @@ static void* rank(void* arg) {
     atomic_store(&arrived[me], (uint64_t)it + 1); // barrier: both ranks start together
     while (atomic_load(&arrived[1 - me]) < (uint64_t)it + 1) RELAX();
     const double t0 = nowNs();
-    memcpy(out + me * chunkBytes, in, chunkBytes); // copy 1: own chunk
+    if (!bySegment) {
+      memcpy(out + me * chunkBytes, in, chunkBytes); // copy 1: own chunk
+    }
     uint64_t head = atomic_load_explicit(&mine->head, memory_order_relaxed);
     uint64_t tail = atomic_load_explicit(&theirs->tail, memory_order_relaxed);
     size_t pushed = 0, pulled = 0;
@@ -85,6 +91,9 @@ static void* rank(void* arg) {
       const size_t pushLen = pushed + 1 == segs ? chunkBytes - pushed * segBytes : segBytes;
       if (pushed < segs && head - atomic_load_explicit(&mine->tail, memory_order_acquire) < slotCount) {
         memcpy(mine->slots + (head % slotCount) * segBytes, in + pushed * segBytes, pushLen); // copy 2
+        if (bySegment) {
+          memcpy(out + me * chunkBytes + pushed * segBytes, in + pushed * segBytes, pushLen); // copy 1
+        }
         atomic_store_explicit(&mine->head, ++head, memory_order_release);
         ++pushed;
       } else if (pulled < segs && atomic_load_explicit(&theirs->head, memory_order_acquire) > tail) {
@@ -113,8 +122,11 @@ int main(int argc, char** argv) {
   segBytes = argc > 1 ? strtoull(argv[1], NULL, 0) : 131072;
   slotCount = argc > 2 ? strtoull(argv[2], NULL, 0) : 8;
   iters = argc > 3 ? atoi(argv[3]) : 2000;
-  if (segBytes == 0 || slotCount == 0 || iters <= 0 || iters > kMaxIters) {
-    fprintf(stderr, "usage: %s [SEG>0 [SLOTS>0 [ITERS 1..%d]]]\n", argv[0], kMaxIters);
+  const char* order = argc > 4 ? argv[4] : "chunk";
+  bySegment = strcmp(order, "segment") == 0;
+  if (segBytes == 0 || slotCount == 0 || iters <= 0 || iters > kMaxIters ||
+      (!bySegment && strcmp(order, "chunk") != 0)) {
+    fprintf(stderr, "usage: %s [SEG>0 [SLOTS>0 [ITERS 1..%d [chunk|segment]]]]\n", argv[0], kMaxIters);
     return 2;
   }
   cpu_set_t allowed;
@@ -122,8 +134,8 @@ int main(int argc, char** argv) {
   for (int c = 0, found = 0; c < CPU_SETSIZE && found < 2; ++c) {
     if (CPU_ISSET(c, &allowed)) cpus[found++] = c;
   }
-  printf("# two threads on CPUs %d and %d, segments of %zu bytes, %llu slots, %d ops a size\n", cpus[0], cpus[1],
-         segBytes, (unsigned long long)slotCount, iters);
+  printf("# two threads on CPUs %d and %d, segments of %zu bytes, %llu slots, %d ops a size, own chunk by %s\n",
+         cpus[0], cpus[1], segBytes, (unsigned long long)slotCount, iters, bySegment ? "segment" : "chunk");
   printf("# %10s %12s %12s\n", "output (B)", "median (us)", "p10 (us)");
   for (size_t output = 128 << 10; output <= 4 << 20; output *= 2) {
     chunkBytes = output / 2;
