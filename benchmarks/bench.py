@@ -85,6 +85,7 @@ from benchmarks.table import Progress, TableFormatter, emit  # noqa: E402
 from benchmarks.tcp_probe import format_probe, tcp_probe, tcp_ring_probe  # noqa: E402
 from benchmarks.timing import IterationPolicy, measure_case, ranks_share_clock  # noqa: E402
 from benchmarks.units import format_bytes, parse_bytes, parse_rate  # noqa: E402
+from benchmarks.vllm_shm import VLLM, VllmShm, find_library, is_vllm, load  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT_DIR = REPO_ROOT / "benchmarks" / "results"
@@ -132,6 +133,8 @@ class WorkerConfig:
     ceiling_GBps: Optional[float] = None
     # --fresh: new input and output tensors for every op (data.CaseBuffers).
     fresh: bool = False
+    # --backends ...,vllm: the vLLM library the launcher found and loaded (benchmarks.vllm_shm).
+    vllm_lib: Optional[str] = None
     # --pin core: each rank bound to one CPU (rank r to the r-th allowed, round robin).
     pin: bool = False
     # An unreported run-in before each op's first case (timing runs; not --check).
@@ -161,7 +164,7 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
     # With peers, wait for the launcher's turn before each case (a blocking read: no CPU).
     gate = open(os.path.join(cfg.gate_dir, f"rank{rank}")) if cfg.gate_dir else None
     for name in sorted({split_spec(b)[0] for b in cfg.backends}):
-        if name not in ("gloo", "nccl", FLOOR):
+        if name not in ("gloo", "nccl", FLOOR, VLLM):
             ensure_registered(name)
     device = torch.device(cfg.device)
     if device.type == "cuda":
@@ -174,7 +177,7 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
     ref = dist.group.WORLD
     groups: Dict[str, Any] = {}
     for label, name in zip(cfg.labels, cfg.backends):
-        groups[label] = new_group_of(name, timeout)
+        groups[label] = vllm_group(cfg) if name == VLLM else new_group_of(name, timeout)
         if label in cfg.untraced:
             import ringpg  # type: ignore[import-not-found]
 
@@ -317,9 +320,36 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
             gate.close()
     dist.barrier(group=ref)
     for g in groups.values():
-        dist.destroy_process_group(g)
+        if not is_vllm(g):  # vLLM's shared memory goes with the process
+            dist.destroy_process_group(g)
     dist.destroy_process_group()
     return status
+
+
+def vllm_group(cfg: WorkerConfig) -> VllmShm:
+    """The vLLM column's shared-memory group, named after this run's rendezvous port."""
+    why = load(Path(cfg.vllm_lib or ""))
+    if why:
+        raise RuntimeError(why)
+    return VllmShm(f"ringpg-bench-{os.getppid()}-{cfg.init_method.rsplit(':', 1)[-1]}")
+
+
+def pick_vllm(args: argparse.Namespace, torchrun: bool) -> Optional[str]:
+    """``--backends ...,vllm``: the library in ``args.vllm_lib``, or the column dropped and why."""
+    args.vllm_lib = None
+    if VLLM not in args.backends:
+        return None
+    if torchrun or args.emulate or args.device != "cpu":
+        why = "vLLM's shm collectives run on one host's CPUs: not under torchrun, --emulate or --device cuda"
+    else:
+        path, why = find_library(Path(args.peers_dir))
+        if path is not None:
+            why = load(path)
+            if not why:
+                args.vllm_lib = str(path)
+                return None
+    args.backends = [b for b in args.backends if b != VLLM]
+    return why
 
 
 def ring_ceiling(probe: Optional[Dict[str, Any]]) -> Optional[float]:
@@ -761,7 +791,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="comma list of backends measured side by side (default ringpg,gloo; nccl is added "
         "with --device cuda where there is a GPU per rank). Use gloo,gloo to validate the tool without ringpg; "
         "ringpg[@transport][/algo] pins ringpg's transport (ringpg.use_transport) and "
-        "algorithm (ringpg.use_algorithm) per column: ringpg@gloo, ringpg/ring, ringpg@tcp/hier",
+        "algorithm (ringpg.use_algorithm) per column: ringpg@gloo, ringpg/ring, ringpg@tcp/hier; "
+        "floor: torch's own cost of an op; vllm: vLLM's CPU shm allreduce and all-gather "
+        "(scripts/install_peers.sh DIR vllm; a skipped column where missing)",
     )
     g.add_argument(
         "--transports",
@@ -1057,6 +1089,7 @@ def _config(
         pair_dtypes=list(args.dtypes) if args.pair_dtypes else [],
         untraced=list(args.untraced),
         fresh=args.fresh,
+        vllm_lib=args.vllm_lib,
         run_in=not args.check,
         pin=args.pin == "core",
     )
@@ -1066,6 +1099,9 @@ def check_backends(args: argparse.Namespace) -> Tuple[Dict[str, str], Optional[s
     """Availability of every requested backend; the second item explains a missing one."""
     info: Dict[str, str] = {}
     for name in dict.fromkeys(args.backends):
+        if name == VLLM:
+            info[name] = f"vLLM's CPU shm collectives ({args.vllm_lib})"
+            continue
         ok, desc = backend_status(name, args.device)
         info[name] = desc if ok else f"UNAVAILABLE ({desc})"
         if not ok:
@@ -1096,6 +1132,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return main_torchrun(args, *tr)
 
     use_hugepages(args.hugepages)
+    vllm_skipped = pick_vllm(args, torchrun=False)
+    if not args.backends:
+        print(f"# ERROR: no backends left: vllm skipped: {vllm_skipped}", flush=True)
+        return 2
     info, problem = check_backends(args)
     extra = {}
     cluster: Optional[netns.EmulatedCluster] = None
@@ -1111,6 +1151,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     facts = machine_facts(info, args.device, extra)
     print("# ringpg benchmark (launcher; ranks are started below)")
     print(format_facts(facts), flush=True)
+    if vllm_skipped:
+        print(f"# backend vllm skipped: {vllm_skipped}", flush=True)
     if problem:
         print(f"# ERROR: {problem}", flush=True)
         return 2
@@ -1218,6 +1260,11 @@ def main_torchrun(args: argparse.Namespace, rank: int, ws: int) -> int:
     if rank == 0 and args.peers:
         print("# --peers: skipped under torchrun (the bench's own launcher starts the peers)", flush=True)
     args.peers = []
+    vllm_skipped = pick_vllm(args, torchrun=True)
+    if rank == 0 and vllm_skipped:
+        print(f"# backend vllm skipped: {vllm_skipped}", flush=True)
+    if not args.backends:
+        return 2
     if rank == 0:
         info, problem = check_backends(args)
         facts = machine_facts(

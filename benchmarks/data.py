@@ -21,6 +21,7 @@ import torch.distributed as dist
 from benchmarks.backends import global_rank
 from benchmarks.cases import DTYPES, Case
 from benchmarks.protocol import BROADCAST_ROOT, Piece, assemble, layout
+from benchmarks.vllm_shm import is_vllm
 
 
 def _sentinel(dtype: torch.dtype) -> float:
@@ -94,7 +95,9 @@ class CaseBuffers:
         op = self.case.op
         if self.fresh and not self.inplace:
             self.output = self._new_output(self._sentinel_output)
-        if op == "all_reduce":
+        if is_vllm(group):
+            group.run(op, self.input, self.output)
+        elif op == "all_reduce":
             dist.all_reduce(self.input, op=dist.ReduceOp.SUM, group=group)
         elif op == "broadcast":
             dist.broadcast(self.input, src=global_rank(group, BROADCAST_ROOT), group=group)

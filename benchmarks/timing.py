@@ -30,6 +30,7 @@ from benchmarks.data import CaseBuffers, count_diff
 
 # IterationPolicy and clock_identity are torch-free, shared with the MPI peers; offered here too.
 from benchmarks.protocol import IterationPolicy, clock_identity  # noqa: F401
+from benchmarks.vllm_shm import is_vllm
 
 
 @dataclass
@@ -117,6 +118,9 @@ def op_times_ns(spans: torch.Tensor, n_ops: int, shared_clock: bool) -> torch.Te
 
 
 def _barrier(group: Any, device: torch.device) -> None:
+    if is_vllm(group):
+        group.barrier()  # its own: vLLM's allreduce of one element
+        return
     # device_ids names the GPU for nccl; the other backends ignore it.
     dist.barrier(group=group, device_ids=[device.index or 0] if device.type == "cuda" else None)
 
@@ -147,9 +151,11 @@ def measure_case(
     Labels in ``unverified`` are timed only: their outputs are never checked (torch's
     floor, which moves nothing).
     """
-    labels = list(groups)
-    per: Mapping[str, CaseBuffers] = bufs if isinstance(bufs, Mapping) else {lb: bufs for lb in labels}
-    case = per[labels[0]].case
+    per: Mapping[str, CaseBuffers] = bufs if isinstance(bufs, Mapping) else {lb: bufs for lb in groups}
+    case = per[next(iter(groups))].case
+    # Columns without this case (vLLM's: VllmShm.cannot), the same on every rank.
+    skipped = {lb: why for lb, g in groups.items() if is_vllm(g) and (why := g.cannot(case.op, per[lb].case.dtype))}
+    labels = [lb for lb in groups if lb not in skipped]
     assert all(b.case.size_bytes == case.size_bytes and b.case.op == case.op for b in per.values()), (
         "paired cases must have one op and one size in bytes (list the widest dtype first)"
     )
@@ -237,6 +243,8 @@ def measure_case(
         if diffs is not None and diffs[k] >= 0:
             r.differs_from_baseline = int(diffs[k])
         result.backends[lb] = r
+    for lb, why in skipped.items():
+        result.backends[lb] = BackendResult(label=lb, skipped=why)
     return result
 
 

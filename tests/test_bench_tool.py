@@ -334,6 +334,60 @@ def test_an_mpi_peer_runs_every_case_exactly_and_gets_the_best_peer_ratio(tmp_pa
     assert len(float_rows) == 15 and all(line.endswith(f"x {peer}") for line in float_rows), float_rows
 
 
+@pytest.mark.parametrize("lib", ["missing", "not-a-library"])
+def test_a_vllm_library_that_is_missing_or_does_not_load_is_a_skipped_column(tmp_path: Path, lib: str) -> None:
+    """``--backends ringpg,vllm`` with no usable vLLM library: the column is left out with a
+    one-line reason, and the other backends run."""
+    path = tmp_path / "libvllm.so"
+    if lib == "not-a-library":
+        path.write_text("not an ELF file\n")
+    out = tmp_path / "vllm.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", *_tiny("--backends", "ringpg,vllm,gloo", "--ops", "ar")]
+        + ["--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "RINGPG_VLLM_LIB": str(path)},
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    skips = [line for line in p.stdout.splitlines() if line.startswith("# backend vllm skipped: ")]
+    want = "is not a file" if lib == "missing" else "does not load into torch"
+    assert len(skips) == 1 and str(path) in skips[0] + p.stdout and want in skips[0], p.stdout
+    assert {r["backend"] for r in json.loads(out.read_text())["results"]} == {"ringpg", "gloo"}
+
+
+def test_vllm_runs_its_cases_exactly_and_skips_the_rest(tmp_path: Path) -> None:
+    """vLLM's shm collectives (where scripts/install_peers.sh put them): allreduce and
+    all-gather of float32 and bfloat16, checked element by element as every column is, in
+    the ranks beside ringpg; reduce-scatter and float64 rows say why vLLM has none."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.peers import default_peers_dir
+    from benchmarks.vllm_shm import find_library
+
+    path, why = find_library(default_peers_dir())
+    if path is None:
+        pytest.skip(why)
+    out = tmp_path / "vllm.json"
+    p = _bench(
+        *_tiny("--backends", "ringpg,vllm", "--ops", "ar,rs,ag", "--dtypes", "float32,bfloat16,float64"),
+        "--json",
+        str(out),
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    mine = [r for r in json.loads(out.read_text())["results"] if r["backend"] == "vllm"]
+    assert len(mine) == 3 * 3 * 3, mine
+    for r in mine:
+        runs = r["op"] in ("all_reduce", "all_gather_into_tensor") and r["dtype"] != "float64"
+        if runs:
+            assert r["skipped"] is None and r["error"] is None and r["wrong"] == 0 and r["time_us"] > 0, r
+        else:
+            assert r["skipped"] and r["time_us"] is None and r["error"] is None, r
+            assert ("no shm" in r["skipped"]) == (r["op"] == "reduce_scatter_tensor"), r
+    assert "ringpg/vllm" in p.stdout, p.stdout  # the ratio column: vLLM (the baseline) time / ringpg time
+
+
 def test_the_floor_is_timed_beside_the_backends_never_checked_and_never_the_baseline(tmp_path: Path) -> None:
     """``floor`` (torch's own cost of an op: a fake group, which moves nothing, with the
     flight recorder hook torch gives out-of-tree backends) gets a time on every row and
