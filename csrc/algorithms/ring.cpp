@@ -294,13 +294,7 @@ void RingSweep::copySend(int step) {
     // Two ranks on one host, 1-8 MiB: 0.73-0.89x the time of copying the whole chunk
     // after posting every send; 16-64 MiB, where most sends wait for a free slot, even
     // (benchmarks/RESULTS.md, 2026-11-27 (12)).
-    char* dst = b_.work + R.offset * es_;
-    const size_t n = static_cast<size_t>(R.length) * es_;
-    if (streaming_) {
-      copyStreaming(dst, src, n);
-    } else {
-      std::memcpy(dst, src, n);
-    }
+    copyMaybeStreaming(b_.work + R.offset * es_, src, static_cast<size_t>(R.length) * es_, streaming_);
   }
   if (trace_) {
     tracePrimitive("copySend", begin, step, -1, chunk);

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,16 @@ void divideIntegers(c10::ScalarType dtype, void* data, int64_t n, int64_t diviso
 // caches keep, whose lines a plain copy would first read for ownership and then see
 // evicted unread.  Ordered (sfence) before it returns.  `dst` and `src` do not overlap.
 void copyStreaming(void* dst, const void* src, size_t n);
+// copyStreaming where `streaming`, else a plain memcpy: the choice an all-gather's own
+// chunk (algorithms/ring.cpp) and the shared-memory link's copies out of its slots
+// (Request::streaming) make alike.
+inline void copyMaybeStreaming(void* dst, const void* src, size_t n, bool streaming) {
+  if (streaming) {
+    copyStreaming(dst, src, n);
+  } else {
+    std::memcpy(dst, src, n);
+  }
+}
 
 // Name of the instruction set the kernels were dispatched to ("avx512+bf16", "avx512",
 // "avx2", "sve", "neon", "baseline"): the best this CPU runs, or the one

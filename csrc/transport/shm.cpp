@@ -522,11 +522,7 @@ bool ShmRing::pullRecvs() {
     } else if (r.consume) {
       r.consume(slot + kLine, req.progress, want);
     } else {
-      if (req.streaming) {
-        copyStreaming(req.buf + req.progress, slot + kLine, want);
-      } else {
-        std::memcpy(req.buf + req.progress, slot + kLine, want);
-      }
+      copyMaybeStreaming(req.buf + req.progress, slot + kLine, want, req.streaming);
     }
     // Release: we are done reading the slot before the sender may reuse it.
     L.tail.store(tail + 1, std::memory_order_release);
