@@ -163,8 +163,11 @@ size_t Config::streamFrom() const {
   // Half the last-level cache: the prototype's all-gather streamed at 16-64 MiB took
   // 0.85x the time, at 1-8 MiB 1.25-1.84x, with a 32 MiB L3 (benchmarks/RESULTS.md,
   // 2026-11-27 (8)).
+  if (streamBytes != kStreamAuto) {
+    return static_cast<size_t>(streamBytes); // set: no sysfs read at all
+  }
   static const size_t halfCache = lastLevelCacheBytes() / 2; // read once: sysfs files, asked on every op
-  return streamBytes == kStreamAuto ? halfCache : static_cast<size_t>(streamBytes);
+  return halfCache;
 }
 
 const Config& Config::get() {
