@@ -30,21 +30,14 @@ LIB_ENV = "RINGPG_VLLM_LIB"
 _DTYPES = ("float32", "bfloat16", "float16")  # what its kernels dispatch on
 
 
-def _cpu_has_avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " avx512f" in line for line in f)
-    except OSError:
-        return False
-
-
 def find_library(peers_dir: Path) -> Tuple[Optional[Path], str]:
     """The vLLM library this CPU runs (``$RINGPG_VLLM_LIB``, else ``peers_dir/vllm``), or None and why not."""
     named = os.environ.get(LIB_ENV)
     if named:
         path = Path(named)
         return (path, "") if path.is_file() else (None, f"{LIB_ENV}={named} is not a file")
-    name = "_C_AVX512.abi3.so" if _cpu_has_avx512() else "_C_AVX2.abi3.so"
+    # torch's own kernel choice for this CPU (ATEN_CPU_CAPABILITY lowers it, for both).
+    name = "_C_AVX512.abi3.so" if torch.backends.cpu.get_cpu_capability() == "AVX512" else "_C_AVX2.abi3.so"
     path = peers_dir / VLLM / name
     if not path.is_file():
         return None, f"no {path} (bash scripts/install_peers.sh {peers_dir} vllm)"
