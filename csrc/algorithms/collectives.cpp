@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "algorithms/arena_collectives.h"
 #include "algorithms/direct.h"
 #include "algorithms/hierarchical.h"
 #include "algorithms/host_buffer.h"
@@ -81,18 +82,24 @@ at::Tensor premultiplied(const Reduction& red, const at::Tensor& host, bool inPl
 // Allreduce of a contiguous host tensor (of the kernels' dtype), in place.
 void hostAllreduce(OpContext& c, const at::Tensor& host, const Reduction& red) {
   auto finalize = finalizer(red, host.scalar_type(), c.size());
-  const AllreduceAlgo algo = chooseAllreduce(c, nbytes(host), host.device(), true);
-  if (algo == AllreduceAlgo::OneShot) {
-    oneShotAllreduce(c, bytes(host), host.numel(), host.element_size(), red.op, finalize);
-    return;
-  }
-  if (algo == AllreduceAlgo::Doubling) {
-    recursiveDoublingAllreduce(c, bytes(host), host.numel(), host.element_size(), red.op, finalize);
-    return;
-  }
-  if (algo == AllreduceAlgo::Hier) {
-    hierAllreduce(c, bytes(host), host.numel(), host.element_size(), red.op, finalize);
-    return;
+  const Algorithm algo = chooseAllreduce(c, nbytes(host), host.device(), true);
+  switch (algo) {
+    case Algorithm::ArenaOneShot:
+    case Algorithm::Arena:
+      arenaAllreduce(c, bytes(host), host.numel(), host.element_size(), red.op, finalize,
+                     /*oneShot=*/algo == Algorithm::ArenaOneShot);
+      return;
+    case Algorithm::OneShot:
+      oneShotAllreduce(c, bytes(host), host.numel(), host.element_size(), red.op, finalize);
+      return;
+    case Algorithm::Doubling:
+      recursiveDoublingAllreduce(c, bytes(host), host.numel(), host.element_size(), red.op, finalize);
+      return;
+    case Algorithm::Hier:
+      hierAllreduce(c, bytes(host), host.numel(), host.element_size(), red.op, finalize);
+      return;
+    default:
+      break; // the ring (whose local path finalizes a group of one)
   }
   RingJob job;
   job.count = host.numel();
@@ -101,6 +108,15 @@ void hostAllreduce(OpContext& c, const at::Tensor& host, const Reduction& red) {
   job.op = red.op;
   job.finalize = std::move(finalize);
   ringCollective(c, job, RingBuffers{bytes(host), bytes(host), nullptr});
+}
+
+// The choice for an op other than allreduce (choice.h).
+Algorithm chooseFor(const OpContext& c, Collective op, size_t bytes) {
+  return chooseAlgorithm(op, shapeOf(c.links(), c.config()), c.config(), bytes);
+}
+
+bool onArena(Algorithm a) {
+  return a == Algorithm::Arena || a == Algorithm::ArenaOneShot;
 }
 
 // Reduce-scatter of `input` (count = output.numel() * size) into `output`.
@@ -112,7 +128,12 @@ void hostReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& 
   job.reduceScatter = true;
   job.op = red.op;
   job.finalize = finalizer(red, input.scalar_type(), c.size());
-  if (c.size() > 1 && input.numel() > 0 && hierarchicalApplies(c)) {
+  const Algorithm algo = chooseFor(c, Collective::ReduceScatter, nbytes(input));
+  if (onArena(algo)) {
+    arenaReduceScatter(c, bytes(input), bytes(output), output.numel(), input.element_size(), red.op, job.finalize);
+    return;
+  }
+  if (algo == Algorithm::Hier) {
     // Across hosts: the chunks in hierSlot order in the kept area (hierarchical.h).
     hierReduceScatter(c, bytes(input), bytes(output), input.numel(), input.element_size(), red.op, job.finalize,
                       bytes(keptLike(c, input)));
@@ -142,7 +163,12 @@ void hostAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& outp
   if (overlaps && bytes(input) != ownSlot) {
     std::memmove(ownSlot, bytes(input), chunkBytes);
   }
-  if (c.size() > 1 && output.numel() > 0 && hierarchicalApplies(c)) {
+  const Algorithm algo = chooseFor(c, Collective::AllGather, nbytes(output));
+  if (onArena(algo)) {
+    arenaAllGather(c, overlaps ? ownSlot : bytes(input), bytes(output), input.numel(), output.element_size());
+    return;
+  }
+  if (algo == Algorithm::Hier) {
     // Across hosts (hierarchical.h): in place when its layout is rank order (a cyclic
     // placement, one piece), else through the kept area and copies into rank order.
     const bool inPlace = hierAllGatherInPlace(c, nbytes(output), input.numel());
@@ -163,45 +189,25 @@ void hostAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& outp
 
 // ---- Allreduce -------------------------------------------------------------------
 
-AllreduceAlgo chooseAllreduce(const OpContext& c, size_t bytes, const c10::Device& device, bool contiguous) {
-  if (c.size() == 1 || bytes == 0) {
-    return AllreduceAlgo::Ring; // nothing moves: the ring's local path finalizes
-  }
-  // One-shot sends (p-1) copies of the buffer from each rank in one round; the ring
-  // sends 2(p-1)/p of it in 2(p-1) rounds.  Below the configured volume the rounds cost more.
-  // Across hosts the ranks of a host share its network link, so the volume that counts
-  // is its K ranks' together (K: the most any host holds, the same on every rank).  On
-  // the emulated 1 Gbit hosts a 64 KiB one-shot took 3.4x the hierarchical ring's time
-  // at 2x2, and 32 KiB 2x at 2x4 (benchmarks/RESULTS.md, 2026-11-25 (7)).
-  const size_t sharers = c.topology().hosts > 1 ? static_cast<size_t>(c.topology().mostRanksOnAHost()) : 1;
-  // On one host over shared memory only a rank's ring neighbours share memory with it:
-  // at more than two ranks the one-shot reaches the others over TCP loopback, and the
-  // ring measured 2-5x faster than it at 4 and 8 ranks, 4-64 KiB, on 16 cores
-  // (benchmarks/RESULTS.md, 2026-11-26 (8)).
-  const bool oneShotOverSockets = c.ringFusedEverywhere() && c.size() > 2;
-  // Past kOneShotMostRanks the one-shot's p - 1 peers (each a connection, made on first
-  // use) give way to recursive doubling's log2(p), for log2(p) rounds of the whole
-  // buffer instead of one: the volume that counts is then the rounds' (RecursiveDoubling
-  // in ring_plan.h; the rounds of its folded ranks are one more).
-  constexpr int kOneShotMostRanks = 8;
-  if (!oneShotOverSockets && c.size() <= kOneShotMostRanks &&
-      bytes * static_cast<size_t>(c.size() - 1) * sharers <= c.config().oneShotBytes) {
-    return AllreduceAlgo::OneShot;
-  }
-  if (!oneShotOverSockets && c.size() > kOneShotMostRanks &&
-      bytes * static_cast<size_t>(RecursiveDoubling(c.size()).rounds()) * sharers <= c.config().oneShotBytes) {
-    return AllreduceAlgo::Doubling;
-  }
-  // Large contiguous device tensors: chunked copies overlap the ring (staged_ring.h).
-  if (!device.is_cpu() && contiguous) {
-    return AllreduceAlgo::StagedRing;
-  }
-  // Host buffers of a group spanning hosts: cross each host's network once.
-  return hierarchicalApplies(c) ? AllreduceAlgo::Hier : AllreduceAlgo::Ring;
+GroupShape shapeOf(const LinkTable& links, const Config& cfg) {
+  const Topology& t = *links.topology;
+  GroupShape g;
+  g.size = t.size();
+  g.hosts = t.hosts;
+  g.mostPerHost = t.mostRanksOnAHost();
+  g.hierarchical = hierarchicalApplies(t, cfg.algo);
+  g.ringFusedEverywhere = links.ringFusedEverywhere;
+  g.arena = links.arena != nullptr;
+  return g;
+}
+
+Algorithm chooseAllreduce(const OpContext& c, size_t bytes, const c10::Device& device, bool contiguous) {
+  return chooseAlgorithm(Collective::Allreduce, shapeOf(c.links(), c.config()), c.config(), bytes,
+                         !device.is_cpu() && contiguous);
 }
 
 void allreduce(OpContext& c, const at::Tensor& t, const Reduction& red) {
-  if (chooseAllreduce(c, nbytes(t), t.device(), t.is_contiguous()) == AllreduceAlgo::StagedRing) {
+  if (chooseAllreduce(c, nbytes(t), t.device(), t.is_contiguous()) == Algorithm::StagedRing) {
     at::Tensor dev = premultiplied(red, t, /*inPlace=*/true);
     stagedRingAllreduce(c, asReal(dev), red.op, finalizer(red, reduceDtype(t.scalar_type()), c.size()));
     return;
@@ -223,6 +229,10 @@ void allreduceCoalesced(OpContext& c, const std::vector<at::Tensor>& ts, const R
 }
 
 void barrier(OpContext& c) {
+  if (onArena(chooseFor(c, Collective::Barrier, 0))) {
+    arenaBarrier(c); // one step: every member has arrived
+    return;
+  }
   // One byte per rank through the ring: every rank's chunk is non-empty, so no rank
   // leaves before it has heard, directly or through the ring, from every other.
   at::Tensor token = at::zeros({c.size()}, at::TensorOptions().dtype(at::kByte));
@@ -233,7 +243,11 @@ void barrier(OpContext& c) {
 
 void broadcast(OpContext& c, const at::Tensor& t, int root) {
   at::Tensor host = c.rank() == root ? toHost(t) : hostBufferFor(t);
-  chainBroadcast(c, bytes(host), nbytes(host), root);
+  if (onArena(chooseFor(c, Collective::Broadcast, nbytes(host)))) {
+    arenaBroadcast(c, bytes(host), nbytes(host), root);
+  } else {
+    chainBroadcast(c, bytes(host), nbytes(host), root);
+  }
   writeBack(t, host);
 }
 
@@ -246,6 +260,15 @@ void reduce(OpContext& c, const at::Tensor& t, const Reduction& red, int root) {
   at::Tensor input = asReal(host);
   at::Tensor resultHost = at::empty_like(host);
   at::Tensor result = asReal(resultHost);
+  const Algorithm algo = chooseFor(c, Collective::Reduce, nbytes(input));
+  if (onArena(algo)) {
+    arenaReduce(c, bytes(input), bytes(result), input.numel(), input.element_size(), red.op,
+                finalizer(red, input.scalar_type(), p), root, /*oneShot=*/algo == Algorithm::ArenaOneShot);
+    if (c.rank() == root) {
+      t.copy_(resultHost.view(t.sizes()));
+    }
+    return;
+  }
   RingJob job;
   job.count = input.numel();
   job.elemSize = input.element_size();

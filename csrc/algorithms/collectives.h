@@ -14,6 +14,7 @@
 #include <optional>
 #include <vector>
 
+#include "algorithms/choice.h"
 #include "algorithms/context.h"
 #include "reduce/reduce.h"
 
@@ -35,16 +36,10 @@ inline at::ScalarType reduceDtype(at::ScalarType dtype) {
 
 namespace collectives {
 
-// How an allreduce moves its data.
-enum class AllreduceAlgo {
-  OneShot,    // every rank sends its whole buffer to every peer (small buffers, few ranks)
-  Doubling,   // recursive doubling: log2(p) exchanges of the whole buffer (small buffers, many ranks)
-  Ring,       // host ring: reduce-scatter then all-gather in one pipelined sweep
-  StagedRing, // the ring over pinned host memory, chunked copies to and from the device
-  Hier,       // host buffers across hosts: hierarchical.h (host rings, then rings across hosts)
-};
-// The choice for `bytes` of data on `device` (contiguous or not) in this op's group.
-AllreduceAlgo chooseAllreduce(const OpContext& c, size_t bytes, const c10::Device& device, bool contiguous);
+// What choice.h needs to know of this op's group: the same on every rank.
+GroupShape shapeOf(const LinkTable& links, const Config& cfg);
+// The allreduce's algorithm for `bytes` of data on `device` (contiguous or not).
+Algorithm chooseAllreduce(const OpContext& c, size_t bytes, const c10::Device& device, bool contiguous);
 
 void allreduce(OpContext& c, const at::Tensor& t, const Reduction& red);
 // One allreduce over the concatenation of `ts` (one pipeline instead of many).

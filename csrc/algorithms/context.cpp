@@ -2,6 +2,8 @@
 
 #include <c10/util/StringUtil.h>
 
+#include <c10/util/irange.h>
+
 #include <chrono>
 
 namespace ringpg {
@@ -90,6 +92,69 @@ void OpContext::waitAll(std::vector<RequestPtr>& reqs) {
     }
   }
   reqs.clear();
+}
+
+void OpContext::arenaStep(bool firstOfRound, int root) {
+  HostArena& arena = *links_.arena;
+  const FrameHeader h = header();
+  ArenaStamp stamp;
+  if (firstOfRound) {
+    stamp.key = h.key;
+    stamp.numel = h.opNumel;
+    stamp.opcode = h.opcode;
+    stamp.dtype = h.dtype;
+    stamp.reduceOp = h.reduceOp;
+    stamp.root = root;
+  }
+  arena.arrive(firstOfRound ? &stamp : nullptr);
+  int member = 0;
+  const ArenaWait result = arena.awaitAll(deadline_, &member);
+  const int laggard = arena.rankOf(member);
+  switch (result) {
+    case ArenaWait::Done:
+      break;
+    case ArenaWait::TimedOut: {
+      const std::string msg = c10::str(describe(tag_), ": Timed out waiting for rank ", laggard, " after ",
+                                       timeout_.count(), " ms in the host arena (the op's timeout). ",
+                                       "The peer may be stuck, stopped, or calling a different collective.");
+      engine_.fail(msg, /*network=*/false, BreakCause::Timeout); // later ops fail at once with this cause
+      throwBackend(msg);
+    }
+    case ArenaWait::Broken: {
+      bool network = false;
+      const std::string why = c10::str(describe(tag_), ": ", engine_.brokenReason(&network));
+      network ? throwNetwork(why) : throwBackend(why);
+    }
+    case ArenaWait::Left: {
+      const std::string why = c10::str(describe(tag_), ": ", engine_.goodbyeFrom(laggard));
+      throwNetwork(why);
+    }
+  }
+  if (!firstOfRound) {
+    return;
+  }
+  // Every member's stamp of this round against ours: the same op, or a mismatch.
+  stamp.round = arena.round();
+  for (const auto m : c10::irange(arena.members())) {
+    const ArenaStamp theirs = arena.stampOf(m);
+    if (sameStamp(stamp, theirs)) {
+      continue;
+    }
+    FrameHeader got = h;
+    got.key = theirs.key;
+    got.opNumel = theirs.numel;
+    got.opcode = theirs.opcode;
+    got.dtype = theirs.dtype;
+    got.reduceOp = theirs.reduceOp;
+    const std::string msg =
+        ofSameOp(h, got)
+            ? c10::str("ringpg: collective mismatch between ranks: rank ", tag_.rank, " runs seq ", h.key,
+                       " with root ", root, " but rank ", arena.rankOf(m), " with root ", theirs.root, " (round ", theirs.round,
+                       " of the host arena, expected ", stamp.round, ")")
+            : collectiveMismatch(tag_.rank, arena.rankOf(m), h, got);
+    engine_.fail(c10::str(describe(tag_), ": ", msg), /*network=*/false);
+    throwBackend(c10::str(describe(tag_), ": ", msg));
+  }
 }
 
 OpContext OpContext::onThread(const LinkTable& links, std::vector<char>& scratch, std::vector<char>& workspace,

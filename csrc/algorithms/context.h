@@ -13,6 +13,7 @@
 #include "common/errors.h"
 #include "common/trace.h"
 #include "reduce/reduce.h"
+#include "transport/arena.h"
 #include "transport/engine.h"
 #include "transport/link.h"
 
@@ -94,6 +95,15 @@ class OpContext {
   // mismatch, breaks the group (which wakes every wait) instead of leaving both ranks
   // to their deadline.  Empty where the links check; wait for both when the op is done.
   std::vector<RequestPtr> announce();
+
+  // The group's host arena (transport/arena.h), or null where it has none.
+  HostArena* arena() const { return links_.arena; }
+  // One step in the arena: arrive (the round's first step carries this op's stamp,
+  // with `root` for a rooted op), then wait for every member.  Throws like wait():
+  // a c10d error naming the op, this rank and the member that did not arrive, after
+  // breaking the group on a timeout; and, at a first step, a mismatch when a member
+  // runs another op (which breaks the group too).
+  void arenaStep(bool firstOfRound, int root = -1);
 
   // Blocks until `req` completes; throws a c10d error naming op, rank and peer on
   // failure or when the op's deadline passes (which also breaks the engine, so no

@@ -113,7 +113,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     LOG(INFO) << "ringpg: group '" << groupName_ << "' size " << size << " on " << net_->localAddress << ": "
               << cfg_.summary() << " transport=" << transport() << " same_host_copy=" << sameHostCopy()
               << copyProbeText(sameHostCopyProbe()) << " hosts=" << net_->topology.hosts
-              << " ranks_per_host=" << net_->topology.ranksPerHost() << " allreduce=" << allreduceAlgorithm()
+              << " ranks_per_host=" << net_->topology.ranksPerHost() << " allreduce=" << allreduceAlgorithm() << " arena_bytes=" << arenaBufferBytes()
               << " wait_spin_us=" << waitSpinMicros() << " reduce_isa=" << reduceIsa()
               << " tcp_congestion_in_use=" << tcpCongestion();
   }
@@ -152,7 +152,19 @@ void RingBackend::stop(bool graceful) {
 }
 
 const char* RingBackend::allreduceAlgorithm() const {
-  return hierarchicalApplies(net_->topology, cfg_.algo) ? "hier" : "ring";
+  return algorithmFor("allreduce", size_t{1} << 30);
+}
+
+const char* RingBackend::algorithmFor(const std::string& op, size_t bytes) const {
+  static const Collective kOps[] = {Collective::Allreduce, Collective::ReduceScatter, Collective::AllGather,
+                                    Collective::Broadcast, Collective::Reduce,        Collective::Barrier};
+  for (const Collective c : kOps) {
+    if (op == collectiveName(c)) {
+      return algorithmName(chooseAlgorithm(c, collectives::shapeOf(net_->links, cfg_), cfg_, bytes));
+    }
+  }
+  TORCH_CHECK(false, "ringpg: no collective named '", op,
+              "' (allreduce, reduce_scatter, all_gather, broadcast, reduce, barrier)");
 }
 
 void RingBackend::setTracing(bool on) {

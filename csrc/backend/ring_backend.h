@@ -160,9 +160,17 @@ class RingBackend final : public c10d::Backend {
   // within hosts, ringpg's engine between them), "tcp" (the engine everywhere)
   // (diagnostics, traces, tests).
   const std::string& transport() const { return net_->transport; }
-  // What a large allreduce on host memory runs here: "hier" (algorithms/hierarchical.h)
-  // or "ring" (the group's algo, RINGPG_ALGO or `algoChoice`, and its shape decide).
+  // What a large allreduce on host memory runs here: "arena" (the host arena),
+  // "hier" (algorithms/hierarchical.h) or "ring" (the group's algo, RINGPG_ALGO or
+  // `algoChoice`, and its shape decide).
   const char* allreduceAlgorithm() const;
+  // The algorithm `op` ("allreduce", "reduce_scatter", "all_gather", "broadcast",
+  // "reduce", "barrier") runs on `bytes` of host memory in this group (algorithms/choice.h).
+  const char* algorithmFor(const std::string& op, size_t bytes) const;
+  // The group's host arena: bytes of each of a rank's two buffers, 0 where it has none;
+  // and why a group on one host has none ("" otherwise).
+  size_t arenaBufferBytes() const { return net_->arena ? net_->arena->bufferBytes() : 0; }
+  const std::string& arenaWhyNot() const { return net_->arenaWhyNot; }
   // Where the group's ranks run (transport/topology.h): hosts, their ranks, ring order.
   const Topology& topology() const { return net_->topology; }
   // How same-host messages of at least RINGPG_CMA_BYTES move, the same on every rank:

@@ -6,6 +6,8 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "algorithms/arena_collectives.h"
+#include "algorithms/choice.h"
 #include "algorithms/ring_plan.h"
 #include "backend/ring_backend.h"
 #include "common/config.h"
@@ -13,6 +15,7 @@
 #include "common/interpreter.h"
 #include "common/torch_compat.h"
 #include "reduce/reduce.h"
+#include "transport/arena.h"
 #include "transport/store_exchange.h"
 
 namespace py = pybind11;
@@ -133,8 +136,19 @@ PYBIND11_MODULE(_C, m) {
           "K when every host holds K of the group's ranks, else 0")
       .def_property_readonly(
           "allreduce_algorithm", &ringpg::RingBackend::allreduceAlgorithm,
-          "what a large allreduce on host memory runs: 'hier' (host rings, then rings across "
-          "hosts) or 'ring' (the group's algo, RINGPG_ALGO or ringpg.use_algorithm, and its shape decide)")
+          "what a large allreduce on host memory runs: 'arena' (the host arena), 'hier' (host rings, then "
+          "rings across hosts) or 'ring' (the group's algo, RINGPG_ALGO or ringpg.use_algorithm, and its "
+          "shape decide)")
+      .def("algorithm_for", &ringpg::RingBackend::algorithmFor, py::arg("op"), py::arg("nbytes"),
+           "the algorithm `op` (allreduce, reduce_scatter, all_gather, broadcast, reduce, barrier) runs on "
+           "`nbytes` of host memory in this group: local, oneshot, doubling, ring, staged_ring, hier, "
+           "arena_oneshot or arena (algorithms/choice.h); nbytes: reduce_scatter's input, all_gather's output")
+      .def_property_readonly("arena_bytes", &ringpg::RingBackend::arenaBufferBytes,
+                             "bytes of each of a rank's two buffers in the group's host arena "
+                             "(RINGPG_ARENA_BYTES, in whole pages); 0 where the group has none")
+      .def_property_readonly("arena_why_not", &ringpg::RingBackend::arenaWhyNot,
+                             "why a group on one host has no host arena, as this rank saw it ('' where it has one "
+                             "or is not on one host)")
       .def_property_readonly(
           "ring_order", [](const ringpg::RingBackend& b) { return b.topology().ring; },
           "the ranks in ring order: each host's ranks one after another")
@@ -195,6 +209,39 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
 
+  m.def(
+      "choose_algorithm",
+      [](const std::string& op, int size, int hosts, int mostPerHost, bool hierarchical, bool ringFused, bool arena,
+         size_t nbytes, const std::string& algo, int64_t oneShotBytes, bool deviceContiguous) {
+        static const ringpg::Collective kOps[] = {
+            ringpg::Collective::Allreduce, ringpg::Collective::ReduceScatter, ringpg::Collective::AllGather,
+            ringpg::Collective::Broadcast, ringpg::Collective::Reduce,        ringpg::Collective::Barrier};
+        ringpg::Config cfg;
+        cfg.algo = ringpg::Config::algoNamed(algo, "algo=");
+        if (oneShotBytes >= 0) {
+          cfg.oneShotBytes = static_cast<size_t>(oneShotBytes);
+        }
+        ringpg::GroupShape g{size, hosts, mostPerHost, hierarchical, ringFused, arena};
+        for (const auto c : kOps) {
+          if (op == ringpg::collectiveName(c)) {
+            return std::string(ringpg::algorithmName(ringpg::chooseAlgorithm(c, g, cfg, nbytes, deviceContiguous)));
+          }
+        }
+        TORCH_CHECK(false, "no collective named ", op);
+      },
+      py::arg("op"), py::arg("size"), py::arg("hosts"), py::arg("most_per_host"), py::arg("hierarchical"),
+      py::arg("ring_fused"), py::arg("arena"), py::arg("nbytes"), py::arg("algo") = "auto",
+      py::arg("oneshot_bytes") = -1, py::arg("device_contiguous") = false,
+      "algorithms/choice.h's decision for a group of this shape (default settings but `algo` and "
+      "`oneshot_bytes`, -1: the default); for the tests");
+  m.def("arena_oneshot_volume", [] { return ringpg::kArenaOneShotVolume; });
+  m.def("arena_piece_elems", &ringpg::arenaPieceElems, py::arg("buffer_bytes"), py::arg("elem_size"),
+        py::arg("parts"), "elements of one host-arena piece (algorithms/arena_collectives.h); for the tests");
+  m.def("arena_segment_name", &ringpg::arenaSegmentName, py::arg("pid"), py::arg("nonce"));
+  m.def("segment_creator_pid", &ringpg::segmentCreatorPid, py::arg("name"),
+        "the pid in a ringpg shared-memory segment's name (without '/'), 0 for any other name");
+  m.def("reclaim_stale_segments", &ringpg::reclaimStaleSegments, py::arg("dir"), py::arg("min_age_seconds"),
+        "unlinks ringpg segments in `dir` whose creator is gone; how many (transport/arena.h)");
   m.def("chunk_range", [](int64_t count, int parts, int c) {
     const auto r = ringpg::chunkRange(count, parts, c);
     return std::make_pair(r.offset, r.length);

@@ -65,6 +65,7 @@ Config load() {
   } else {
     c.streamBytes = envInt("RINGPG_STREAM_BYTES", c.streamBytes, 0, 1LL << 50);
   }
+  c.arenaBytes = static_cast<size_t>(envInt("RINGPG_ARENA_BYTES", static_cast<int64_t>(c.arenaBytes), 0, 1LL << 32));
   c.hierPieceBytes =
       static_cast<size_t>(envInt("RINGPG_HIER_PIECE_BYTES", static_cast<int64_t>(c.hierPieceBytes), 0, 1LL << 40));
   if (auto v = c10::utils::get_env("RINGPG_SPIN_US"); v && *v == "auto") {
@@ -135,12 +136,14 @@ const char* Config::algoName(Algo a) {
       return "ring";
     case Algo::Hier:
       return "hier";
+    case Algo::Arena:
+      return "arena";
   }
   return "?";
 }
 
 Config::Algo Config::algoNamed(const std::string& name, const char* what) {
-  return choiceNamed(name, {Algo::Auto, Algo::Ring, Algo::Hier}, &algoName, what);
+  return choiceNamed(name, {Algo::Auto, Algo::Ring, Algo::Hier, Algo::Arena}, &algoName, what);
 }
 
 const char* Config::connectName(Connect c) {
@@ -179,7 +182,7 @@ std::string Config::summary() const {
   return c10::str("segment_bytes=", segmentBytes, " oneshot_bytes=", oneShotBytes, " recv_window=",
                   recvWindowSet ? std::to_string(recvWindow) : c10::str(recvWindow, "(gloo:", kGlooRecvWindow, ")"),
                   " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
-                  " work_cache_bytes=", workCacheBytes, " hier_piece_bytes=", hierPieceBytes, " cma_bytes=", cmaBytes,
+                  " work_cache_bytes=", workCacheBytes, " hier_piece_bytes=", hierPieceBytes, " arena_bytes=", arenaBytes, " cma_bytes=", cmaBytes,
                   cmaBytesSet ? "" : "(measured)", " stream_bytes=",
                   streamBytes == kStreamAuto ? c10::str("auto(", streamFrom(), ")") : std::to_string(streamBytes),
                   " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),

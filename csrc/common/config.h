@@ -33,6 +33,10 @@ struct Config {
   // bytes, the host rings of one piece running while another crosses the network
   // (RINGPG_HIER_PIECE_BYTES; 0: one piece, no overlap; algorithms/hierarchical.h).
   size_t hierPieceBytes = 2 * 1024 * 1024;
+  // Bytes of each of a rank's two buffers in its group's host arena (RINGPG_ARENA_BYTES,
+  // rounded up to whole pages; 0: no arena).  A group of N ranks on one host reserves
+  // N x 2 x this in /dev/shm; larger buffers move large messages in fewer rounds.
+  size_t arenaBytes = 1024 * 1024;
   // Same-host messages of at least this many bytes go by single copy (cross-memory
   // attach, transport/shm.h) where every rank may read its neighbour's memory
   // (RINGPG_CMA_BYTES; 0: never, two copies through the slots).  Unset, the group
@@ -70,11 +74,14 @@ struct Config {
   static const char* transportName(Transport t);
   // The Transport named `name` (auto, shm, tcp, gloo); `what` names the setting in the error.
   static Transport transportNamed(const std::string& name, const char* what);
-  // Which algorithm a large allreduce runs (RINGPG_ALGO): Auto takes the hierarchical
-  // one (algorithms/hierarchical.h) where the group spans several hosts holding the
-  // same number (> 1) of its ranks each, else the flat ring; Ring always the flat ring;
-  // Hier the hierarchical one wherever hosts hold equal numbers of ranks.
-  enum class Algo : uint8_t { Auto, Ring, Hier };
+  // Which algorithms the group runs (RINGPG_ALGO; algorithms/choice.h decides per op):
+  // Auto takes the host arena (transport/arena.h) where every rank shares one host and
+  // it pays, the hierarchical algorithms (algorithms/hierarchical.h) where the group
+  // spans several hosts holding the same number (> 1) of its ranks each, else the flat
+  // ring; Ring always the links' algorithms of one flat ring (no arena is made); Hier
+  // the hierarchical ones wherever hosts hold equal numbers of ranks (no arena);
+  // Arena the arena for every op and size it serves (else as Auto).
+  enum class Algo : uint8_t { Auto, Ring, Hier, Arena };
   Algo algo = Algo::Auto;
   static const char* algoName(Algo a);
   // The Algo named `name` (auto, ring, hier); `what` names the setting in the error.

@@ -1,6 +1,7 @@
 #include "transport/connect.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 #include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -25,7 +26,7 @@ namespace {
 //    keeps the whole group on TCP).
 //  - the wire plan: the algorithm (hierarchical or ring), the one-shot limit, the
 //    segment size (frame sizes; the shared-memory slot size), the hierarchical piece
-//    size and the all-to-all algorithm decide which frames each rank sends and
+//    size, the arena's buffer size and the all-to-all algorithm decide which frames each rank sends and
 //    expects, so ranks that differ would fail their first op with a "collective
 //    mismatch" that names no setting; and a rank with RINGPG_TRACE set runs a clock
 //    sync with rank 0 that untraced ranks skip.
@@ -66,6 +67,7 @@ std::vector<SharedSetting> sharedSettings(const Config& cfg, Config::Transport t
       {"RINGPG_SEGMENT_BYTES", kSame, allEqual, std::to_string(cfg.segmentBytes)},
       {"RINGPG_ONESHOT_BYTES", kSame, allEqual, std::to_string(cfg.oneShotBytes)},
       {"RINGPG_HIER_PIECE_BYTES", kSame, allEqual, std::to_string(cfg.hierPieceBytes)},
+      {"RINGPG_ARENA_BYTES", kSame, allEqual, std::to_string(cfg.arenaBytes)},
       {"RINGPG_ALLTOALL", kSame, allEqual, Config::allToAllName(cfg.allToAll)},
       {"RINGPG_TRACE", "set it on every rank or on none", allEqual, cfg.traceDir.empty() ? "off" : "on"},
   };
@@ -178,6 +180,15 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   g->shm = ShmRing::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, transport, slotBytes, g->shmSpinMicros,
                             /*spinYields=*/localRanks > cpus, cfg.cmaBytes, /*measureCopy=*/!cfg.cmaBytesSet,
                             Clock::now() + timeout, &shmUsed);
+  // The host arena of a group on one host (arena.h), unless the links were asked for
+  // (RINGPG_TRANSPORT tcp or gloo, RINGPG_ALGO ring or hier) or RINGPG_ARENA_BYTES=0.
+  const bool arenaWanted = (transport == Config::Transport::Auto || transport == Config::Transport::Shm) &&
+                           (cfg.algo == Config::Algo::Auto || cfg.algo == Config::Algo::Arena);
+  g->arena = HostArena::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, arenaWanted, cfg.arenaBytes,
+                                g->shmSpinMicros, /*spinYields=*/localRanks > cpus, &g->arenaWhyNot);
+  if (!g->arena && rank == 0 && arenaWanted && !g->arenaWhyNot.empty()) {
+    LOG(INFO) << "ringpg: no host arena, the collectives run on the links: " << g->arenaWhyNot;
+  }
   g->transport = transport == Config::Transport::Gloo ? "gloo"
                  : !shmUsed                           ? "tcp"
                  : g->topology.hosts == 1             ? "shm"
@@ -206,6 +217,7 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   }
   // Agreed facts only, since every rank must plan alike: shared memory, on one host.
   g->links.ringFusedEverywhere = shmUsed && g->topology.hosts == 1;
+  g->links.arena = g->arena.get();
   return g;
 }
 

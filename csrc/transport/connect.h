@@ -17,6 +17,7 @@
 #include <string>
 
 #include "common/config.h"
+#include "transport/arena.h"
 #include "transport/engine.h"
 #include "transport/gloo_link.h"
 #include "transport/link.h"
@@ -35,6 +36,8 @@ struct GroupLinks {
   Topology topology;              // who shares a host; the ring order
   std::unique_ptr<EngineLink> engineLink;
   std::unique_ptr<ShmRing> shm; // this rank's shared-memory links, or null
+  std::unique_ptr<HostArena> arena; // the group's host arena (one host), or null
+  std::string arenaWhyNot;          // why a group on one host has none ("" where it has one)
   int shmSpinMicros = 0;        // how long waits on shm spin (Config::shmSpinMicros)
   // The links collectives move over, the same words on every rank: "gloo", "shm" (one
   // host), "shm+tcp" (shared memory within hosts, the engine between), "tcp".

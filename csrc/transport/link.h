@@ -25,6 +25,8 @@
 
 namespace ringpg {
 
+class HostArena;
+
 // Called with each fragment of a message as it arrives: `offset` bytes into the
 // message, `n` bytes at `src` (valid only during the call).
 using FragmentConsumer = std::function<void(const char* src, size_t offset, size_t n)>;
@@ -110,6 +112,9 @@ struct LinkTable {
   Link* control = nullptr;
   std::vector<Link*> to;
   std::vector<Link*> from;
+  // The group's host arena (transport/arena.h), when it has one: the host collectives
+  // (algorithms/arena_collectives.h) run over it instead of the links.
+  HostArena* arena = nullptr;
   // The link only waiters move (shared memory), when the group has one: see waitUntil.
   Link* driven = nullptr;
   // Whether every hop of the ring, on every rank, fuses receives (shared memory on one

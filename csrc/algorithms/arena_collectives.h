@@ -1,0 +1,59 @@
+// The host collectives: a group whose ranks share one host runs them over its arena
+// (transport/arena.h) in a few rounds at any rank count, where the ring pays 2(N-1)
+// latency-bound steps.  Each round: every member copies what it contributes into its
+// own buffer, arrives, waits for all, and then reads what it needs from any member's
+// buffer.  Large buffers go in pieces of what a buffer holds (ArenaPieces), the two
+// buffers of a member alternating, so a member copies the next piece in while slower
+// ones still read the last.
+//
+//   allreduce, one shot  every member reduces every member's whole buffer, in member
+//                        order (the same bits everywhere): one step a piece
+//   allreduce            reduce-scatter then all-gather inside the arena: each member
+//                        reduces its slice of the piece over every buffer, publishes it,
+//                        and every member copies every slice out: two steps a piece
+//   reduce_scatter       each member reduces its own chunk's part of every buffer: one step
+//   all_gather           one copy in, every member copies every buffer out: one step
+//   broadcast            the root copies in once, the others copy out: one step
+//   reduce               as allreduce, the slices copied out by the root alone (or,
+//                        one shot, the root reducing every buffer)
+//   barrier              one step, no data
+// Reductions run in member order over the members' buffers, so where every member
+// computes the same element (one shot) they hold the same bits; elsewhere one member
+// computes each element.  Which op runs here, and when, is choice.h's decision.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "algorithms/context.h"
+#include "reduce/reduce.h"
+
+namespace ringpg {
+
+// Elements of one piece: the most whose `parts` blocks of `elemSize`-byte elements fit
+// in a buffer of `bufferBytes` (all_gather and allreduce: 1 part, the piece itself;
+// reduce_scatter: one part per member), whole cache lines where a line holds whole
+// elements; at least 1.  Pure, for the tests.
+int64_t arenaPieceElems(size_t bufferBytes, size_t elemSize, int parts);
+
+using Finalize = std::function<void(char*, int64_t)>;
+
+// `data`: `count` elements of `elemSize` bytes, reduced in place on every member.
+// `oneShot`: every member reduces everything (choice.h says when).
+void arenaAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op, const Finalize& finalize,
+                    bool oneShot);
+// `input`: members() chunks of `chunkCount` elements; `output`: this member's chunk of their reduction.
+void arenaReduceScatter(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t elemSize, RedOp op,
+                        const Finalize& finalize);
+// `output`: members() chunks of `chunkCount` elements, chunk m member m's `input`.
+// `input` may be this member's chunk of `output`.
+void arenaAllGather(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t elemSize);
+void arenaBroadcast(OpContext& c, char* data, size_t nbytes, int root);
+// `input`: this member's `count` elements; `result` (the root's only, else unused):
+// their reduction.
+void arenaReduce(OpContext& c, const char* input, char* result, int64_t count, size_t elemSize, RedOp op,
+                 const Finalize& finalize, int root, bool oneShot);
+void arenaBarrier(OpContext& c);
+
+} // namespace ringpg

@@ -1,0 +1,123 @@
+#include "algorithms/choice.h"
+
+#include "algorithms/ring_plan.h"
+
+namespace ringpg {
+namespace {
+
+// Past this many ranks the links' one-shot allreduce (p - 1 peers, each a connection
+// made on first use) gives way to recursive doubling's log2(p) peers.
+constexpr int kOneShotMostRanks = 8;
+
+// The links' small-buffer allreduce, or nullopt-like Ring where the volume is too large.
+Algorithm linksAllreduce(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
+  // One-shot sends (p-1) copies of the buffer from each rank in one round; the ring
+  // sends 2(p-1)/p of it in 2(p-1) rounds.  Below the configured volume the rounds cost
+  // more.  Across hosts a host's ranks share its network link, so the volume that
+  // counts is its K ranks' together (K: the most any host holds).
+  const size_t sharers = g.hosts > 1 ? static_cast<size_t>(g.mostPerHost) : 1;
+  // On one host over shared memory only a rank's ring neighbours share memory with it:
+  // past two ranks the one-shot would reach the others over TCP loopback, which the
+  // ring beat 2-5x at 4 and 8 ranks, 4-64 KiB, on 16 cores.
+  const bool overSockets = g.ringFusedEverywhere && g.size > 2;
+  if (!overSockets && g.size <= kOneShotMostRanks &&
+      bytes * static_cast<size_t>(g.size - 1) * sharers <= cfg.oneShotBytes) {
+    return Algorithm::OneShot;
+  }
+  // Recursive doubling: log2(p) rounds of the whole buffer (one more for folded ranks).
+  if (!overSockets && g.size > kOneShotMostRanks &&
+      bytes * static_cast<size_t>(RecursiveDoubling(g.size).rounds()) * sharers <= cfg.oneShotBytes) {
+    return Algorithm::Doubling;
+  }
+  // Large contiguous device tensors: chunked copies overlap the ring (staged_ring.h).
+  if (deviceContiguous) {
+    return Algorithm::StagedRing;
+  }
+  return g.hierarchical ? Algorithm::Hier : Algorithm::Ring;
+}
+
+// Whether the arena runs a large op (beyond the one-shot volume).  At two ranks the
+// links are the same two-step exchange the arena would run, with single copy and a
+// pipeline of slots tuned for it, so the arena takes only what it was asked for there.
+bool arenaForLarge(const GroupShape& g, const Config& cfg) {
+  return g.arena && (cfg.algo == Config::Algo::Arena || g.size > 2);
+}
+
+} // namespace
+
+const char* algorithmName(Algorithm a) {
+  switch (a) {
+    case Algorithm::Local:
+      return "local";
+    case Algorithm::OneShot:
+      return "oneshot";
+    case Algorithm::Doubling:
+      return "doubling";
+    case Algorithm::Ring:
+      return "ring";
+    case Algorithm::StagedRing:
+      return "staged_ring";
+    case Algorithm::Hier:
+      return "hier";
+    case Algorithm::ArenaOneShot:
+      return "arena_oneshot";
+    case Algorithm::Arena:
+      return "arena";
+  }
+  return "?";
+}
+
+const char* collectiveName(Collective op) {
+  switch (op) {
+    case Collective::Allreduce:
+      return "allreduce";
+    case Collective::ReduceScatter:
+      return "reduce_scatter";
+    case Collective::AllGather:
+      return "all_gather";
+    case Collective::Broadcast:
+      return "broadcast";
+    case Collective::Reduce:
+      return "reduce";
+    case Collective::Barrier:
+      return "barrier";
+  }
+  return "?";
+}
+
+Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
+  if (g.size <= 1 || (bytes == 0 && op != Collective::Barrier)) {
+    return Algorithm::Local;
+  }
+  // The arena's one step beats any number of link steps while what each member reads
+  // of the others (bytes x (N - 1)) stays small.
+  const bool arenaOneShot = g.arena && bytes * static_cast<size_t>(g.size - 1) <= kArenaOneShotVolume;
+  switch (op) {
+    case Collective::Allreduce:
+      if (arenaOneShot) {
+        return Algorithm::ArenaOneShot;
+      }
+      if (arenaForLarge(g, cfg) && !deviceContiguous) {
+        return Algorithm::Arena;
+      }
+      return linksAllreduce(g, cfg, bytes, deviceContiguous);
+    case Collective::Reduce:
+      if (arenaOneShot) {
+        return Algorithm::ArenaOneShot;
+      }
+      return arenaForLarge(g, cfg) ? Algorithm::Arena : Algorithm::Ring;
+    case Collective::ReduceScatter:
+    case Collective::AllGather:
+      if (arenaOneShot || arenaForLarge(g, cfg)) {
+        return Algorithm::Arena;
+      }
+      return g.hierarchical ? Algorithm::Hier : Algorithm::Ring;
+    case Collective::Broadcast:
+      return arenaOneShot || arenaForLarge(g, cfg) ? Algorithm::Arena : Algorithm::Ring;
+    case Collective::Barrier:
+      return g.arena ? Algorithm::Arena : Algorithm::Ring;
+  }
+  return Algorithm::Ring;
+}
+
+} // namespace ringpg

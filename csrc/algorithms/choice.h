@@ -1,0 +1,52 @@
+// Which algorithm runs a collective: the one place that decides, a pure function of
+// the op, its bytes, the group's shape and the settings, so that every rank (which
+// sees the same of all of them) decides alike, and the tests can ask it about any
+// shape without starting a process.  docs/internals.md ("Choosing an algorithm")
+// explains the thresholds.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/config.h"
+
+namespace ringpg {
+
+enum class Collective : uint8_t { Allreduce, ReduceScatter, AllGather, Broadcast, Reduce, Barrier };
+
+enum class Algorithm : uint8_t {
+  Local,        // one rank, or nothing to move: no peer is involved
+  OneShot,      // over the links: every rank sends its whole buffer to every peer
+  Doubling,     // over the links: recursive doubling (many ranks, small buffers)
+  Ring,         // over the links: the flat ring (broadcast: the chain along it)
+  StagedRing,   // the ring over pinned host memory, for a large CUDA allreduce
+  Hier,         // host rings, then rings across hosts (algorithms/hierarchical.h)
+  ArenaOneShot, // the host arena: every member reduces every member's buffer
+  Arena,        // the host arena's algorithm for the op (algorithms/arena_collectives.h)
+};
+const char* algorithmName(Algorithm a);
+const char* collectiveName(Collective op);
+
+// What the choice needs to know of a group: the same on every rank.
+struct GroupShape {
+  int size = 1;
+  int hosts = 1;
+  int mostPerHost = 1;              // the most ranks any host holds
+  bool hierarchical = false;        // hierarchicalApplies: hosts hold equal numbers (> 1) of ranks
+  bool ringFusedEverywhere = false; // the ring runs on shared memory on one host
+  bool arena = false;               // the group has a host arena (transport/arena.h)
+};
+
+// Below this volume (bytes x (ranks - 1): what each member reads of the others) an
+// arena allreduce or reduce reduces everything on every member in one step instead
+// of reduce-scatter and all-gather in two.
+constexpr size_t kArenaOneShotVolume = 64 * 1024;
+
+// The algorithm for `op` on `bytes` (allreduce, reduce, broadcast: the buffer;
+// reduce_scatter: its input, all_gather: its output; barrier: 0) in a group of
+// `shape` under `cfg`.  `deviceContiguous`: the allreduce's tensor is a contiguous
+// CUDA tensor (the staged ring's case).
+Algorithm chooseAlgorithm(Collective op, const GroupShape& shape, const Config& cfg, size_t bytes,
+                          bool deviceContiguous = false);
+
+} // namespace ringpg

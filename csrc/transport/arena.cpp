@@ -1,0 +1,438 @@
+#include "transport/arena.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
+#include <c10/util/StringUtil.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <ctime>
+#include <sstream>
+#include <thread>
+
+#include "common/host.h"
+#include "transport/rendezvous.h"
+#include "transport/store_exchange.h"
+
+namespace ringpg {
+namespace {
+
+constexpr uint64_t kArenaMagic = 0x314e524147504752ULL; // "RGPGARN1"
+constexpr size_t kLine = 64;
+constexpr size_t kPage = 4096;
+constexpr const char* kNamePrefix = "ringpg-arena-";
+
+struct ArenaHeader {
+  uint64_t magic;
+  uint64_t check; // mix(nonce): the nonce itself is never in the segment
+  uint64_t members;
+  uint64_t bufferBytes;
+};
+
+// A sleeper adds itself to `sleepers`, reads `seq` and sleeps on it unless what it
+// waits for has arrived; a member that arrives while anyone sleeps bumps `seq` and
+// wakes them all (an event count, as the shared-memory links' bell: shm.cpp).
+struct ArenaBell {
+  std::atomic<uint32_t> seq;
+  std::atomic<uint32_t> sleepers;
+};
+
+// One member's lines: the step on a line of its own (waiters poll it), the stamps
+// and the proof on others (written once a round / once).
+struct MemberLines {
+  alignas(kLine) std::atomic<uint64_t> step;
+  alignas(kLine) ArenaStamp stamps[2];
+  alignas(kLine) uint64_t proof;
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
+              "futex words and counters must be plain memory shared between processes");
+static_assert(sizeof(ArenaHeader) <= kLine && sizeof(ArenaBell) <= kLine && sizeof(MemberLines) == 3 * kLine);
+
+constexpr size_t kBellOffset = kLine;
+constexpr size_t kMembersOffset = 2 * kLine;
+
+size_t roundUp(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
+}
+
+size_t buffersOffset(int members) {
+  return roundUp(kMembersOffset + members * sizeof(MemberLines), kPage);
+}
+
+size_t segmentSize(int members, size_t bufferBytes) {
+  return buffersOffset(members) + static_cast<size_t>(members) * 2 * bufferBytes;
+}
+
+// splitmix64's finalizer: what the segment holds of the nonce, and each member's proof.
+uint64_t mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000000), static_cast<long>(timeout.count() % 1000000000)};
+  // Shared (not FUTEX_PRIVATE): the word lives in memory several processes map.
+  // EAGAIN (the word moved), EINTR and ETIMEDOUT all send the caller round its loop.
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+std::string hex(uint64_t v) {
+  std::ostringstream o;
+  o << std::hex << v;
+  return o.str();
+}
+
+} // namespace
+
+std::string arenaSegmentName(int pid, uint64_t nonce) {
+  return c10::str("/", kNamePrefix, pid, "-", hex(nonce));
+}
+
+int segmentCreatorPid(const std::string& name) {
+  // "ringpg-arena-<pid>-<hex>" or the links' "ringpg-<pid>-<hex>" (shm.cpp).
+  std::string rest;
+  if (name.rfind(kNamePrefix, 0) == 0) {
+    rest = name.substr(std::strlen(kNamePrefix));
+  } else if (name.rfind("ringpg-", 0) == 0) {
+    rest = name.substr(std::strlen("ringpg-"));
+  } else {
+    return 0;
+  }
+  const size_t dash = rest.find('-');
+  if (dash == 0 || dash == std::string::npos || dash > 9 || dash + 1 == rest.size()) {
+    return 0;
+  }
+  int pid = 0;
+  for (const auto i : c10::irange(dash)) {
+    if (rest[i] < '0' || rest[i] > '9') {
+      return 0;
+    }
+    pid = pid * 10 + (rest[i] - '0');
+  }
+  for (size_t i = dash + 1; i < rest.size(); ++i) {
+    if (!std::isxdigit(static_cast<unsigned char>(rest[i]))) {
+      return 0;
+    }
+  }
+  return pid;
+}
+
+int reclaimStaleSegments(const std::string& dir, int minAgeSeconds) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) {
+    return 0;
+  }
+  int reclaimed = 0;
+  const time_t now = ::time(nullptr);
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    const int pid = segmentCreatorPid(name);
+    if (pid <= 0) {
+      continue;
+    }
+    struct stat st {};
+    const std::string path = dir + "/" + name;
+    // Ours, old enough that no group is still mapping it, and its creator gone (a
+    // live creator unlinks its own segments once they are mapped).
+    if (::stat(path.c_str(), &st) != 0 || st.st_uid != ::geteuid() || now - st.st_mtime < minAgeSeconds) {
+      continue;
+    }
+    if (::kill(pid, 0) == 0 || errno != ESRCH) {
+      continue;
+    }
+    if (::shm_unlink(("/" + name).c_str()) == 0) {
+      ++reclaimed;
+    }
+  }
+  ::closedir(d);
+  return reclaimed;
+}
+
+// The mapping; the creator also owns the name until it is unlinked.
+struct HostArena::Segment {
+  std::string name;
+  char* base = nullptr;
+  size_t bytes = 0;
+  bool named = false;
+
+  ~Segment() {
+    if (base) {
+      ::munmap(base, bytes);
+    }
+    unlinkName();
+  }
+  void unlinkName() {
+    if (named) {
+      ::shm_unlink(name.c_str());
+      named = false;
+    }
+  }
+  ArenaHeader& header() const { return *reinterpret_cast<ArenaHeader*>(base); }
+  ArenaBell& bell() const { return *reinterpret_cast<ArenaBell*>(base + kBellOffset); }
+  MemberLines& member(int m) const { return reinterpret_cast<MemberLines*>(base + kMembersOffset)[m]; }
+
+  static std::unique_ptr<Segment> create(const std::string& name, uint64_t nonce, int members, size_t bufferBytes,
+                                         std::string& why) {
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      why = c10::str("shm_open(", name, "): ", std::strerror(errno));
+      return nullptr;
+    }
+    auto s = std::make_unique<Segment>();
+    s->name = name;
+    s->named = true;
+    s->bytes = segmentSize(members, bufferBytes);
+    // Reserved now, so that a full /dev/shm fails here and not as a SIGBUS mid-op.
+    const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(s->bytes));
+    if (rc != 0) {
+      why = c10::str("reserving ", s->bytes, " bytes of shared memory for the host arena (", members, " ranks x 2 x ",
+                     bufferBytes, " bytes: RINGPG_ARENA_BYTES): ", std::strerror(rc));
+      ::close(fd);
+      return nullptr; // ~Segment unlinks the name
+    }
+    void* p = ::mmap(nullptr, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) {
+      why = c10::str("mmap: ", std::strerror(errno));
+      return nullptr;
+    }
+    s->base = static_cast<char*>(p);
+    // A new segment reads as zeros: every step 0, the bell quiet, no proof.
+    s->header() = ArenaHeader{kArenaMagic, mix(nonce), static_cast<uint64_t>(members), bufferBytes};
+    return s;
+  }
+
+  static std::unique_ptr<Segment> open(const std::string& name, uint64_t nonce, int members, size_t bufferBytes,
+                                       std::string& why) {
+    const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) {
+      why = c10::str("shm_open(", name, "): ", std::strerror(errno));
+      return nullptr;
+    }
+    struct stat st {};
+    const size_t want = segmentSize(members, bufferBytes);
+    if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != want || st.st_uid != ::geteuid() ||
+        (st.st_mode & 077) != 0) {
+      why = c10::str(name, " is not a host arena of this user's with the expected size and mode");
+      ::close(fd);
+      return nullptr;
+    }
+    void* p = ::mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) {
+      why = c10::str("mmap: ", std::strerror(errno));
+      return nullptr;
+    }
+    auto s = std::make_unique<Segment>();
+    s->name = name;
+    s->base = static_cast<char*>(p);
+    s->bytes = want;
+    const ArenaHeader& h = s->header();
+    if (h.magic != kArenaMagic || h.check != mix(nonce) || h.members != static_cast<uint64_t>(members) ||
+        h.bufferBytes != bufferBytes) {
+      why = c10::str(name, " is not the host arena its creator announced");
+      return nullptr;
+    }
+    return s;
+  }
+};
+
+HostArena::HostArena(Engine& engine, int members, int me, std::vector<int> ranks, int spinMicros, bool spinYields)
+    : engine_(engine), members_(members), me_(me), ranks_(std::move(ranks)), spinMicros_(spinMicros),
+      spinYields_(spinYields) {}
+
+HostArena::~HostArena() = default;
+
+size_t HostArena::segmentBytes() const {
+  return seg_ ? seg_->bytes : 0;
+}
+
+std::unique_ptr<HostArena> HostArena::connect(c10d::Store& store, Engine& engine, const std::string& prefix,
+                                              const Topology& topo, int rank, bool wanted, size_t bufferBytes,
+                                              int spinMicros, bool spinYields, std::string* why) {
+  const int size = topo.size();
+  // Facts every rank shares (the topology; the buffer size is an agreed setting), so
+  // either every rank takes part in the agreement below or none does.
+  if (size < 2 || topo.hosts != 1 || bufferBytes == 0) {
+    return nullptr;
+  }
+  const std::vector<int>& ranks = topo.ranksOfHost(0);
+  const int me = topo.localIndex(rank);
+  const int members = static_cast<int>(ranks.size());
+  // Whole pages, and at least a line per member (a reduce-scatter piece has a block
+  // of at least one element per member).
+  bufferBytes = roundUp(std::max(bufferBytes, members * kLine), kPage);
+  std::unique_ptr<HostArena> self(new HostArena(engine, members, me, ranks, spinMicros, spinYields));
+  std::string whyNot = wanted ? "" : "not wanted on this rank (RINGPG_TRANSPORT)";
+
+  // 1. The host's first rank creates the segment and announces its name and nonce.
+  uint64_t nonce = 0;
+  std::string name = "-";
+  if (wanted && me == 0) {
+    // Segments a crashed job left behind go first (their creator is gone).
+    if (const int n = reclaimStaleSegments("/dev/shm", 60); n > 0) {
+      LOG(INFO) << "ringpg: unlinked " << n << " shared-memory segment(s) left by processes that are gone";
+    }
+    nonce = randomNonce();
+    name = arenaSegmentName(::getpid(), nonce);
+    self->seg_ = Segment::create(name, nonce, members, bufferBytes, whyNot);
+    if (!self->seg_) {
+      name = "-";
+    }
+  }
+  const std::vector<std::string> announced =
+      allGatherValues(store, prefix + "arena/name", rank, size, c10::str(name, " ", nonce));
+
+  // 2. The others map it and prove they knew the nonce.
+  bool ok = wanted;
+  {
+    std::istringstream in(announced[ranks[0]]);
+    std::string theirName;
+    uint64_t theirNonce = 0;
+    in >> theirName >> theirNonce;
+    if (theirName == "-") {
+      ok = false;
+      if (whyNot.empty()) {
+        whyNot = c10::str("rank ", ranks[0], " could not create it");
+      }
+    } else if (ok && me != 0) {
+      self->seg_ = Segment::open(theirName, theirNonce, members, bufferBytes, whyNot);
+      ok = self->seg_ != nullptr;
+    }
+    if (ok) {
+      nonce = theirNonce;
+      self->seg_->member(me).proof = mix(nonce + me + 1);
+    }
+  }
+  const std::vector<std::string> verdicts =
+      allGatherValues(store, prefix + "arena/verdict", rank, size, ok ? "1" : "0");
+  bool all = std::all_of(verdicts.begin(), verdicts.end(), [](const std::string& v) { return v == "1"; });
+  // Every member has mapped it or given up: the name goes (a crash from now on leaks
+  // nothing in /dev/shm), and the proofs, written before the verdicts, are checked
+  // alike on every member (the same memory).
+  if (self->seg_) {
+    self->seg_->unlinkName();
+  }
+  if (all) {
+    for (const auto m : c10::irange(members)) {
+      if (self->seg_->member(m).proof != mix(nonce + m + 1)) {
+        all = false;
+        whyNot = c10::str("member ", m, " of the host arena left no proof that it is the group's");
+      }
+    }
+  }
+  if (!all) {
+    if (why) {
+      *why = whyNot.empty() ? std::string("another rank could not map it") : whyNot;
+    }
+    return nullptr;
+  }
+  self->bufferBytes_ = bufferBytes;
+  return self;
+}
+
+char* HostArena::buffer(int m) const {
+  return seg_->base + buffersOffset(members_) + (static_cast<size_t>(m) * 2 + round_ % 2) * bufferBytes_;
+}
+
+ArenaStamp HostArena::stampOf(int m) const {
+  ArenaStamp s;
+  // Copied out once: a peer's memory is read, never trusted in place.
+  std::memcpy(&s, &seg_->member(m).stamps[round_ % 2], sizeof(s));
+  return s;
+}
+
+void HostArena::arrive(const ArenaStamp* stamp) {
+  MemberLines& mine = seg_->member(me_);
+  if (stamp) {
+    ArenaStamp s = *stamp;
+    s.round = round_;
+    mine.stamps[round_ % 2] = s;
+  }
+  // Release: the buffer's bytes and the stamp are visible to whoever sees this step.
+  mine.step.store(++step_, std::memory_order_release);
+  ringBell();
+}
+
+void HostArena::ringBell() {
+  // The fence pairs with the sleeper's fetch_add on `sleepers`: either it sees our
+  // step when it looks once more before sleeping, or we see it counted and wake it.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  ArenaBell& bell = seg_->bell();
+  if (bell.sleepers.load(std::memory_order_relaxed) != 0) {
+    bell.seq.fetch_add(1, std::memory_order_seq_cst);
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell.seq), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  }
+}
+
+bool HostArena::allArrived(uint64_t step, int* from) const {
+  // Members before *from were seen at `step` already (steps only grow).
+  while (*from < members_ && seg_->member(*from).step.load(std::memory_order_acquire) >= step) {
+    ++*from;
+  }
+  return *from == members_;
+}
+
+ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard) {
+  using namespace std::chrono;
+  int from = 0;
+  if (allArrived(step_, &from)) {
+    return ArenaWait::Done;
+  }
+  const auto spinEnd = Clock::now() + microseconds(spinMicros_);
+  ArenaBell& bell = seg_->bell();
+  while (true) {
+    if (allArrived(step_, &from)) {
+      return ArenaWait::Done;
+    }
+    *laggard = from;
+    if (engine_.isBroken()) {
+      return ArenaWait::Broken;
+    }
+    // A member that shut its group down arrives nowhere again.
+    if (engine_.anyGoodbye() && !engine_.goodbyeFrom(ranks_[from]).empty()) {
+      return ArenaWait::Left;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      return ArenaWait::TimedOut;
+    }
+    if (now < spinEnd) {
+      // As the links' waits (ShmRing::waitUntil): pause where every rank has a core,
+      // yield where the host's ranks outnumber its CPUs.
+      if (spinYields_) {
+        std::this_thread::yield();
+      } else {
+        cpuRelax();
+      }
+      continue;
+    }
+    // Count ourselves in, then look once more: a member arriving after that look sees
+    // the count (ringBell's fence) and bumps `seq`, which fails or ends the sleep.
+    bell.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t key = bell.seq.load(std::memory_order_seq_cst);
+    if (!allArrived(step_, &from)) {
+      // Bounded: a broken group rings no bell, so it is noticed within 10 ms.
+      futexWait(&bell.seq, key, std::min<nanoseconds>(deadline - now, milliseconds(10)));
+    }
+    bell.sleepers.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+} // namespace ringpg

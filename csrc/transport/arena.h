@@ -1,0 +1,155 @@
+// The host arena: one shared-memory segment that every rank of a group on one host
+// maps, so that a collective reaches every same-host rank in one step instead of
+// 2(N-1) ring steps.  The idea of DeepSpeed's and vLLM's CPU shared-memory
+// collectives, Open MPI's coll/sm and MPICH's release/gather collectives, built here
+// on the group's agreed topology, so it serves every group shape it is made for and
+// none it is not (Gloo merged such an allreduce once and reverted it: it guessed a
+// host's ranks from LOCAL_WORLD_SIZE).
+//
+// Segment layout (one per group, created by the host's first rank, mapped by all):
+//   ArenaHeader    magic, a check of the nonce (mix(nonce)), members, buffer size
+//   ArenaBell      the futex word every sleeping member waits on, and how many sleep
+//   members x MemberLines
+//                  step   this member's progress (its own cache line; the only word a
+//                         waiter polls)
+//                  stamps the op signature of the member's last two rounds
+//                  proof  mix(nonce + member + 1): the member mapped this segment
+//                         knowing the nonce the group's Store carried
+//   members x 2 buffers of bufferBytes (page-aligned), one per round parity
+//
+// Rounds and steps.  A collective runs as rounds; round t uses buffer t % 2 of every
+// member.  A round is one or more steps: a member writes what it contributes into its
+// own buffer, then *arrives* (its step counter + 1, a release store) and waits until
+// every member's step has reached its own (acquire loads); after the wait it may read
+// any member's buffer of this round.  Why two buffers suffice: a member writes buffer
+// t % 2 in round t only after the first step of round t - 1, and every member arrived
+// there only after it had finished reading round t - 2, the last user of that buffer.
+// So every round's first step waits for all members, whatever the op.  Step and
+// round counters are the same on every member: all run the same ops in the same order
+// (c10d's contract), and the choice of the arena is the same everywhere (choice.h).
+//
+// Each round's first step carries a stamp (the op's sequence number, type, dtype,
+// element count, ReduceOp and root) into stamps[t % 2], written before the step is
+// published; the others compare it with theirs after the wait, so ranks that call
+// different collectives fail with a mismatch instead of mixing unrelated data.
+//
+// Waits spin for the group's spin (Config::shmSpinMicros), then sleep on the bell
+// (a futex, at most 10 ms at a time so that a broken group is noticed), and keep
+// the op's deadline; a member that does not arrive in time, a broken group (a dead
+// peer's sockets, an abort, a failure elsewhere) or a peer's goodbye ends the wait.
+//
+// Security.  The segment is created 0600 under an unguessable name (pid and a random
+// nonce) with O_EXCL, reserved at once (posix_fallocate: a full /dev/shm fails here,
+// not with a SIGBUS later), and unlinked as soon as every member has mapped it; a
+// mapper checks the header against the nonce the Store carried and leaves a proof
+// that every member checks.  Segments that a crashed job left behind (its creator's
+// pid gone, older than a minute, ours) are unlinked when the next arena is made.  A
+// group that cannot make its arena (no /dev/shm, too little room, a refusal anywhere)
+// runs on its links as before, on every rank alike (an agreement through the Store).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/engine.h"
+#include "transport/socket.h"
+#include "transport/topology.h"
+
+namespace ringpg {
+
+// What a member says about the op it runs, compared at each round's first step.
+struct ArenaStamp {
+  uint64_t key = 0;   // the op's sequence number
+  uint64_t numel = 0; // the op's element count as this rank sees it
+  uint64_t round = 0; // the round it was written in
+  uint8_t opcode = 0; // c10d::OpType
+  uint8_t dtype = 0;  // c10::ScalarType
+  uint8_t reduceOp = 0;
+  uint8_t pad = 0;
+  int32_t root = -1; // a rooted op's root, else -1
+};
+static_assert(sizeof(ArenaStamp) == 32);
+
+inline bool sameStamp(const ArenaStamp& a, const ArenaStamp& b) {
+  return a.key == b.key && a.numel == b.numel && a.round == b.round && a.opcode == b.opcode && a.dtype == b.dtype &&
+         a.reduceOp == b.reduceOp && a.root == b.root;
+}
+
+// How a wait in the arena ended.
+enum class ArenaWait : uint8_t {
+  Done,     // every member arrived
+  TimedOut, // the deadline passed first (`laggard`: a member that had not arrived)
+  Broken,   // the group broke (Engine::brokenReason says why)
+  Left,     // `laggard` shut its group down (Engine::goodbyeFrom says so)
+};
+
+// The name a segment of this process with nonce `nonce` gets, and the pid of the
+// process that created the segment named `name` (a /dev/shm entry, without the
+// leading '/'), or 0 if it is not a ringpg segment.  Pure, for the tests.
+std::string arenaSegmentName(int pid, uint64_t nonce);
+int segmentCreatorPid(const std::string& name);
+// Unlinks ringpg's segments in `dir` (/dev/shm) whose creator is gone, that belong to
+// this user and are older than `minAgeSeconds`; returns how many.
+int reclaimStaleSegments(const std::string& dir, int minAgeSeconds);
+
+class HostArena {
+ public:
+  struct Segment; // the mapping (defined in arena.cpp)
+
+  // Collective over the group: every rank calls it alike.  Makes the arena of a group
+  // whose ranks all share one host (`topo.hosts == 1`, two ranks or more), with
+  // buffers of `bufferBytes` (rounded up to whole pages) per member and parity; null,
+  // on every rank alike, where it cannot (`wanted` false on some rank, no room in
+  // /dev/shm, a refused mapping: `*why` says so on the rank that saw it).
+  // `spinMicros`, `spinYields`: as the shared-memory links' (ShmRing::connect).
+  static std::unique_ptr<HostArena> connect(c10d::Store& store, Engine& engine, const std::string& prefix,
+                                            const Topology& topo, int rank, bool wanted, size_t bufferBytes,
+                                            int spinMicros, bool spinYields, std::string* why);
+  ~HostArena();
+  HostArena(const HostArena&) = delete;
+  HostArena& operator=(const HostArena&) = delete;
+
+  int members() const { return members_; }
+  int me() const { return me_; }
+  // The group rank of member m.
+  int rankOf(int m) const { return ranks_[m]; }
+  size_t bufferBytes() const { return bufferBytes_; }
+  size_t segmentBytes() const;
+
+  // Starts the next round; its buffers are buffer(m) until the next beginRound().
+  void beginRound() { ++round_; }
+  uint64_t round() const { return round_; }
+  // Member m's buffer of the current round: its own is written before arrive(), the
+  // others' are read after a wait.
+  char* buffer(int m) const;
+  // Publishes this member's next step: everything it wrote before is visible to a
+  // member whose wait sees it.  `stamp` (first step of a round): written first.
+  void arrive(const ArenaStamp* stamp = nullptr);
+  // Waits until every member has arrived at this member's step, or `deadline`.
+  ArenaWait awaitAll(Deadline deadline, int* laggard);
+  // Member m's stamp of the current round (read after a wait).
+  ArenaStamp stampOf(int m) const;
+
+ private:
+  HostArena(Engine& engine, int members, int me, std::vector<int> ranks, int spinMicros, bool spinYields);
+  bool allArrived(uint64_t step, int* from) const;
+  void ringBell();
+
+  Engine& engine_; // the group's failure state
+  const int members_;
+  const int me_;
+  const std::vector<int> ranks_; // member -> group rank
+  const int spinMicros_;
+  const bool spinYields_;
+  size_t bufferBytes_ = 0;
+  std::unique_ptr<Segment> seg_;
+  uint64_t round_ = 0; // rounds begun (round_ % 2: the buffers in use)
+  uint64_t step_ = 0;  // steps arrived at
+};
+
+} // namespace ringpg
