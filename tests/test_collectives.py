@@ -59,6 +59,7 @@ import torch.distributed as dist
 from harness import (
     DTYPES,
     OPS,
+    SHM_RING,
     TRANSPORT_ENVS,
     Checker,
     CheckReport,
@@ -87,6 +88,7 @@ from harness import (
     smoke_checks,
     traced_algorithms,
     traced_pieces,
+    transport_env,
     transport_expected,
     transport_of,
 )
@@ -1179,7 +1181,7 @@ def world_size_8_worker(rank: int, ws: int, groups: Groups, transport: str) -> C
     return finish(chk, groups.test)
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", (*TRANSPORTS, SHM_RING))
 def test_world_size_8(transport: str, tmp_path: Any) -> None:
     """Eight ranks on a machine with fewer cores: every wait must yield, nothing may hang.
 
@@ -1189,7 +1191,7 @@ def test_world_size_8(transport: str, tmp_path: Any) -> None:
     over shared memory, where only ring neighbours share memory), and reduce-scatter
     and all-gather on the ring (likewise hierarchical on "mixed").
     """
-    env = (*TRANSPORT_ENVS[transport], ("RINGPG_ONESHOT_BYTES", str(WS8_ONESHOT_BYTES)))
+    env = (*transport_env(transport), ("RINGPG_ONESHOT_BYTES", str(WS8_ONESHOT_BYTES)))
     if transport == "mixed":
         env = (*env, ("RINGPG_HIER_PIECE_BYTES", str(WS8_PIECE_BYTES)))
     if backend_under_test() == "ringpg":
@@ -1197,7 +1199,9 @@ def test_world_size_8(transport: str, tmp_path: Any) -> None:
     assert_reports_ok(run_workers(world_size_8_worker, WS8, transport, InitSpec(env=env), timeout=120))
     if backend_under_test() == "ringpg":
         algorithms = traced_algorithms(str(tmp_path), "all_reduce")
-        big = "hier" if transport == "mixed" else "ring"
+        # One host with its arena: every op there (the one-shot where what each rank
+        # reads of the others is small); across the emulated hosts, hierarchical.
+        big = {"mixed": "hier", "shm": "arena"}.get(transport, "ring")
         assert algorithms.get(WS8_RING_NUMEL * 4) == {big}, algorithms
         if transport == "mixed":
             assert_ws8_pieces(str(tmp_path))
@@ -1206,8 +1210,8 @@ def test_world_size_8(transport: str, tmp_path: Any) -> None:
             seen = set().union(*traced_algorithms(str(tmp_path), op).values())
             assert seen == {big}, (op, seen)
         # One-shot where every rank reaches every other over the same kind of link; on
-        # one host over shared memory only ring neighbours share memory, so the ring.
-        small = "ring" if transport == "shm" else "one_shot"
+        # one host over shared memory links only ring neighbours share memory, so the ring.
+        small = {"shm": "arena_oneshot", SHM_RING: "ring"}.get(transport, "one_shot")
         assert algorithms.get(WS8_SMALL_NUMEL * 4) == {small}, algorithms
         shared_link = "hier" if transport == "mixed" else small
         assert algorithms.get(WS8_SHARED_LINK_NUMEL * 4) == {shared_link}, algorithms

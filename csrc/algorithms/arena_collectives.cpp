@@ -41,6 +41,13 @@ void reduceMembers(const OpContext& c, RedOp op, char* dst, size_t offset, int64
   }
 }
 
+// Names the op's algorithm in its trace (RINGPG_TRACE), as choice.h names it.
+void traceAs(const OpContext& c, bool oneShot) {
+  if (c.trace()) {
+    c.trace()->algorithm = oneShot ? "arena_oneshot" : "arena";
+  }
+}
+
 // Member m is group rank m: the arena is made for groups on one host (arena.h).
 int memberOfRank(const HostArena& a, int rank) {
   TORCH_INTERNAL_ASSERT(rank >= 0 && rank < a.members() && a.rankOf(rank) == rank,
@@ -64,6 +71,7 @@ int64_t arenaPieceElems(size_t bufferBytes, size_t elemSize, int parts) {
 
 void arenaAllreduce(OpContext& c, char* data, int64_t count, size_t es, RedOp op, const Finalize& finalize,
                     bool oneShot) {
+  traceAs(c, oneShot);
   HostArena& a = *c.arena();
   const int members = a.members();
   const int me = a.me();
@@ -108,6 +116,7 @@ void arenaAllreduce(OpContext& c, char* data, int64_t count, size_t es, RedOp op
 
 void arenaReduceScatter(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t es, RedOp op,
                         const Finalize& finalize) {
+  traceAs(c, false);
   HostArena& a = *c.arena();
   const int members = a.members();
   const int me = a.me();
@@ -131,6 +140,7 @@ void arenaReduceScatter(OpContext& c, const char* input, char* output, int64_t c
 }
 
 void arenaAllGather(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t es) {
+  traceAs(c, false);
   HostArena& a = *c.arena();
   const int members = a.members();
   const int me = a.me();
@@ -156,6 +166,7 @@ void arenaAllGather(OpContext& c, const char* input, char* output, int64_t chunk
 }
 
 void arenaBroadcast(OpContext& c, char* data, size_t nbytes, int root) {
+  traceAs(c, false);
   HostArena& a = *c.arena();
   const int from = memberOfRank(a, root);
   const size_t piece = a.bufferBytes();
@@ -174,6 +185,7 @@ void arenaBroadcast(OpContext& c, char* data, size_t nbytes, int root) {
 
 void arenaReduce(OpContext& c, const char* input, char* result, int64_t count, size_t es, RedOp op,
                  const Finalize& finalize, int root, bool oneShot) {
+  traceAs(c, oneShot);
   HostArena& a = *c.arena();
   const int members = a.members();
   const int me = a.me();
@@ -220,6 +232,7 @@ void arenaReduce(OpContext& c, const char* input, char* result, int64_t count, s
 }
 
 void arenaBarrier(OpContext& c) {
+  traceAs(c, false);
   c.arena()->beginRound();
   c.arenaStep(/*firstOfRound=*/true);
 }

@@ -147,11 +147,10 @@ void OpContext::arenaStep(bool firstOfRound, int root) {
     got.dtype = theirs.dtype;
     got.reduceOp = theirs.reduceOp;
     const std::string msg =
-        ofSameOp(h, got)
-            ? c10::str("ringpg: collective mismatch between ranks: rank ", tag_.rank, " runs seq ", h.key,
-                       " with root ", root, " but rank ", arena.rankOf(m), " with root ", theirs.root, " (round ", theirs.round,
-                       " of the host arena, expected ", stamp.round, ")")
-            : collectiveMismatch(tag_.rank, arena.rankOf(m), h, got);
+        ofSameOp(h, got) ? c10::str("ringpg: collective mismatch between ranks: rank ", tag_.rank, " runs seq ", h.key,
+                                    " with root ", root, " but rank ", arena.rankOf(m), " with root ", theirs.root,
+                                    " (round ", theirs.round, " of the host arena, expected ", stamp.round, ")")
+                         : collectiveMismatch(tag_.rank, arena.rankOf(m), h, got);
     engine_.fail(c10::str(describe(tag_), ": ", msg), /*network=*/false);
     throwBackend(c10::str(describe(tag_), ": ", msg));
   }

@@ -113,9 +113,9 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     LOG(INFO) << "ringpg: group '" << groupName_ << "' size " << size << " on " << net_->localAddress << ": "
               << cfg_.summary() << " transport=" << transport() << " same_host_copy=" << sameHostCopy()
               << copyProbeText(sameHostCopyProbe()) << " hosts=" << net_->topology.hosts
-              << " ranks_per_host=" << net_->topology.ranksPerHost() << " allreduce=" << allreduceAlgorithm() << " arena_bytes=" << arenaBufferBytes()
-              << " wait_spin_us=" << waitSpinMicros() << " reduce_isa=" << reduceIsa()
-              << " tcp_congestion_in_use=" << tcpCongestion();
+              << " ranks_per_host=" << net_->topology.ranksPerHost() << " allreduce=" << allreduceAlgorithm()
+              << " arena_bytes=" << arenaBufferBytes() << " wait_spin_us=" << waitSpinMicros()
+              << " reduce_isa=" << reduceIsa() << " tcp_congestion_in_use=" << tcpCongestion();
   }
 }
 

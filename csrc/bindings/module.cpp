@@ -213,9 +213,9 @@ PYBIND11_MODULE(_C, m) {
       "choose_algorithm",
       [](const std::string& op, int size, int hosts, int mostPerHost, bool hierarchical, bool ringFused, bool arena,
          size_t nbytes, const std::string& algo, int64_t oneShotBytes, bool deviceContiguous) {
-        static const ringpg::Collective kOps[] = {
-            ringpg::Collective::Allreduce, ringpg::Collective::ReduceScatter, ringpg::Collective::AllGather,
-            ringpg::Collective::Broadcast, ringpg::Collective::Reduce,        ringpg::Collective::Barrier};
+        static const ringpg::Collective kOps[] = {ringpg::Collective::Allreduce, ringpg::Collective::ReduceScatter,
+                                                  ringpg::Collective::AllGather, ringpg::Collective::Broadcast,
+                                                  ringpg::Collective::Reduce,    ringpg::Collective::Barrier};
         ringpg::Config cfg;
         cfg.algo = ringpg::Config::algoNamed(algo, "algo=");
         if (oneShotBytes >= 0) {
@@ -235,8 +235,8 @@ PYBIND11_MODULE(_C, m) {
       "algorithms/choice.h's decision for a group of this shape (default settings but `algo` and "
       "`oneshot_bytes`, -1: the default); for the tests");
   m.def("arena_oneshot_volume", [] { return ringpg::kArenaOneShotVolume; });
-  m.def("arena_piece_elems", &ringpg::arenaPieceElems, py::arg("buffer_bytes"), py::arg("elem_size"),
-        py::arg("parts"), "elements of one host-arena piece (algorithms/arena_collectives.h); for the tests");
+  m.def("arena_piece_elems", &ringpg::arenaPieceElems, py::arg("buffer_bytes"), py::arg("elem_size"), py::arg("parts"),
+        "elements of one host-arena piece (algorithms/arena_collectives.h); for the tests");
   m.def("arena_segment_name", &ringpg::arenaSegmentName, py::arg("pid"), py::arg("nonce"));
   m.def("segment_creator_pid", &ringpg::segmentCreatorPid, py::arg("name"),
         "the pid in a ringpg shared-memory segment's name (without '/'), 0 for any other name");

@@ -179,19 +179,20 @@ const Config& Config::get() {
 }
 
 std::string Config::summary() const {
-  return c10::str("segment_bytes=", segmentBytes, " oneshot_bytes=", oneShotBytes, " recv_window=",
-                  recvWindowSet ? std::to_string(recvWindow) : c10::str(recvWindow, "(gloo:", kGlooRecvWindow, ")"),
-                  " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
-                  " work_cache_bytes=", workCacheBytes, " hier_piece_bytes=", hierPieceBytes, " arena_bytes=", arenaBytes, " cma_bytes=", cmaBytes,
-                  cmaBytesSet ? "" : "(measured)", " stream_bytes=",
-                  streamBytes == kStreamAuto ? c10::str("auto(", streamFrom(), ")") : std::to_string(streamBytes),
-                  " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
-                  " transport_setting=", transportName(transport), " algo=", algoName(algo),
-                  " connect=", connectName(connect), " alltoall=", allToAllName(allToAll),
-                  " tcp_congestion=", tcpCongestion.empty() ? std::string("default") : tcpCongestion,
-                  " hostid=", hostId.empty() ? std::string("(auto)") : hostId,
-                  " ifname=", ifname.empty() ? std::string("(hostname)") : ifname,
-                  " trace=", traceDir.empty() ? std::string("off") : traceDir);
+  return c10::str(
+      "segment_bytes=", segmentBytes, " oneshot_bytes=", oneShotBytes, " recv_window=",
+      recvWindowSet ? std::to_string(recvWindow) : c10::str(recvWindow, "(gloo:", kGlooRecvWindow, ")"),
+      " socket_buffer=", socketBuffer == 0 ? std::string("auto") : std::to_string(socketBuffer),
+      " work_cache_bytes=", workCacheBytes, " hier_piece_bytes=", hierPieceBytes, " arena_bytes=", arenaBytes,
+      " cma_bytes=", cmaBytes, cmaBytesSet ? "" : "(measured)",
+      " stream_bytes=", streamBytes == kStreamAuto ? c10::str("auto(", streamFrom(), ")") : std::to_string(streamBytes),
+      " spin_us=", spinMicros == kSpinAuto ? std::string("auto") : std::to_string(spinMicros),
+      " transport_setting=", transportName(transport), " algo=", algoName(algo), " connect=", connectName(connect),
+      " alltoall=", allToAllName(allToAll),
+      " tcp_congestion=", tcpCongestion.empty() ? std::string("default") : tcpCongestion,
+      " hostid=", hostId.empty() ? std::string("(auto)") : hostId,
+      " ifname=", ifname.empty() ? std::string("(hostname)") : ifname,
+      " trace=", traceDir.empty() ? std::string("off") : traceDir);
 }
 
 } // namespace ringpg

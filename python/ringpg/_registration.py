@@ -37,7 +37,7 @@ class _GroupChoice:
 
 
 TRANSPORTS = ("auto", "shm", "tcp", "gloo")
-ALGORITHMS = ("auto", "ring", "hier")
+ALGORITHMS = ("auto", "ring", "hier", "arena")
 _transport = _GroupChoice("transport", TRANSPORTS)
 _algorithm = _GroupChoice("algorithm", ALGORITHMS)
 
@@ -55,8 +55,9 @@ def use_transport(name: str) -> ContextManager[None]:
 
 def use_algorithm(name: str) -> ContextManager[None]:
     """Groups of ringpg created inside the block run algorithm ``name`` for allreduce,
-    reduce-scatter and all-gather (``auto``, ``ring``: the flat ring, ``hier``: the
-    hierarchical ones where hosts hold equal numbers of ranks), whatever ``RINGPG_ALGO``
+    reduce-scatter and all-gather (``auto``, ``ring``: the flat ring and no host arena,
+    ``hier``: the hierarchical ones where hosts hold equal numbers of ranks, ``arena``:
+    the host arena for every op and size it serves), whatever ``RINGPG_ALGO``
     says; their split and shrink children keep it.  Every rank must create them alike (a
     group whose ranks disagree fails its ops).  For comparing algorithms in one job (the
     benchmark's ``ringpg/ring``)::

@@ -38,6 +38,17 @@ TRANSPORT_ENVS: dict[str, tuple[tuple[str, str], ...]] = {
     "gloo": (("RINGPG_TRANSPORT", "gloo"),),
     "mixed": ((EMULATED_HOSTS_ENV, "2"),),
 }
+# The shared-memory links' own algorithms on one host, without the host arena
+# (RINGPG_ALGO=ring): what a group on one host ran before the arena, kept under test
+# beside it by the tests whose subject is the ring (transport_env, transport_expected).
+SHM_RING = "shm-ring"
+
+
+def transport_env(name: str) -> tuple[tuple[str, str], ...]:
+    """The worker environment of TRANSPORT_ENVS's ``name``, or of SHM_RING."""
+    return (("RINGPG_ALGO", "ring"),) if name == SHM_RING else TRANSPORT_ENVS[name]
+
+
 # Further emulated-host layouts, for the batteries that run them on top of TRANSPORT_ENVS
 # (mixed-block), and for the hierarchical collectives' shapes at world size 6
 # (test_hierarchical.py): hosts x ranks per host, and hosts of 4 and 2 ranks.
@@ -129,12 +140,18 @@ def tiny_private_dev_shm() -> None:
     """Gives this process a 256 KiB /dev/shm of its own (a new mount namespace), as a
     container with a small, unshared /dev/shm has: no shared-memory region fits.  Runs
     before any thread starts (see can_make_mount_namespaces)."""
+    private_dev_shm("256k")
+
+
+def private_dev_shm(size: str) -> None:
+    """Gives this process a /dev/shm of ``size`` (tmpfs's words: "256k", "8m") of its own,
+    in a new mount namespace, as a container has; see tiny_private_dev_shm."""
     libc = ctypes.CDLL(None, use_errno=True)
     CLONE_NEWNS, MS_REC, MS_PRIVATE = 0x00020000, 0x4000, 0x40000
     if (
         libc.unshare(CLONE_NEWNS) != 0
         or libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0
-        or libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, b"size=256k") != 0
+        or libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, f"size={size}".encode()) != 0
     ):
         err = ctypes.get_errno()
         raise OSError(err, f"private /dev/shm: {os.strerror(err)}")
@@ -153,6 +170,8 @@ def can_make_mount_namespaces() -> bool:
 def transport_expected(name: str, ranks: Union[int, Sequence[int]]) -> str:
     """What ``ringpg.backend(g).transport`` reads for TRANSPORT_ENVS[name] on a group of
     ``ranks`` (the world ranks, or a world size)."""
+    if name == SHM_RING:
+        name = "shm"
     members = range(ranks) if isinstance(ranks, int) else ranks
     layout = dict(TRANSPORT_ENVS.get(name, ())).get(EMULATED_HOSTS_ENV) or EMULATED_LAYOUTS.get(name)
     if layout:

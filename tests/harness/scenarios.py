@@ -107,6 +107,14 @@ def _looped_call(op: str, ws: int) -> Callable[[], None]:
     if op == "all_gather_into_tensor":
         inp, out = torch.ones(DEATH_NUMEL), torch.empty(DEATH_NUMEL * ws)
         return lambda: dist.all_gather_into_tensor(out, inp)
+    if op == "broadcast":
+        x = torch.ones(DEATH_NUMEL)
+        return lambda: dist.broadcast(x, src=0)
+    if op == "reduce":
+        x = torch.ones(DEATH_NUMEL)
+        return lambda: dist.reduce(x, dst=0)
+    if op == "barrier":
+        return lambda: dist.barrier()
     raise ValueError(f"no looped collective {op!r}")
 
 

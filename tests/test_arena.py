@@ -1,0 +1,472 @@
+"""The host arena: a group on one host shares one shared-memory segment, and its
+collectives run over it in one or two steps at any rank count (csrc/transport/arena.h,
+csrc/algorithms/arena_collectives.h); and the one function that chooses every op's
+algorithm (csrc/algorithms/choice.h).
+
+* The choice, asked about every group shape of 1 to 64 ranks (no process started):
+  the arena where the group has one, the links' algorithms where it has none, the
+  one-shot where what each member reads of the others is small.
+* Each host collective (allreduce one-shot and in two steps, reduce-scatter,
+  all-gather, broadcast from every root, reduce to every root, barrier) at 1 to 9
+  ranks on the host, against gloo in the same processes: every dtype and ReduceOp,
+  sizes of 0, 1, fewer elements than ranks, odd, and across many pieces of a small
+  buffer (``RINGPG_ARENA_BYTES=8192``, so that every buffer parity is reused many times).
+* Its set-up: no segment is left in /dev/shm once a group is up; a segment a crashed
+  job left is unlinked by the next group; a /dev/shm too small for the arena leaves
+  the group on its links, on every rank alike, saying why and naming the setting.
+* Failures: a rank that dies inside a host collective fails every other rank within
+  seconds, and one that freezes, at the op's deadline, each naming the op and a rank.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import harness
+import pytest
+import torch
+import torch.distributed as dist
+from harness import (
+    DTYPES,
+    OPS,
+    Checker,
+    CheckReport,
+    Groups,
+    InitSpec,
+    WorkerPool,
+    assert_reports_ok,
+    data_kind,
+    dtype_name,
+    make_data,
+    reduce_op,
+    ref_all_gather,
+    ref_all_reduce,
+    ref_broadcast,
+    ref_reduce_scatter,
+    run_scenario,
+    sentinel_like,
+)
+from harness.scenarios import KILL_DETECT_S, expect_error, init_ringpg
+
+try:
+    import ringpg._C as _C
+except ModuleNotFoundError:
+    _C = None
+
+needs_C = pytest.mark.skipif(_C is None, reason="could not import 'ringpg._C'")
+ringpg_only = pytest.mark.skipif(harness.backend_under_test() != "ringpg", reason="ringpg's own arena")
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier")
+ARENA = ("arena", "arena_oneshot")
+
+
+# ============================================= the choice, every shape of 1 to 64 ranks
+
+
+def _choose(op: str, size: int, nbytes: int, arena: bool = True, algo: str = "auto", **shape: Any) -> str:
+    kw: dict[str, Any] = {"hosts": 1, "most_per_host": size, "hierarchical": False, "ring_fused": size > 1}
+    kw.update(shape)
+    return _C.choose_algorithm(op, size, nbytes=nbytes, arena=arena, algo=algo, **kw)
+
+
+@needs_C
+@pytest.mark.parametrize("size", range(1, 65))
+def test_the_arena_serves_every_op_of_a_group_on_one_host(size: int) -> None:
+    volume = _C.arena_oneshot_volume()
+    for nbytes in (4, 4096, 65536, 1 << 20, 1 << 26):
+        for op in COLLECTIVES:
+            got = _choose(op, size, 0 if op == "barrier" else nbytes)
+            if size == 1:
+                assert got == "local", (op, size, nbytes, got)
+                continue
+            small = nbytes * (size - 1) <= volume
+            if op in ("allreduce", "reduce"):
+                if small:
+                    # One step: every member reduces what every member wrote.
+                    assert got == "arena_oneshot", (op, size, nbytes, got)
+                elif size > 2:
+                    assert got == "arena", (op, size, nbytes, got)
+                else:
+                    # Two ranks: the links' own two-step exchange (one-shot or ring).
+                    assert got in ("oneshot", "ring"), (op, size, nbytes, got)
+            elif size > 2 or small or op == "barrier":
+                assert got == "arena", (op, size, nbytes, got)
+            else:
+                assert got == "ring", (op, size, nbytes, got)
+            # Asked for, the arena takes every size, two ranks too.
+            forced = _choose(op, size, 0 if op == "barrier" else nbytes, algo="arena")
+            assert forced in ARENA, (op, size, nbytes, forced)
+
+
+@needs_C
+@pytest.mark.parametrize("size", range(1, 65))
+def test_without_an_arena_the_links_algorithms_run_as_before(size: int) -> None:
+    limit = 262144  # RINGPG_ONESHOT_BYTES' default
+    for nbytes in (4, 4096, 65536, 1 << 20):
+        got = _choose("allreduce", size, nbytes, arena=False, ring_fused=False)
+        if size == 1:
+            assert got == "local"
+        elif size <= 8 and nbytes * (size - 1) <= limit:
+            assert got == "oneshot", (size, nbytes, got)
+        elif size > 8 and nbytes * (size - 1).bit_length() <= limit:
+            assert got == "doubling", (size, nbytes, got)
+        else:
+            assert got == "ring", (size, nbytes, got)
+        # On one host's shared-memory ring past two ranks the one-shot would cross TCP.
+        fused = _choose("allreduce", size, nbytes, arena=False)
+        assert fused == ("local" if size == 1 else "oneshot" if got == "oneshot" and size == 2 else "ring"), (
+            size,
+            nbytes,
+            fused,
+        )
+        for op in ("reduce_scatter", "all_gather", "broadcast", "reduce", "barrier"):
+            assert _choose(op, size, nbytes, arena=False) in ("ring", "local"), (op, size)
+    # Hosts of equal numbers of ranks: the hierarchical algorithms, never the arena.
+    if size >= 4 and size % 2 == 0:
+        shape = {"hosts": 2, "most_per_host": size // 2, "hierarchical": True, "ring_fused": False}
+        assert _choose("allreduce", size, 1 << 26, arena=False, **shape) == "hier"
+        assert _choose("reduce_scatter", size, 1 << 26, arena=False, **shape) == "hier"
+        assert _choose("all_gather", size, 1 << 26, arena=False, **shape) == "hier"
+
+
+@needs_C
+def test_a_large_cuda_allreduce_keeps_the_staged_ring() -> None:
+    assert _C.choose_algorithm("allreduce", 4, 1, 4, False, True, True, 1 << 26, device_contiguous=True) == (
+        "staged_ring"
+    )
+    # A small one is staged whole and runs in the arena's one step.
+    assert _C.choose_algorithm("allreduce", 4, 1, 4, False, True, True, 64, device_contiguous=True) == ("arena_oneshot")
+
+
+@needs_C
+@pytest.mark.parametrize("elem", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("parts", [1, 2, 3, 7, 16, 64])
+def test_an_arena_piece_fills_the_buffer_in_whole_lines(elem: int, parts: int) -> None:
+    for buffer in (4096, 8192, 1 << 20, 3 * 4096):
+        n = _C.arena_piece_elems(buffer, elem, parts)
+        assert n >= 1 and n * elem * parts <= buffer, (buffer, elem, parts, n)
+        per_line = 64 // elem
+        if n >= per_line:
+            assert n % per_line == 0, (buffer, elem, parts, n)
+        # The largest such count: one more line would not fit.
+        assert (n + per_line) * elem * parts > buffer, (buffer, elem, parts, n)
+
+
+# ============================================= segment names and what a crash leaves
+
+
+@needs_C
+def test_segment_names_carry_their_creators_pid() -> None:
+    name = _C.arena_segment_name(4242, 0xABCDEF)
+    assert name.startswith("/ringpg-arena-4242-")
+    assert _C.segment_creator_pid(name[1:]) == 4242
+    assert _C.segment_creator_pid("ringpg-77-1f") == 77  # the links' regions
+    for other in ("ringpg-arena-x-1f", "ringpg--1f", "ringpg-12-", "ringpg-12-zz", "sem.foo", "torch_1234", ""):
+        assert _C.segment_creator_pid(other) == 0, other
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+@needs_C
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_a_segment_left_by_a_dead_creator_is_reclaimed() -> None:
+    dead = _dead_pid()
+    old = time.time() - 3600
+    paths = {
+        "dead, old": f"/dev/shm/ringpg-arena-{dead}-badc0de",
+        "dead, young": f"/dev/shm/ringpg-arena-{dead}-c0ffee",
+        "alive, old": f"/dev/shm/ringpg-arena-{os.getpid()}-feed",
+    }
+    try:
+        for what, path in paths.items():
+            with open(path, "wb") as f:
+                f.write(b"\0" * 64)
+            if "old" in what:
+                os.utime(path, (old, old))
+        assert _C.reclaim_stale_segments("/dev/shm", 60) >= 1
+        assert not os.path.exists(paths["dead, old"])
+        assert os.path.exists(paths["dead, young"])  # a group may be mapping it right now
+        assert os.path.exists(paths["alive, old"])
+    finally:
+        for path in paths.values():
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+# ============================================= every host collective, 1 to 9 ranks
+
+# A small buffer: the sizes below span many pieces, and every buffer is reused.
+SMALL_ARENA = (("RINGPG_ALGO", "arena"), ("RINGPG_ARENA_BYTES", "8192"))
+BITWISE = ("BAND", "BOR", "BXOR")
+
+
+def _numels(ws: int, dtype: torch.dtype) -> list[int]:
+    # 0, 1, fewer than ranks, odd, and past several pieces of 8 KiB (2048 float32s).
+    ns = {0, 1, max(ws - 1, 1), ws + 1, 1001}
+    if dtype in (torch.float32, torch.int32, torch.int8, torch.float64):
+        ns.add(5003)
+    return sorted(ns)
+
+
+def _ops_for(dtype: torch.dtype) -> tuple[str, ...]:
+    ops = OPS
+    if not dtype.is_floating_point:
+        ops += BITWISE
+    return ops
+
+
+def _reduce_ref(x: torch.Tensor, op: str, ref: Any) -> torch.Tensor:
+    if op in BITWISE:
+        out = x.clone()
+        dist.all_reduce(out, op=reduce_op(op), group=ref)  # gloo has them
+        return out
+    return ref_all_reduce(x, op, ref)
+
+
+def arena_battery(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    import ringpg
+
+    chk = Checker(rank)
+    test, ref = groups.test, groups.ref
+    b = ringpg.backend(test)
+    chk.true("the group has its arena", (b.arena_bytes > 0) == (ws > 1), f"{b.arena_bytes} {b.arena_why_not!r}")
+    if ws > 1:
+        for op in COLLECTIVES:
+            chk.true(f"{op} runs in the arena", b.algorithm_for(op, 1 << 20) in ARENA, b.algorithm_for(op, 1 << 20))
+    for dtype in DTYPES:
+        for n in _numels(ws, dtype):
+            tag = f"dtype={dtype_name(dtype)} ws={ws} n={n}"
+            for op in _ops_for(dtype):
+                kind = data_kind(op)
+                x = make_data(rank, f"ar {op} {tag}", (n,), dtype, kind)
+                got = x.clone()
+                dist.all_reduce(got, op=reduce_op(op), group=test)
+                chk.equal(f"all_reduce op={op} {tag}", got, _reduce_ref(x, op, ref))
+                full = make_data(rank, f"rs {op} {tag}", (n * ws,), dtype, kind)
+                before = full.clone()
+                out = sentinel_like((n,), dtype)
+                dist.reduce_scatter_tensor(out, full, op=reduce_op(op), group=test)
+                if op in BITWISE:
+                    expected = _reduce_ref(full, op, ref).narrow(0, rank * n, n)
+                else:
+                    expected = ref_reduce_scatter(before, op, ref)
+                chk.equal(f"reduce_scatter_tensor op={op} {tag}", out, expected)
+                chk.equal(f"reduce_scatter_tensor op={op} {tag} [input unchanged]", full, before)
+                root = (n + len(op)) % ws
+                y = make_data(rank, f"reduce {op} {tag}", (n,), dtype, kind)
+                got = y.clone()
+                dist.reduce(got, dst=root, op=reduce_op(op), group=test)
+                expected = _reduce_ref(y, op, ref)
+                if rank == root:
+                    chk.equal(f"reduce op={op} root={root} {tag}", got, expected)
+            x = make_data(rank, f"ag {tag}", (n,), dtype)
+            out = sentinel_like((n * ws,), dtype)
+            dist.all_gather_into_tensor(out, x, group=test)
+            chk.equal(f"all_gather_into_tensor {tag}", out, ref_all_gather(x, ref))
+            # In place: the input is this rank's chunk of the output (FSDP's call).
+            inplace = sentinel_like((n * ws,), dtype)
+            inplace.narrow(0, rank * n, n).copy_(x)
+            dist.all_gather_into_tensor(inplace, inplace.narrow(0, rank * n, n), group=test)
+            chk.equal(f"all_gather_into_tensor in place {tag}", inplace, ref_all_gather(x, ref))
+            for root in range(ws):
+                x = make_data(rank, f"bc {tag} root={root}", (n,), dtype)
+                got = x.clone()
+                dist.broadcast(got, src=root, group=test)
+                chk.equal(f"broadcast root={root} {tag}", got, ref_broadcast(x, root, ref))
+    # Complex tensors reduce as pairs of reals.
+    z = torch.complex(make_data(rank, "z re", (333,), torch.float32), make_data(rank, "z im", (333,), torch.float32))
+    got = z.clone()
+    dist.all_reduce(got, group=test)
+    chk.equal(f"all_reduce complex64 ws={ws}", got, ref_all_reduce(z, "SUM", ref))
+    dist.barrier(group=test)
+    return chk.report()
+
+
+@ringpg_only
+@pytest.mark.parametrize("ws", range(1, 10))
+def test_every_host_collective_against_gloo(ws: int) -> None:
+    with WorkerPool(ws, InitSpec(env=SMALL_ARENA)) as pool:
+        assert_reports_ok(pool.run(arena_battery, timeout=600), min_checks_per_rank=50)
+
+
+def default_arena_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
+    """The default buffer and choice: large buffers in pieces of RINGPG_ARENA_BYTES."""
+    import ringpg
+
+    chk = Checker(rank)
+    b = ringpg.backend(groups.test)
+    chk.true("default arena", b.arena_bytes == 1 << 20, str(b.arena_bytes))
+    for n in (1, 1000, (1 << 20) + 3, 3 << 20):
+        for op in ("SUM", "MAX", "AVG"):
+            x = make_data(rank, f"big {op} {n}", (n,), torch.float32)
+            got = x.clone()
+            dist.all_reduce(got, op=reduce_op(op), group=groups.test)
+            chk.equal(
+                f"all_reduce {op} n={n} ({b.algorithm_for('allreduce', 4 * n)})", got, ref_all_reduce(x, op, groups.ref)
+            )
+        full = make_data(rank, f"big rs {n}", (n * ws,), torch.int32)
+        out = torch.empty(n, dtype=torch.int32)
+        dist.reduce_scatter_tensor(out, full, group=groups.test)
+        chk.equal(f"reduce_scatter n={n}", out, ref_reduce_scatter(full, "SUM", groups.ref))
+        x = make_data(rank, f"big ag {n}", (n,), torch.bfloat16)
+        out = torch.empty(n * ws, dtype=torch.bfloat16)
+        dist.all_gather_into_tensor(out, x, group=groups.test)
+        chk.equal(f"all_gather n={n}", out, ref_all_gather(x, groups.ref))
+        x = make_data(rank, f"big bc {n}", (n,), torch.float64)
+        got = x.clone()
+        dist.broadcast(got, src=ws - 1, group=groups.test)
+        chk.equal(f"broadcast n={n}", got, ref_broadcast(x, ws - 1, groups.ref))
+    return chk.report()
+
+
+@ringpg_only
+@pytest.mark.parametrize("ws", [3, 4])
+def test_large_buffers_in_pieces_of_the_default_arena(ws: int) -> None:
+    with WorkerPool(ws) as pool:
+        assert_reports_ok(pool.run(default_arena_worker, timeout=600), min_checks_per_rank=10)
+
+
+# ============================================= set-up: what /dev/shm holds, and a full one
+
+
+def _segments() -> set[str]:
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("ringpg-arena-")}
+    except FileNotFoundError:
+        return set()
+
+
+def _arena_and_segments(rank: int, ws: int, port: int, args: Any) -> dict:
+    init_ringpg(rank, ws, port)
+    import ringpg
+
+    b = ringpg.backend()
+    x = torch.full((100,), float(rank))
+    dist.all_reduce(x)
+    dist.barrier()
+    left = sorted(n for n in _segments() if f"-{os.getpid()}-" in n)
+    return {"arena_bytes": b.arena_bytes, "sum": x[0].item(), "left": left, "algo": b.algorithm_for("allreduce", 400)}
+
+
+@ringpg_only
+def test_no_segment_is_left_in_dev_shm_once_the_group_is_up() -> None:
+    ws = 3
+    res = run_scenario(_arena_and_segments, ws)
+    for r, v in res.items():
+        assert v["arena_bytes"] == 1 << 20 and v["algo"] == "arena_oneshot", (r, v)
+        assert v["sum"] == sum(range(ws)), (r, v)
+        assert v["left"] == [], (r, v)  # unlinked as soon as every rank had mapped it
+
+
+def _small_dev_shm_on(rank: int, ws: int, port: int, args: Any) -> dict:
+    (who,) = args
+    # Room for the links' regions (64 KiB slots) but not for an arena of 4 MiB buffers.
+    os.environ.update(RINGPG_SEGMENT_BYTES="65536", RINGPG_ARENA_BYTES=str(4 << 20))
+    if rank == who:
+        harness.private_dev_shm("2m")
+    init_ringpg(rank, ws, port, timeout_s=20.0)
+    import ringpg
+
+    b = ringpg.backend()
+    x = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(x)
+    return {
+        "arena_bytes": b.arena_bytes,
+        "why": b.arena_why_not,
+        "sum": x[0].item(),
+        "algo": b.algorithm_for("allreduce", 4000),
+    }
+
+
+@ringpg_only
+@pytest.mark.skipif(not harness.can_make_mount_namespaces(), reason="needs root and mount namespaces")
+@pytest.mark.parametrize("who", [0, 1])
+def test_a_dev_shm_without_room_for_the_arena_leaves_every_rank_on_its_links(who: int) -> None:
+    """Rank 0 creates the arena: with too small a /dev/shm it cannot reserve it (and
+    says so, naming the setting); rank 1 with a /dev/shm of its own cannot map it.
+    Either way every rank runs without one, and the group works."""
+    ws = 3
+    res = run_scenario(_small_dev_shm_on, ws, (who,))
+    for r, v in res.items():
+        assert v["arena_bytes"] == 0, (r, v)
+        assert v["sum"] == sum(range(1, ws + 1)), (r, v)
+        assert v["algo"] not in ARENA, (r, v)
+        if r == who == 0:
+            assert "RINGPG_ARENA_BYTES" in v["why"] and re.search("No space|space", v["why"]), v
+        elif r == who:
+            assert "shm_open" in v["why"], v
+
+
+# ============================================= failures inside a host collective
+
+
+@ringpg_only
+@pytest.mark.parametrize("op", ["broadcast", "reduce", "barrier", "all_reduce"])
+def test_a_rank_dying_in_a_host_collective_fails_every_rank_fast(tmp_path: Any, op: str) -> None:
+    ws = 4
+    stamp = str(tmp_path / "died")
+    res = run_scenario(harness.die_mid_collective, ws, (2, "exit", stamp, op), expect={0, 1, 3})
+    harness.assert_survivors_raised_fast(res, stamp, op, "shm")
+
+
+def _freeze_in_arena(rank: int, ws: int, port: int, args: Any) -> dict:
+    (op,) = args
+    init_ringpg(rank, ws, port, timeout_s=3.0)
+    import ringpg
+
+    x = torch.ones(1 << 14)
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(x),
+        "broadcast": lambda: dist.broadcast(x, src=0),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.empty(x.numel() * ws), x),
+        "barrier": lambda: dist.barrier(),
+    }
+    calls[op]()
+    if rank == ws - 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    kind, msg, took = expect_error(calls[op])
+    return {"type": kind, "msg": msg, "took": took, "algo": ringpg.backend().algorithm_for("allreduce", 1 << 16)}
+
+
+@ringpg_only
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "all_gather_into_tensor", "barrier"])
+def test_a_frozen_rank_in_a_host_collective_times_out_every_rank(op: str) -> None:
+    ws = 4
+    res = run_scenario(_freeze_in_arena, ws, (op,), expect={0, 1, 2})
+    for r, v in res.items():
+        assert v["algo"] == "arena", v
+        assert v["type"] in ("DistBackendError", "DistNetworkError"), (r, v)
+        assert f"ringpg::{op}" in v["msg"], v["msg"]
+        # The waiting ranks name the frozen one; a rank may learn of it from another's abort.
+        assert (
+            re.search(r"Timed out waiting for rank 3 after 3000 ms ", v["msg"])
+            or "aborted" in v["msg"]
+            or ("Timed out" in v["msg"])
+        ), v["msg"]
+        assert 2.0 < v["took"] < 3.0 + KILL_DETECT_S, (r, v)
+
+
+def _mismatched_roots(rank: int, ws: int, port: int, args: Any) -> dict:
+    init_ringpg(rank, ws, port, timeout_s=20.0)
+    x = torch.ones(64)
+    kind, msg, took = expect_error(lambda: dist.broadcast(x, src=0 if rank == 0 else 1))
+    return {"type": kind, "msg": msg, "took": took}
+
+
+@ringpg_only
+def test_ranks_broadcasting_from_different_roots_get_a_clear_error() -> None:
+    res = run_scenario(_mismatched_roots, 3)
+    for r, v in res.items():
+        assert v["type"] in ("DistBackendError", "DistNetworkError"), (r, v)
+        assert "mismatch" in v["msg"] and "root" in v["msg"], v["msg"]
+        assert v["took"] < KILL_DETECT_S, v
