@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The GPU-machine check (issue 31 item 8), from a fresh checkout, in under 8 minutes on
-# one GPU and 16 cores: build (scripts/setup.sh, without the torchft extra), the CUDA
-# tests, ringpg against gloo's CUDA path (allreduce, reduce-scatter, all-gather, 1-256
-# MiB, two ranks sharing the GPU; NCCL joins only where there is a GPU per rank), the
-# CPU bench at 4 and 8 ranks, and where MPI wheels were carried (.whl) the peer table at
-# 2, 4 and 8 ranks; then one summary table.
+# The GPU-machine check (issue 31 item 8, issue 48 item 5), from a fresh checkout, in
+# under 9 minutes on one GPU and 16 cores: build (scripts/setup.sh, without the torchft
+# extra), the CUDA tests, ringpg against gloo's CUDA path (allreduce, reduce-scatter,
+# all-gather, 1-64 MiB, two ranks sharing the GPU; NCCL joins only where there is a GPU
+# per rank); where MPI wheels were carried (.whl) the peer table at 2, 4, 8 and 16 ranks
+# (ringpg, its links alone, torch's floor, MPICH, Open MPI), else the CPU bench at 4 and
+# 8 ranks beside gloo; two emulated hosts of 8 ranks where namespaces are allowed; then
+# one summary table.
 #
 #   bash scripts/device_check.sh [--quick]
 #
@@ -41,7 +43,7 @@ else
   PACK=${OUT:-}
 fi
 mkdir -p "$OUTDIR"
-BUDGET=${DEVICE_CHECK_BUDGET_S:-460}
+BUDGET=${DEVICE_CHECK_BUDGET_S:-540}
 T0=$(date +%s)
 SUMMARY="$OUTDIR/summary.tsv"
 : > "$SUMMARY"
@@ -96,20 +98,27 @@ else
   GPU=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" 2>/dev/null)
   if [ -z "$GPU" ]; then
     echo "== no GPU: torch.cuda.is_available() is False; the CUDA stages are skipped"
+    skip pinned_copy "no GPU"
     skip cuda_tests "no GPU"
     skip cuda_bench "no GPU"
   else
     echo "== GPU: $GPU ($("$PY" -c "import torch; print(torch.cuda.device_count())") device(s), torch $("$PY" -c "import torch; print(torch.__version__, 'CUDA', torch.version.cuda)"))"
+    # The staging path's ceiling: device <-> pinned host copies (issue 50).
+    stage pinned_copy 30 "$PY" -m benchmarks.pinned_copy --json "$OUTDIR/pinned_copy.json"
     # 3. The CUDA tests (several ranks sharing the GPU).
     stage cuda_tests 150 "$PY" -m pytest -q --timeout=140 -p no:cacheprovider tests/test_cuda.py
     # 4. ringpg vs gloo's CUDA path, 1-256 MiB, two ranks on the GPU.
-    stage cuda_bench 170 "$PY" -m benchmarks.bench --device cuda --world-sizes 2 --ops ar,rs,ag \
-      --min-bytes 1MiB --max-bytes 256MiB --dtypes float32 --no-probe --warmup 1 --iters-max 10 \
-      --case-time 0.5 --timeout 160 --quiet --json "$OUTDIR/cuda_bench.json" --csv "$OUTDIR/cuda_bench.csv" \
+    stage cuda_bench 100 "$PY" -m benchmarks.bench --device cuda --world-sizes 2 --ops ar,rs,ag \
+      --min-bytes 1MiB --max-bytes 64MiB --dtypes float32 --no-probe --warmup 1 --iters-max 10 \
+      --case-time 0.3 --timeout 95 --quiet --json "$OUTDIR/cuda_bench.json" --csv "$OUTDIR/cuda_bench.csv" \
       --plot "$OUTDIR/cuda_bench.png"
   fi
-  # 5. The CPU bench at 4 and 8 ranks.
-  if [ $QUICK = 1 ]; then
+  # 5. The CPU bench at 4 and 8 ranks beside gloo (where no MPI wheels came: the peer
+  # table below, at 2-16 ranks, takes its place and its time).
+  WHEELS=${DEVICE_CHECK_WHEELS:-.whl}
+  if [ $QUICK = 0 ] && ls "$WHEELS"/mpi4py-*.whl > /dev/null 2>&1; then
+    skip cpu_bench "the peer table runs instead"
+  elif [ $QUICK = 1 ]; then
     stage cpu_bench 120 "$PY" -m benchmarks.bench --world-sizes 4 --ops ar,rs,ag --min-bytes 4KiB \
       --max-bytes 1MiB --dtypes float32 --no-probe --warmup 1 --iters-max 3 --case-time 0.05 --timeout 110 \
       --quiet --json "$OUTDIR/cpu_bench.json" --csv "$OUTDIR/cpu_bench.csv" --plot "$OUTDIR/cpu_bench.png"
@@ -118,9 +127,10 @@ else
       --max-bytes 64MiB --dtypes float32 --no-probe --warmup 1 --iters-max 20 --case-time 0.3 --timeout 95 \
       --quiet --json "$OUTDIR/cpu_bench.json" --csv "$OUTDIR/cpu_bench.csv" --plot "$OUTDIR/cpu_bench.png"
   fi
-  # 6. Beside MPICH and Open MPI at 2, 4 and 8 ranks (issue 30 item 4), where their wheels
-  # were carried: DEVICE_CHECK_WHEELS, default .whl (benchmarks/README.md, --peers).
-  WHEELS=${DEVICE_CHECK_WHEELS:-.whl}
+  # 6. Beside MPICH and Open MPI at 2, 4, 8 and 16 ranks, where their wheels were
+  # carried: DEVICE_CHECK_WHEELS, default .whl (benchmarks/README.md, --peers); ringpg's
+  # own choice beside its links' algorithms alone (ringpg/ring: no host arena) and
+  # torch's floor.
   if ls "$WHEELS"/mpi4py-*.whl > /dev/null 2>&1; then
     PEERS_DIR=$(mktemp -d -t ringpg-peers.XXXXXX)
     if stage peers_install 90 env RINGPG_PEERS_WHEELS="$WHEELS" PYTHON="$PY" bash scripts/install_peers.sh \
@@ -128,15 +138,24 @@ else
       if [ $QUICK = 1 ]; then
         PEER_CASES=(--world-sizes 4 --min-bytes 4KiB --max-bytes 256KiB --iters-max 3 --case-time 0.05)
       else
-        PEER_CASES=(--world-sizes 2,4,8 --min-bytes 4KiB --max-bytes 64MiB --iters-max 30 --case-time 0.25)
+        PEER_CASES=(--world-sizes "${DEVICE_CHECK_PEER_SIZES:-2,4,8,16}" --min-bytes 4KiB --max-bytes 64MiB
+          --iters-max 30 --case-time 0.2)
       fi
-      stage peer_bench 200 "$PY" -m benchmarks.bench --backends ringpg,floor --peers mpich,ompi \
+      stage peer_bench 300 "$PY" -m benchmarks.bench --backends ringpg,ringpg/ring,floor --peers mpich,ompi \
         --peers-dir "$PEERS_DIR" --ops ar,rs,ag --dtypes float32 --no-probe --warmup 2 "${PEER_CASES[@]}" \
-        --timeout 140 --quiet --json "$OUTDIR/peer_bench.json" --csv "$OUTDIR/peer_bench.csv" \
+        --timeout 290 --quiet --json "$OUTDIR/peer_bench.json" --csv "$OUTDIR/peer_bench.csv" \
         --plot "$OUTDIR/peer_bench.png"
     fi
   else
     skip peer_bench "no MPI wheels in $WHEELS"
+  fi
+  # 7. Two emulated hosts of eight ranks (network namespaces, a 10 Gbit link each), the
+  # hierarchical allreduce beside the flat ring, where the machine allows namespaces.
+  if [ $QUICK = 0 ]; then
+    stage emulated_2x8 60 "$PY" -m benchmarks.bench --emulate 10gbit --hosts 2 --world-sizes 16 \
+      --backends ringpg --algos hier,ring --ops ar --dtypes float32 --min-bytes 1MiB --max-bytes 16MiB \
+      --no-probe --warmup 1 --iters-max 5 --case-time 0.2 --timeout 55 --quiet \
+      --json "$OUTDIR/emulated_2x8.json" --csv "$OUTDIR/emulated_2x8.csv"
   fi
 fi
 
@@ -157,7 +176,13 @@ def mib(b):
     return f"{b / 2**20:g} MiB" if b >= 2**20 else f"{b / 1024:g} KiB"
 
 
-for bench in ("cuda_bench", "cpu_bench", "peer_bench"):
+pc = os.path.join(out, "pinned_copy.log")
+if os.path.exists(pc):
+    print("\n  pinned_copy (device <-> host copies, GB/s):")
+    for line in open(pc):
+        print("  " + line.rstrip())
+
+for bench in ("cuda_bench", "cpu_bench", "peer_bench", "emulated_2x8"):
     path = os.path.join(out, bench + ".json")
     if not os.path.exists(path):
         continue
@@ -168,7 +193,8 @@ for bench in ("cuda_bench", "cpu_bench", "peer_bench"):
     base = "gloo" if not peers else "best MPI"
     print(f"\n  {bench}: busbw GB/s (ratio = {base} time / ringpg time; wrong = elements that differ)")
     head = f"  {'ws':>3} {'op':<24} {'size':>9} {'ringpg':>8} {'gloo':>8} {'ratio':>7}"
-    print(head + "".join(f" {o:>8}" for o in others) + "  wrong")
+    floor = "floor" in others and peers
+    print(head + "".join(f" {o:>8}" for o in others) + (" -floor" if floor else "") + "  wrong")
     cases = {}
     for r in rows:
         cases.setdefault((r["world_size"], r["op"], r["size_bytes"]), {})[r["backend"]] = r
@@ -185,8 +211,16 @@ for bench in ("cuda_bench", "cpu_bench", "peer_bench"):
         ratio = (f"{gl['time_us'] / rg['time_us']:.2f}x" if rg and gl and not rg.get("error") and not gl.get("error")
                  and rg["time_us"] else "-")
         wrong = sum(r.get("wrong") or 0 for r in by.values())
+        # Up to 512 KiB: the best MPI's time / (ringpg's - the floor's), issue 48's rule.
+        less = ""
+        fl = by.get("floor")
+        if floor and size <= 512 * 1024 and rg and gl and fl and not rg.get("error") and not fl.get("error"):
+            own = rg["time_us"] - fl["time_us"]
+            less = f" {gl['time_us'] / own:6.2f}x" if own > 0 else "    inf"
+        elif floor:
+            less = "       "
         print(f"  {ws:>3} {op:<24} {mib(size):>9} {bw('ringpg'):>8} {bw('gloo'):>8} {ratio:>7}"
-              + "".join(f" {bw(o):>8}" for o in others) + f"  {wrong}")
+              + "".join(f" {bw(o):>8}" for o in others) + less + f"  {wrong}")
     if d.get("problems"):
         print(f"  problems: {d['problems']}")
 EOF

@@ -136,10 +136,14 @@ def test_without_an_arena_the_links_algorithms_run_as_before(size: int) -> None:
 
 
 @needs_C
-def test_a_large_cuda_allreduce_keeps_the_staged_ring() -> None:
+def test_large_cuda_tensors_take_the_staged_ring() -> None:
     assert _C.choose_algorithm("allreduce", 4, 1, 4, False, True, True, 1 << 26, device_contiguous=True) == (
         "staged_ring"
     )
+    # So do large reduce-scatters and all-gathers of CUDA tensors on the ring (two ranks).
+    for op in ("reduce_scatter", "all_gather"):
+        assert _C.choose_algorithm(op, 2, 1, 2, False, True, True, 1 << 26, device_contiguous=True) == "staged_ring"
+        assert _C.choose_algorithm(op, 2, 1, 2, False, True, True, 1 << 26) == "ring"
     # A small one is staged whole and runs in the arena's one step.
     assert _C.choose_algorithm("allreduce", 4, 1, 4, False, True, True, 64, device_contiguous=True) == ("arena_oneshot")
 

@@ -2,7 +2,7 @@
 
 Skipped where torch sees no GPU (CI, and machines without one).  Covers the serial
 staging path (small tensors, every collective), the pipelined staging of large
-allreduces (algorithms/staged_ring.h), point-to-point through host copies, and the stream
+allreduces, reduce-scatters and all-gathers (algorithms/staged_ring.h), point-to-point through host copies, and the stream
 contract: an op is ordered after the work queued on the caller's current stream
 (side streams included, the FSDP2 pattern), and Work.wait() orders the current
 stream after the op.
@@ -40,6 +40,11 @@ def _cuda_cases(rank: int, ws: int, groups: harness.Groups, args: Any) -> harnes
             out_t = torch.empty(numel * ws, dtype=dtype, device=dev)
             dist.all_gather_into_tensor(out_t, x, group=groups.test)
             chk.equal(f"all_gather {case}", out_t.cpu(), harness.ref_all_gather(x.cpu(), groups.ref))
+            # In place, as FSDP calls it: the input is this rank's chunk of the output.
+            inplace = torch.zeros(numel * ws, dtype=dtype, device=dev)
+            inplace.narrow(0, rank * numel, numel).copy_(x)
+            dist.all_gather_into_tensor(inplace, inplace.narrow(0, rank * numel, numel), group=groups.test)
+            chk.equal(f"all_gather in place {case}", inplace.cpu(), harness.ref_all_gather(x.cpu(), groups.ref))
             full = harness.make_data(rank, "rs" + case, [numel * ws], dtype).to(dev)
             rs = torch.empty(numel, dtype=dtype, device=dev)
             dist.reduce_scatter_tensor(rs, full, group=groups.test)
@@ -82,6 +87,19 @@ def _stream_contract(rank: int, ws: int, groups: harness.Groups, args: Any) -> h
             y = x * 2
         side.synchronize()
         chk.equal(f"side-stream async all_reduce, trial {trial}", y.cpu(), torch.full((n,), expected))
+        # Reduce-scatter and all-gather of large tensors: the staged ring too, at two ranks.
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(50_000_000)
+            full = torch.full((n * ws,), float(rank + 1), device=dev)
+            out = torch.empty(n, device=dev)
+            dist.reduce_scatter_tensor(out, full, group=groups.test, async_op=True).wait()
+            rs2 = out * 2
+            gathered = torch.empty(n * ws, device=dev)
+            dist.all_gather_into_tensor(gathered, rs2, group=groups.test, async_op=True).wait()
+            ag = gathered + 0
+        side.synchronize()
+        chk.equal(f"side-stream reduce_scatter, trial {trial}", rs2.cpu(), torch.full((n,), expected))
+        chk.equal(f"side-stream all_gather, trial {trial}", ag.cpu(), torch.full((n * ws,), expected))
         fut = dist.all_reduce(torch.ones(8, device=dev), group=groups.test, async_op=True).get_future()
         chk.equal("future value", fut.wait()[0].cpu(), torch.full((8,), float(ws)))
     return chk.report()

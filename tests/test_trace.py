@@ -73,7 +73,8 @@ def traced_worker(rank: int, ws: int, groups: Groups, args: Any) -> Dict[str, An
 def traced(request: Any, tmp_path_factory: Any) -> Dict[str, Any]:
     transport = request.param
     trace_dir = str(tmp_path_factory.mktemp(f"trace-{transport}"))
-    env = [("RINGPG_TRACE", trace_dir), ("RINGPG_ONESHOT_BYTES", "0")]
+    # The ring is this file's subject: on shared memory, without the host arena.
+    env = [("RINGPG_TRACE", trace_dir), ("RINGPG_ONESHOT_BYTES", "0"), ("RINGPG_ALGO", "ring")]
     if transport == "tcp":
         env.append(("RINGPG_TRANSPORT", "tcp"))
     with WorkerPool(WS, InitSpec(env=tuple(env))) as pool:

@@ -111,7 +111,11 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
       if (arenaOneShot || arenaForLarge(g, cfg)) {
         return Algorithm::Arena;
       }
-      return g.hierarchical ? Algorithm::Hier : Algorithm::Ring;
+      if (g.hierarchical) {
+        return Algorithm::Hier;
+      }
+      // Contiguous device tensors: chunked copies overlap the ring (staged_ring.h).
+      return deviceContiguous ? Algorithm::StagedRing : Algorithm::Ring;
     case Collective::Broadcast:
       return arenaOneShot || arenaForLarge(g, cfg) ? Algorithm::Arena : Algorithm::Ring;
     case Collective::Barrier:

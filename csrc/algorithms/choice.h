@@ -19,7 +19,7 @@ enum class Algorithm : uint8_t {
   OneShot,      // over the links: every rank sends its whole buffer to every peer
   Doubling,     // over the links: recursive doubling (many ranks, small buffers)
   Ring,         // over the links: the flat ring (broadcast: the chain along it)
-  StagedRing,   // the ring over pinned host memory, for a large CUDA allreduce
+  StagedRing,   // the ring over pinned host memory in chunks, for large CUDA tensors
   Hier,         // host rings, then rings across hosts (algorithms/hierarchical.h)
   ArenaOneShot, // the host arena: every member reduces every member's buffer
   Arena,        // the host arena's algorithm for the op (algorithms/arena_collectives.h)
@@ -44,8 +44,8 @@ constexpr size_t kArenaOneShotVolume = 64 * 1024;
 
 // The algorithm for `op` on `bytes` (allreduce, reduce, broadcast: the buffer;
 // reduce_scatter: its input, all_gather: its output; barrier: 0) in a group of
-// `shape` under `cfg`.  `deviceContiguous`: the allreduce's tensor is a contiguous
-// CUDA tensor (the staged ring's case).
+// `shape` under `cfg`.  `deviceContiguous`: the op's tensors are contiguous CUDA
+// tensors (the staged ring's case: allreduce, reduce-scatter, all-gather).
 Algorithm chooseAlgorithm(Collective op, const GroupShape& shape, const Config& cfg, size_t bytes,
                           bool deviceContiguous = false);
 

@@ -111,8 +111,27 @@ void hostAllreduce(OpContext& c, const at::Tensor& host, const Reduction& red) {
 }
 
 // The choice for an op other than allreduce (choice.h).
-Algorithm chooseFor(const OpContext& c, Collective op, size_t bytes) {
-  return chooseAlgorithm(op, shapeOf(c.links(), c.config()), c.config(), bytes);
+Algorithm chooseFor(const OpContext& c, Collective op, size_t bytes, bool deviceContiguous = false) {
+  return chooseAlgorithm(op, shapeOf(c.links(), c.config()), c.config(), bytes, deviceContiguous);
+}
+
+// Whether a reduce-scatter or all-gather of CUDA tensors `input` into `output` runs on
+// the staged ring (staged_ring.h): both contiguous, apart, and the ring chosen.
+bool stagedOnDevice(const OpContext& c, Collective op, const at::Tensor& input, const at::Tensor& output) {
+  if (input.device().is_cpu() || output.device().is_cpu() || !input.is_contiguous() || !output.is_contiguous()) {
+    return false;
+  }
+  const size_t bytes = op == Collective::AllGather ? nbytes(output) : nbytes(input);
+  if (chooseFor(c, op, bytes, /*deviceContiguous=*/true) != Algorithm::StagedRing) {
+    return false;
+  }
+  // An all-gather's input may be its own chunk of the output (FSDP); any other overlap
+  // takes the serial path.
+  const auto in = reinterpret_cast<uintptr_t>(input.data_ptr());
+  const auto out = reinterpret_cast<uintptr_t>(output.data_ptr());
+  const auto ownChunk = out + nbytes(input) * static_cast<size_t>(c.rank());
+  const bool overlaps = in < out + nbytes(output) && out < in + nbytes(input);
+  return !overlaps || (op == Collective::AllGather && in == ownChunk);
 }
 
 bool onArena(Algorithm a) {
@@ -326,6 +345,10 @@ void scatter(OpContext& c, const std::vector<at::Tensor>& inputs, const at::Tens
 // ---- All-gather ------------------------------------------------------------------
 
 void allGatherInto(OpContext& c, const at::Tensor& input, const at::Tensor& output) {
+  if (stagedOnDevice(c, Collective::AllGather, input, output)) {
+    stagedRingAllGather(c, input.reshape({-1}), output.reshape({-1}));
+    return;
+  }
   at::Tensor hin = toHost(input);
   at::Tensor hout = hostBufferFor(output);
   hostAllGather(c, hin.reshape({-1}), hout.reshape({-1}));
@@ -366,6 +389,19 @@ void allGatherIntoCoalesced(OpContext& c, const std::vector<at::Tensor>& inputs,
 // ---- Reduce-scatter --------------------------------------------------------------
 
 void reduceScatterInto(OpContext& c, const at::Tensor& input, const at::Tensor& output, const Reduction& red) {
+  if (stagedOnDevice(c, Collective::ReduceScatter, input, output)) {
+    // PREMUL_SUM's product on the device, into a tensor of its own: the input stays as it was.
+    const at::Tensor in = asReal(premultiplied(red, input, /*inPlace=*/false));
+    const at::Tensor out = asReal(output);
+    char* work = c.workspace(nbytes(in));
+    at::Tensor fresh; // where the input outgrows the kept area
+    if (work == nullptr) {
+      fresh = at::empty({in.numel()}, in.options().device(at::kCPU));
+      work = bytes(fresh);
+    }
+    stagedRingReduceScatter(c, in, out, red.op, finalizer(red, in.scalar_type(), c.size()), work);
+    return;
+  }
   at::Tensor hin = asReal(premultiplied(red, toHost(input), /*inPlace=*/false));
   at::Tensor hout = hostBufferFor(output);
   hostReduceScatter(c, hin, asReal(hout), red);

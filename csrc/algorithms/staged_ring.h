@@ -1,4 +1,5 @@
-// Pipelined host staging of CUDA tensors for the ring allreduce.
+// Pipelined host staging of CUDA tensors for the ring's allreduce, reduce-scatter and
+// all-gather.
 //
 // ProcessGroupGloo stages serially: copy the whole tensor to the host, run the ring,
 // copy it back.  Here the device-to-host copy is cut into the ring's chunks, issued
@@ -24,5 +25,17 @@ namespace ringpg {
 // stream of the calling thread is ordered after all of them.
 void stagedRingAllreduce(OpContext& c, const at::Tensor& dev, RedOp op,
                          const std::function<void(char*, int64_t)>& finalize);
+
+// Reduce-scatter of contiguous device tensor `input` (p chunks of output's size) into
+// contiguous device tensor `output`: the input's chunks go to pinned memory in the
+// order the ring reads them, and the own chunk's segments come back as each is final.
+// `work`: host memory of the input's size for the partial sums (the worker's kept area).
+void stagedRingReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& output, RedOp op,
+                             const std::function<void(char*, int64_t)>& finalize, char* work);
+
+// All-gather of contiguous device tensor `input` into contiguous device tensor `output`
+// (p chunks): each gathered segment goes back to the device as it lands, while the
+// ring carries the rest.
+void stagedRingAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output);
 
 } // namespace ringpg

@@ -19,6 +19,7 @@
 #include <climits>
 #include <cstring>
 #include <ctime>
+#include <sched.h>
 #include <sstream>
 #include <thread>
 
@@ -55,6 +56,9 @@ struct MemberLines {
   alignas(kLine) std::atomic<uint64_t> step;
   alignas(kLine) ArenaStamp stamps[2];
   alignas(kLine) uint64_t proof;
+  // The CPU the member last waited on (sched_getcpu; -1: not known), which a spinning
+  // waiter compares with its own (HostArena::awaitAll).
+  std::atomic<int32_t> cpu;
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
@@ -215,6 +219,9 @@ struct HostArena::Segment {
     s->base = static_cast<char*>(p);
     // A new segment reads as zeros: every step 0, the bell quiet, no proof.
     s->header() = ArenaHeader{kArenaMagic, mix(nonce), static_cast<uint64_t>(members), bufferBytes};
+    for (const auto m : c10::irange(members)) {
+      s->member(m).cpu.store(-1, std::memory_order_relaxed);
+    }
     return s;
   }
 
@@ -389,6 +396,13 @@ bool HostArena::allArrived(uint64_t step, int* from) const {
   return *from == members_;
 }
 
+void HostArena::publishCpu(int cpu) {
+  std::atomic<int32_t>& mine = seg_->member(me_).cpu;
+  if (mine.load(std::memory_order_relaxed) != cpu) { // a store only on a move: the line stays shared
+    mine.store(cpu, std::memory_order_relaxed);
+  }
+}
+
 ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard) {
   using namespace std::chrono;
   int from = 0;
@@ -397,6 +411,7 @@ ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard) {
   }
   const auto spinEnd = Clock::now() + microseconds(spinMicros_);
   ArenaBell& bell = seg_->bell();
+  bool mayMove = true; // moveOffCpu has not refused during this wait
   while (true) {
     if (allArrived(step_, &from)) {
       return ArenaWait::Done;
@@ -414,9 +429,16 @@ ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard) {
       return ArenaWait::TimedOut;
     }
     if (now < spinEnd) {
-      // As the links' waits (ShmRing::waitUntil): pause where every rank has a core,
-      // yield where the host's ranks outnumber its CPUs.
-      if (spinYields_) {
+      // As the links' waits (ShmRing::waitUntil, which says why at length): pause
+      // where every rank has a core, yield where the host's ranks outnumber its CPUs;
+      // and where the member we wait for last waited on this very CPU (a wakeup queued
+      // it behind us), move to another CPU of our mask, once per wait, else yield.
+      const int cpu = ::sched_getcpu();
+      publishCpu(cpu);
+      const bool sharing = cpu >= 0 && seg_->member(from).cpu.load(std::memory_order_relaxed) == cpu;
+      if (!spinYields_ && sharing && mayMove && (mayMove = moveOffCpu(cpu))) {
+        publishCpu(::sched_getcpu());
+      } else if (spinYields_ || sharing) {
         std::this_thread::yield();
       } else {
         cpuRelax();
@@ -432,6 +454,7 @@ ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard) {
       futexWait(&bell.seq, key, std::min<nanoseconds>(deadline - now, milliseconds(10)));
     }
     bell.sleepers.fetch_sub(1, std::memory_order_relaxed);
+    publishCpu(::sched_getcpu()); // woken, perhaps elsewhere
   }
 }
 

@@ -138,6 +138,8 @@ class HostArena {
  private:
   HostArena(Engine& engine, int members, int me, std::vector<int> ranks, int spinMicros, bool spinYields);
   bool allArrived(uint64_t step, int* from) const;
+  // Publishes `cpu`, the one this thread runs on, for the others' spins.
+  void publishCpu(int cpu);
   void ringBell();
 
   Engine& engine_; // the group's failure state
