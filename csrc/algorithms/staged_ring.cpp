@@ -135,8 +135,8 @@ void stagedRingReduceScatter(OpContext& c, const at::Tensor& input, const at::Te
     const int64_t at = R.offset - own.offset;
     staging.back(output.narrow(0, at, R.length), hostOut.narrow(0, at, R.length));
   };
-  ringCollective(c, job,
-                 RingBuffers{static_cast<const char*>(hostIn.data_ptr()), work, static_cast<char*>(hostOut.data_ptr())});
+  ringCollective(
+      c, job, RingBuffers{static_cast<const char*>(hostIn.data_ptr()), work, static_cast<char*>(hostOut.data_ptr())});
   staging.finish();
 }
 

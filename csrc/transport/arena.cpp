@@ -14,12 +14,12 @@
 #include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 
+#include <sched.h>
 #include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <ctime>
-#include <sched.h>
 #include <sstream>
 #include <thread>
 
