@@ -73,15 +73,14 @@ void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, 
     // take this path).  The peer's buffer is reduced straight out of its slots (into ours,
     // below), rank 0's operand first on both ranks (the same bits everywhere), and
     // ours goes to it through the slots (Link::postSendCopied).  No staging copy, no
-    // system call: at 64 KiB, 31 us where the staged exchange by single copy took 41
-    // (RESULTS.md, 2026-11-26 (8)).
+    // system call: at 64 KiB, 31 us where the staged exchange by single copy took 41.
     const int peer = 1 - r;
     RequestPtr send = c.sendCopied(peer, data, nbytes);
     // A copied send finishes once its last fragment is in a slot, which is at once where
     // the slots have room (the peer took the last op's): `data` is read no more, and the
     // peer's buffer is reduced straight into it.  Else into the scratch area, and
     // copied back once the send is done: one more pass over the buffer, which cost a
-    // 32-256 KiB allreduce a quarter of its time (benchmarks/RESULTS.md, 2026-11-27 (5)).
+    // 32-256 KiB allreduce a quarter of its time.
     const bool sent = send->state.load(std::memory_order_acquire) == Request::State::Done;
     char* acc = sent ? data : c.scratch(nbytes);
     std::vector<RequestPtr> reqs{

@@ -12,8 +12,7 @@ namespace ringpg {
 // caching host allocator: the copies run at DMA speed, and the blocks are reused from op
 // to op.  Pageable copies were the slow part: glibc maps any block over 32 MiB afresh
 // (its largest mmap threshold), so every op faulted its staging pages in again, and
-// reduce-scatter of 64 MiB on an H100 ran at 0.45x gloo's pinned path
-// (benchmarks/RESULTS.md, 2026-11-26 (7)).
+// reduce-scatter of 64 MiB on an H100 ran at 0.45x gloo's pinned path.
 inline at::TensorOptions hostOptionsFor(const at::Tensor& t) {
   return t.options().device(at::kCPU).memory_format(at::MemoryFormat::Contiguous).pinned_memory(t.is_cuda());
 }

@@ -7,7 +7,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <unistd.h>
 
 #include <c10/util/Exception.h>
@@ -15,19 +14,8 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <thread>
-
-#include "common/errors.h"
 
 namespace ringpg {
-
-int msUntil(Deadline d) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(d - Clock::now()).count();
-  if (left <= 0) {
-    return 0;
-  }
-  return left > INT32_MAX ? INT32_MAX : static_cast<int>(left);
-}
 
 Fd& Fd::operator=(Fd&& o) noexcept {
   if (this != &o) {
@@ -186,80 +174,6 @@ Fd listenOn(SockAddr& addr, int backlog) {
               "ringpg: getsockname failed: ", std::strerror(errno));
   addr.len = len;
   return fd;
-}
-
-Fd connectTo(const SockAddr& addr, Deadline deadline) {
-  auto backoff = std::chrono::milliseconds(1);
-  while (true) {
-    Fd fd(::socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    TORCH_CHECK(fd.valid(), "ringpg: socket() failed: ", std::strerror(errno));
-    setNonBlocking(fd.get(), true);
-    int rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr.storage), addr.len);
-    int err = rc == 0 ? 0 : errno;
-    if (err == EINPROGRESS) {
-      pollfd p{fd.get(), POLLOUT, 0};
-      int n = ::poll(&p, 1, msUntil(deadline));
-      if (n == 1) {
-        socklen_t el = sizeof(err);
-        ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &el);
-      } else {
-        err = ETIMEDOUT;
-      }
-    }
-    if (err == 0) {
-      setNonBlocking(fd.get(), false);
-      return fd;
-    }
-    if (Clock::now() >= deadline) {
-      throwNetwork(c10::str("ringpg: could not connect to ", addr.str(), " before the deadline: ", std::strerror(err)));
-    }
-    // The peer may not be listening yet: retry with a bounded exponential backoff.
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(100));
-  }
-}
-
-bool sendAll(int fd, const void* buf, size_t n, Deadline deadline) {
-  auto p = static_cast<const char*>(buf);
-  while (n > 0) {
-    pollfd pf{fd, POLLOUT, 0};
-    if (::poll(&pf, 1, msUntil(deadline)) <= 0) {
-      return false;
-    }
-    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0) {
-      if (errno == EAGAIN || errno == EINTR) {
-        continue;
-      }
-      return false;
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-bool recvAll(int fd, void* buf, size_t n, Deadline deadline) {
-  auto p = static_cast<char*>(buf);
-  while (n > 0) {
-    pollfd pf{fd, POLLIN, 0};
-    if (::poll(&pf, 1, msUntil(deadline)) <= 0) {
-      return false;
-    }
-    ssize_t r = ::recv(fd, p, n, MSG_DONTWAIT);
-    if (r == 0) {
-      return false;
-    }
-    if (r < 0) {
-      if (errno == EAGAIN || errno == EINTR) {
-        continue;
-      }
-      return false;
-    }
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
 }
 
 namespace {

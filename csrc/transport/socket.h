@@ -1,20 +1,16 @@
-// Thin RAII and blocking-with-deadline helpers over POSIX TCP sockets, used by the
-// rendezvous (handshakes) and by the engine (which then switches fds to non-blocking).
+// Thin helpers over POSIX TCP sockets: an owning fd, addresses, the listener the
+// rendezvous opens, and the options the engine sets on the sockets it dials and accepts.
 #pragma once
 
 #include <sys/socket.h>
 
 #include <chrono>
-#include <cstddef>
 #include <string>
 
 namespace ringpg {
 
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
-
-// Milliseconds left until `d` (0 when passed), for poll().
-int msUntil(Deadline d);
 
 // Owns one file descriptor.
 class Fd {
@@ -50,13 +46,6 @@ SockAddr chooseBindAddress(const std::string& ifname);
 
 // Listening socket on `addr` with an ephemeral port; `addr` gets the real port.
 Fd listenOn(SockAddr& addr, int backlog);
-
-// Connects to `addr`, retrying refused/unreachable connects until `deadline`.
-Fd connectTo(const SockAddr& addr, Deadline deadline);
-
-// Blocking exact-size transfers for handshakes; false on EOF, error or deadline.
-bool sendAll(int fd, const void* buf, size_t n, Deadline deadline);
-bool recvAll(int fd, void* buf, size_t n, Deadline deadline);
 
 // Data-socket options: TCP_NODELAY, optional buffer sizes, and the congestion control
 // `congestion` unless it is empty (throws as checkCongestionControl does).

@@ -35,7 +35,6 @@ struct Topology {
   static Topology singleHost(int size);
 
   int size() const { return static_cast<int>(ring.size()); }
-  bool sameHost(int a, int b) const { return hostOf[a] == hostOf[b]; }
   // Ring neighbours of `rank`.
   int left(int rank) const { return ring[(position[rank] + size() - 1) % size()]; }
   int right(int rank) const { return ring[(position[rank] + 1) % size()]; }
