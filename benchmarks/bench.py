@@ -601,11 +601,19 @@ def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
         w.writerows(rows)
 
 
+def is_floor_column(label: str) -> bool:
+    """Whether a results column is torch's floor: ``floor``, ``floor#2`` beside another
+    floor (:func:`benchmarks.backends.unique_labels`), ``floor:bfloat16`` with paired dtypes."""
+    return label.split(":")[0].split("#")[0] == FLOOR
+
+
 def write_plot(
     rows: List[Dict[str, Any]], path: Path, probe: Optional[Dict[str, float]], link_GBps: Optional[float], title: str
 ) -> Optional[str]:
     """busbw vs size (log x), one subplot per op (a row per dtype), one line per backend
-    and world size.  Returns an explanation instead when matplotlib is missing."""
+    and world size; torch's floor is left out (it moves no data: its busbw measures
+    nothing, and on the same axis it would flatten every other line).  Returns an
+    explanation instead when matplotlib is missing or nothing is left to draw."""
     try:
         import matplotlib
 
@@ -614,6 +622,7 @@ def write_plot(
         from matplotlib.ticker import FuncFormatter
     except ImportError:
         return "plot skipped: matplotlib is not installed (pip install matplotlib, or ringpg[bench])"
+    rows = [r for r in rows if not is_floor_column(r["backend"])]
     ops = [op for op in OPS if any(r["op"] == op for r in rows)]
     dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
     backends = list(dict.fromkeys(r["backend"] for r in rows))

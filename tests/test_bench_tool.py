@@ -405,6 +405,46 @@ def test_the_floor_is_timed_beside_the_backends_never_checked_and_never_the_base
     assert p.returncode == 0 and "baseline=ringpg" in p.stdout, p.stdout + p.stderr
 
 
+def test_the_busbw_plot_leaves_the_floor_out(tmp_path: Path, monkeypatch: Any) -> None:
+    """``--plot`` draws busbw per backend, but not torch's floor: it moves no data, so its
+    busbw is a figure of nothing, and drawn on the same axis it flattens every other line.
+    Its columns are left out under every label it can take (``floor``, ``floor#2`` beside
+    a second floor, ``floor:bfloat16`` with paired dtypes); a run of the floor alone draws
+    nothing."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    sys.path.insert(0, str(REPO))
+    from benchmarks.bench import write_plot
+
+    def rows(backends: Any) -> list:
+        busbw = {"ringpg": 1.5, "gloo": 0.3}  # a floor's is far above both: it sends nothing
+        return [
+            {
+                "world_size": 2,
+                "op": "all_reduce",
+                "dtype": "float32",
+                "size_bytes": size,
+                "backend": be,
+                "busbw_GBps": busbw.get(be, 900.0),
+            }
+            for be in backends
+            for size in (4096, 1 << 20)
+        ]
+
+    drawn: list = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: (drawn.append(fig), close(fig)))
+    labels = ["ringpg", "gloo", "floor", "floor#2", "floor:bfloat16"]
+    assert write_plot(rows(labels), tmp_path / "busbw.png", None, None, "t") is None
+    assert (tmp_path / "busbw.png").stat().st_size > 0
+    lines = [line for ax in drawn[-1].axes for line in ax.get_lines()]
+    assert sorted(line.get_label() for line in lines) == ["gloo n=2", "ringpg n=2"]
+    assert max(y for line in lines for y in line.get_ydata()) == 1.5
+    assert write_plot(rows(["floor"]), tmp_path / "floor.png", None, None, "t") == "plot skipped: no results"
+    assert not (tmp_path / "floor.png").exists()
+
+
 def test_the_table_sets_a_backends_own_time_against_the_best_peer() -> None:
     """With the floor and peers, a backend's last column is the best peer's time over the
     backend's time less the floor's; a backend at or under the floor gets none."""
