@@ -2,8 +2,8 @@
 # The GPU-machine check (issue 31 item 8, issue 48 item 5), from a fresh checkout, in
 # under 9 minutes on one GPU and 16 cores: build (scripts/setup.sh, without the torchft
 # extra), the CUDA tests, ringpg against gloo's CUDA path (allreduce, reduce-scatter,
-# all-gather, 1-64 MiB, two ranks sharing the GPU; NCCL joins only where there is a GPU
-# per rank); where MPI wheels were carried (.whl) the peer table at 2, 4, 8 and 16 ranks
+# all-gather, 4-64 MiB, two and four ranks sharing the GPU; NCCL joins only where there is
+# a GPU per rank) and against the same cases on CPU tensors; where MPI wheels were carried (.whl) the peer table at 2, 4, 8 and 16 ranks
 # (ringpg, its links alone, torch's floor, MPICH, Open MPI), else the CPU bench at 4 and
 # 8 ranks beside gloo; two emulated hosts of 8 ranks where namespaces are allowed; then
 # one summary table.
@@ -101,17 +101,21 @@ else
     skip pinned_copy "no GPU"
     skip cuda_tests "no GPU"
     skip cuda_bench "no GPU"
+    skip cpu_ref "no GPU"
   else
     echo "== GPU: $GPU ($("$PY" -c "import torch; print(torch.cuda.device_count())") device(s), torch $("$PY" -c "import torch; print(torch.__version__, 'CUDA', torch.version.cuda)"))"
     # The staging path's ceiling: device <-> pinned host copies (issue 50).
     stage pinned_copy 30 "$PY" -m benchmarks.pinned_copy --json "$OUTDIR/pinned_copy.json"
     # 3. The CUDA tests (several ranks sharing the GPU).
     stage cuda_tests 150 "$PY" -m pytest -q --timeout=140 -p no:cacheprovider tests/test_cuda.py
-    # 4. ringpg vs gloo's CUDA path, 1-256 MiB, two ranks on the GPU.
-    stage cuda_bench 100 "$PY" -m benchmarks.bench --device cuda --world-sizes 2 --ops ar,rs,ag \
-      --min-bytes 1MiB --max-bytes 64MiB --dtypes float32 --no-probe --warmup 1 --iters-max 10 \
-      --case-time 0.3 --timeout 95 --quiet --json "$OUTDIR/cuda_bench.json" --csv "$OUTDIR/cuda_bench.csv" \
-      --plot "$OUTDIR/cuda_bench.png"
+    # 4. ringpg vs gloo's CUDA path, 4-64 MiB, two and four ranks on the GPU; and the same
+    # cases on CPU tensors, so the summary sets CUDA busbw beside the host path's (issue 50).
+    CUDA_CASES=(--world-sizes 2,4 --ops ar,rs,ag --min-bytes 4MiB --max-bytes 64MiB --dtypes float32 --no-probe
+      --warmup 1 --iters-max 8 --case-time 0.3)
+    stage cuda_bench 100 "$PY" -m benchmarks.bench --device cuda "${CUDA_CASES[@]}" --timeout 95 --quiet \
+      --json "$OUTDIR/cuda_bench.json" --csv "$OUTDIR/cuda_bench.csv" --plot "$OUTDIR/cuda_bench.png"
+    stage cpu_ref 60 "$PY" -m benchmarks.bench --device cpu --backends ringpg "${CUDA_CASES[@]}" --timeout 55 \
+      --quiet --json "$OUTDIR/cpu_ref.json" --csv "$OUTDIR/cpu_ref.csv"
   fi
   # 5. The CPU bench at 4 and 8 ranks beside gloo (where no MPI wheels came: the peer
   # table below, at 2-16 ranks, takes its place and its time).
@@ -181,6 +185,27 @@ if os.path.exists(pc):
     print("\n  pinned_copy (device <-> host copies, GB/s):")
     for line in open(pc):
         print("  " + line.rstrip())
+
+def cases_of(path):
+    out = {}
+    for r in json.load(open(path))["results"]:
+        out.setdefault((r["world_size"], r["op"], r["size_bytes"]), {})[r["backend"]] = r
+    return out
+
+
+cuda_p, ref_p = os.path.join(out, "cuda_bench.json"), os.path.join(out, "cpu_ref.json")
+if os.path.exists(cuda_p) and os.path.exists(ref_p):
+    cu, ref = cases_of(cuda_p), cases_of(ref_p)
+    print("\n  CUDA tensors against the host path (issue 50: CUDA busbw / CPU busbw >= 0.9, and >= 2x gloo's CUDA):")
+    print(f"  {'ws':>3} {'op':<24} {'size':>9} {'cuda':>8} {'cpu':>8} {'cuda/cpu':>9} {'x gloo':>7}")
+    for key in sorted(cu):
+        c, h = cu[key].get("ringpg"), ref.get(key, {}).get("ringpg")
+        g = cu[key].get("gloo")
+        if not c or not h or c.get("error") or h.get("error"):
+            continue
+        vs_gloo = f"{c['busbw_GBps'] / g['busbw_GBps']:.2f}x" if g and not g.get("error") else "-"
+        print(f"  {key[0]:>3} {key[1]:<24} {mib(key[2]):>9} {c['busbw_GBps']:8.3f} {h['busbw_GBps']:8.3f}"
+              f" {c['busbw_GBps'] / h['busbw_GBps']:8.2f}x {vs_gloo:>7}")
 
 for bench in ("cuda_bench", "cpu_bench", "peer_bench", "emulated_2x8"):
     path = os.path.join(out, bench + ".json")

@@ -136,8 +136,13 @@ def test_without_an_arena_the_links_algorithms_run_as_before(size: int) -> None:
 
 
 @needs_C
-def test_large_cuda_tensors_take_the_staged_ring() -> None:
-    assert _C.choose_algorithm("allreduce", 4, 1, 4, False, True, True, 1 << 26, device_contiguous=True) == (
+def test_large_cuda_tensors_take_the_staged_ring_or_the_arena() -> None:
+    # With an arena the large allreduce runs there (staged in pieces); without, the staged ring.
+    assert _C.choose_algorithm("allreduce", 4, 1, 4, False, True, True, 1 << 26, device_contiguous=True) == "arena"
+    assert _C.choose_algorithm("allreduce", 4, 1, 4, False, True, False, 1 << 26, device_contiguous=True) == (
+        "staged_ring"
+    )
+    assert _C.choose_algorithm("allreduce", 2, 1, 2, False, True, True, 1 << 26, device_contiguous=True) == (
         "staged_ring"
     )
     # So do large reduce-scatters and all-gathers of CUDA tensors on the ring (two ranks).

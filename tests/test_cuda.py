@@ -2,7 +2,8 @@
 
 Skipped where torch sees no GPU (CI, and machines without one).  Covers the serial
 staging path (small tensors, every collective), the pipelined staging of large
-allreduces, reduce-scatters and all-gathers (algorithms/staged_ring.h), point-to-point through host copies, and the stream
+allreduces, reduce-scatters and all-gathers (algorithms/staged_ring.h: on the ring at two
+ranks, over the host arena at three), point-to-point through host copies, and the stream
 contract: an op is ordered after the work queued on the caller's current stream
 (side streams included, the FSDP2 pattern), and Work.wait() orders the current
 stream after the op.
@@ -105,7 +106,7 @@ def _stream_contract(rank: int, ws: int, groups: harness.Groups, args: Any) -> h
     return chk.report()
 
 
-@pytest.mark.parametrize("world_size", [2])
+@pytest.mark.parametrize("world_size", [2, 3])  # 2: the staged ring; 3: the arena staged in pieces
 def test_ops_are_ordered_after_the_callers_stream(world_size: int) -> None:
     reports = harness.run_workers(_stream_contract, world_size, timeout=600)
     harness.assert_reports_ok(reports)

@@ -69,16 +69,24 @@ int64_t arenaPieceElems(size_t bufferBytes, size_t elemSize, int parts) {
   return std::max<int64_t>(n, 1);
 }
 
+int64_t arenaPieceFor(const OpContext& c, bool reduceScatter, size_t elemSize) {
+  const HostArena& a = *c.arena();
+  return arenaPieceElems(a.bufferBytes(), elemSize, reduceScatter ? a.members() : 1);
+}
+
 void arenaAllreduce(OpContext& c, char* data, int64_t count, size_t es, RedOp op, const Finalize& finalize,
-                    bool oneShot) {
+                    bool oneShot, const ArenaHooks& hooks) {
   traceAs(c, oneShot);
   HostArena& a = *c.arena();
   const int members = a.members();
   const int me = a.me();
-  const int64_t piece = arenaPieceElems(a.bufferBytes(), es, 1);
+  const int64_t piece = arenaPieceFor(c, /*reduceScatter=*/false, es);
   for (int64_t o = 0; o < count; o += piece) {
     const int64_t n = std::min(piece, count - o);
     char* at = data + static_cast<size_t>(o) * es;
+    if (hooks.awaitPiece) {
+      hooks.awaitPiece(o / piece);
+    }
     a.beginRound();
     std::memcpy(a.buffer(me), at, static_cast<size_t>(n) * es);
     c.arenaStep(/*firstOfRound=*/true);
@@ -87,6 +95,9 @@ void arenaAllreduce(OpContext& c, char* data, int64_t count, size_t es, RedOp op
       reduceMembers(c, op, at, 0, n, es);
       if (finalize) {
         finalize(at, n);
+      }
+      if (hooks.onFinal) {
+        hooks.onFinal(o, n);
       }
       continue;
     }
@@ -111,19 +122,25 @@ void arenaAllreduce(OpContext& c, char* data, int64_t count, size_t es, RedOp op
       const size_t off = static_cast<size_t>(r.offset) * es;
       std::memcpy(at + off, a.buffer(q) + off, static_cast<size_t>(r.length) * es);
     }
+    if (hooks.onFinal) {
+      hooks.onFinal(o, n); // the whole piece at once: one copy back, not one a slice
+    }
   }
 }
 
 void arenaReduceScatter(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t es, RedOp op,
-                        const Finalize& finalize) {
+                        const Finalize& finalize, const ArenaHooks& hooks) {
   traceAs(c, false);
   HostArena& a = *c.arena();
   const int members = a.members();
   const int me = a.me();
-  const int64_t piece = arenaPieceElems(a.bufferBytes(), es, members);
+  const int64_t piece = arenaPieceFor(c, /*reduceScatter=*/true, es);
   for (int64_t o = 0; o < chunkCount; o += piece) {
     const int64_t n = std::min(piece, chunkCount - o);
     const size_t block = static_cast<size_t>(n) * es;
+    if (hooks.awaitPiece) {
+      hooks.awaitPiece(o / piece);
+    }
     a.beginRound();
     // Block q of our buffer: our contribution to member q's chunk at [o, o + n).
     char* mine = a.buffer(me);
@@ -136,15 +153,19 @@ void arenaReduceScatter(OpContext& c, const char* input, char* output, int64_t c
     if (finalize) {
       finalize(out, n);
     }
+    if (hooks.onFinal) {
+      hooks.onFinal(o, n);
+    }
   }
 }
 
-void arenaAllGather(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t es) {
+void arenaAllGather(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t es,
+                    const ArenaHooks& hooks) {
   traceAs(c, false);
   HostArena& a = *c.arena();
   const int members = a.members();
   const int me = a.me();
-  const int64_t piece = arenaPieceElems(a.bufferBytes(), es, 1);
+  const int64_t piece = arenaPieceFor(c, /*reduceScatter=*/false, es);
   // An output the caches cannot keep is written past them (Config::streamFrom).
   const size_t streamFrom = c.config().streamFrom();
   const bool streaming = streamFrom > 0 && static_cast<size_t>(chunkCount) * members * es >= streamFrom;
@@ -160,6 +181,9 @@ void arenaAllGather(OpContext& c, const char* input, char* output, int64_t chunk
       const char* src = q == me ? in : a.buffer(q);
       if (dst != src) { // the input may be this member's chunk of the output
         copyMaybeStreaming(dst, src, len, streaming);
+      }
+      if (hooks.onFinal) {
+        hooks.onFinal(q * chunkCount + o, n);
       }
     }
   }

@@ -39,16 +39,30 @@ int64_t arenaPieceElems(size_t bufferBytes, size_t elemSize, int parts);
 
 using Finalize = std::function<void(char*, int64_t)>;
 
+// Staging hooks for device tensors (staged_ring.h), both optional, in elements:
+//   awaitPiece(i):     before the input of piece i (arenaPieceFor's pieces) is first read;
+//   onFinal(off, n):   once output elements [off, off + n) hold their final values.
+struct ArenaHooks {
+  std::function<void(int64_t piece)> awaitPiece;
+  std::function<void(int64_t offset, int64_t n)> onFinal;
+};
+
+// Elements of one piece of `op` (allreduce, reduce_scatter: per chunk, all_gather) on
+// `c`'s arena: what the functions below move a round.
+int64_t arenaPieceFor(const OpContext& c, bool reduceScatter, size_t elemSize);
+
 // `data`: `count` elements of `elemSize` bytes, reduced in place on every member.
 // `oneShot`: every member reduces everything (choice.h says when).
 void arenaAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op, const Finalize& finalize,
-                    bool oneShot);
+                    bool oneShot, const ArenaHooks& hooks = {});
 // `input`: members() chunks of `chunkCount` elements; `output`: this member's chunk of their reduction.
 void arenaReduceScatter(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t elemSize, RedOp op,
-                        const Finalize& finalize);
+                        const Finalize& finalize, const ArenaHooks& hooks = {});
 // `output`: members() chunks of `chunkCount` elements, chunk m member m's `input`.
-// `input` may be this member's chunk of `output`.
-void arenaAllGather(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t elemSize);
+// `input` may be this member's chunk of `output`.  (hooks.awaitPiece is not called:
+// the input is read whole from the first round on.)
+void arenaAllGather(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t elemSize,
+                    const ArenaHooks& hooks = {});
 void arenaBroadcast(OpContext& c, char* data, size_t nbytes, int root);
 // `input`: this member's `count` elements; `result` (the root's only, else unused):
 // their reduction.

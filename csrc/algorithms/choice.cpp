@@ -97,8 +97,8 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
       if (arenaOneShot) {
         return Algorithm::ArenaOneShot;
       }
-      if (arenaForLarge(g, cfg) && !deviceContiguous) {
-        return Algorithm::Arena;
+      if (arenaForLarge(g, cfg)) {
+        return Algorithm::Arena; // device tensors too: the arena's rounds are staged (staged_ring.h)
       }
       return linksAllreduce(g, cfg, bytes, deviceContiguous);
     case Collective::Reduce:

@@ -115,15 +115,39 @@ Algorithm chooseFor(const OpContext& c, Collective op, size_t bytes, bool device
   return chooseAlgorithm(op, shapeOf(c.links(), c.config()), c.config(), bytes, deviceContiguous);
 }
 
-// Whether a reduce-scatter or all-gather of CUDA tensors `input` into `output` runs on
-// the staged ring (staged_ring.h): both contiguous, apart, and the ring chosen.
-bool stagedOnDevice(const OpContext& c, Collective op, const at::Tensor& input, const at::Tensor& output) {
-  if (input.device().is_cpu() || output.device().is_cpu() || !input.is_contiguous() || !output.is_contiguous()) {
-    return false;
+// Whether `a` runs over the host arena.
+bool onArena(Algorithm a) {
+  return a == Algorithm::Arena || a == Algorithm::ArenaOneShot;
+}
+
+// Below this many bytes a device tensor's ops stage it whole (host_buffer.h): the
+// pipeline's streams and events cost more than they hide.
+constexpr size_t kStagedMinBytes = 1024 * 1024;
+
+// How an op on device tensors reaches the host: whole, before and after it, or in
+// pieces overlapping the ring's steps or the arena's rounds (staged_ring.h).
+enum class Staging : uint8_t { Whole, OnRing, OnArena };
+
+// The staging of an allreduce chosen `algo` for `t`.
+Staging stagingOf(Algorithm algo, const at::Tensor& t) {
+  if (algo == Algorithm::StagedRing) {
+    return Staging::OnRing;
   }
+  const bool pieces = !t.device().is_cpu() && t.is_contiguous() && nbytes(t) >= kStagedMinBytes;
+  return pieces && onArena(algo) ? Staging::OnArena : Staging::Whole;
+}
+
+// The staging of a reduce-scatter or all-gather of `input` into `output`: in pieces
+// where both are contiguous device tensors, apart, and the ring or the arena runs.
+Staging stagingOf(const OpContext& c, Collective op, const at::Tensor& input, const at::Tensor& output) {
   const size_t bytes = op == Collective::AllGather ? nbytes(output) : nbytes(input);
-  if (chooseFor(c, op, bytes, /*deviceContiguous=*/true) != Algorithm::StagedRing) {
-    return false;
+  if (input.device().is_cpu() || output.device().is_cpu() || !input.is_contiguous() || !output.is_contiguous() ||
+      bytes < kStagedMinBytes) {
+    return Staging::Whole;
+  }
+  const Algorithm algo = chooseFor(c, op, bytes, /*deviceContiguous=*/true);
+  if (algo != Algorithm::StagedRing && !onArena(algo)) {
+    return Staging::Whole;
   }
   // An all-gather's input may be its own chunk of the output (FSDP); any other overlap
   // takes the serial path.
@@ -131,11 +155,10 @@ bool stagedOnDevice(const OpContext& c, Collective op, const at::Tensor& input, 
   const auto out = reinterpret_cast<uintptr_t>(output.data_ptr());
   const auto ownChunk = out + nbytes(input) * static_cast<size_t>(c.rank());
   const bool overlaps = in < out + nbytes(output) && out < in + nbytes(input);
-  return !overlaps || (op == Collective::AllGather && in == ownChunk);
-}
-
-bool onArena(Algorithm a) {
-  return a == Algorithm::Arena || a == Algorithm::ArenaOneShot;
+  if (overlaps && !(op == Collective::AllGather && in == ownChunk)) {
+    return Staging::Whole;
+  }
+  return algo == Algorithm::StagedRing ? Staging::OnRing : Staging::OnArena;
 }
 
 // Reduce-scatter of `input` (count = output.numel() * size) into `output`.
@@ -226,9 +249,16 @@ Algorithm chooseAllreduce(const OpContext& c, size_t bytes, const c10::Device& d
 }
 
 void allreduce(OpContext& c, const at::Tensor& t, const Reduction& red) {
-  if (chooseAllreduce(c, nbytes(t), t.device(), t.is_contiguous()) == Algorithm::StagedRing) {
-    at::Tensor dev = premultiplied(red, t, /*inPlace=*/true);
-    stagedRingAllreduce(c, asReal(dev), red.op, finalizer(red, reduceDtype(t.scalar_type()), c.size()));
+  const Algorithm algo = chooseAllreduce(c, nbytes(t), t.device(), t.is_contiguous());
+  const Staging staging = stagingOf(algo, t);
+  if (staging != Staging::Whole) {
+    at::Tensor dev = asReal(premultiplied(red, t, /*inPlace=*/true));
+    auto finalize = finalizer(red, reduceDtype(t.scalar_type()), c.size());
+    if (staging == Staging::OnRing) {
+      stagedRingAllreduce(c, dev, red.op, finalize);
+    } else {
+      stagedArenaAllreduce(c, dev, red.op, finalize, /*oneShot=*/algo == Algorithm::ArenaOneShot);
+    }
     return;
   }
   at::Tensor host = premultiplied(red, toHost(t), /*inPlace=*/true);
@@ -345,8 +375,10 @@ void scatter(OpContext& c, const std::vector<at::Tensor>& inputs, const at::Tens
 // ---- All-gather ------------------------------------------------------------------
 
 void allGatherInto(OpContext& c, const at::Tensor& input, const at::Tensor& output) {
-  if (stagedOnDevice(c, Collective::AllGather, input, output)) {
-    stagedRingAllGather(c, input.reshape({-1}), output.reshape({-1}));
+  if (const Staging staging = stagingOf(c, Collective::AllGather, input, output); staging != Staging::Whole) {
+    const at::Tensor in = input.reshape({-1});
+    const at::Tensor out = output.reshape({-1});
+    staging == Staging::OnRing ? stagedRingAllGather(c, in, out) : stagedArenaAllGather(c, in, out);
     return;
   }
   at::Tensor hin = toHost(input);
@@ -389,17 +421,22 @@ void allGatherIntoCoalesced(OpContext& c, const std::vector<at::Tensor>& inputs,
 // ---- Reduce-scatter --------------------------------------------------------------
 
 void reduceScatterInto(OpContext& c, const at::Tensor& input, const at::Tensor& output, const Reduction& red) {
-  if (stagedOnDevice(c, Collective::ReduceScatter, input, output)) {
+  if (const Staging staging = stagingOf(c, Collective::ReduceScatter, input, output); staging != Staging::Whole) {
     // PREMUL_SUM's product on the device, into a tensor of its own: the input stays as it was.
     const at::Tensor in = asReal(premultiplied(red, input, /*inPlace=*/false));
     const at::Tensor out = asReal(output);
+    auto finalize = finalizer(red, in.scalar_type(), c.size());
+    if (staging == Staging::OnArena) {
+      stagedArenaReduceScatter(c, in, out, red.op, finalize);
+      return;
+    }
     char* work = c.workspace(nbytes(in));
     at::Tensor fresh; // where the input outgrows the kept area
     if (work == nullptr) {
       fresh = at::empty({in.numel()}, in.options().device(at::kCPU));
       work = bytes(fresh);
     }
-    stagedRingReduceScatter(c, in, out, red.op, finalizer(red, in.scalar_type(), c.size()), work);
+    stagedRingReduceScatter(c, in, out, red.op, finalize, work);
     return;
   }
   at::Tensor hin = asReal(premultiplied(red, toHost(input), /*inPlace=*/false));

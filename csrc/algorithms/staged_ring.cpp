@@ -6,9 +6,11 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/irange.h>
 
+#include <algorithm>
 #include <initializer_list>
 #include <vector>
 
+#include "algorithms/arena_collectives.h"
 #include "algorithms/ring.h"
 #include "algorithms/ring_plan.h"
 
@@ -59,6 +61,19 @@ class Staging {
   }
   void awaitOut(int chunk) { out_[chunk].synchronize(); }
 
+  // Issues `stages` groups of copies to the host (`issue(j)` makes group j's), in order,
+  // one event after each, which awaitOut(j) waits for.
+  void copyOutStages(int64_t stages, const std::function<void(int64_t)>& issue) {
+    out_.clear();
+    out_.reserve(stages);
+    c10::StreamGuard onD2h(d2h_);
+    for (int64_t j = 0; j < stages; ++j) {
+      issue(j);
+      out_.emplace_back(device_.type());
+      out_.back().record(d2h_);
+    }
+  }
+
   // `dst` (device) = `src` (host or device), on the copy-back stream.
   void back(const at::Tensor& dst, const at::Tensor& src) {
     c10::StreamGuard onH2d(h2d_);
@@ -83,6 +98,65 @@ class Staging {
 
 at::Tensor pinnedLike(const at::Tensor& dev, int64_t count) {
   return at::empty({count}, dev.options().device(at::kCPU).pinned_memory(true));
+}
+
+// The arena moves a buffer's worth a round (a megabyte by default); copies to and from
+// the device go in groups of about this many bytes, so that each copy's fixed cost (a
+// few microseconds) stays small beside what it moves.
+constexpr size_t kStageBytes = 4 * 1024 * 1024;
+
+int64_t ceilDiv(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Copies back to `dev` the ranges of `host` the arena reports final, merging each with
+// the range it continues until kStageBytes are pending (a gather reports one range per
+// member and piece; an allreduce one per piece).
+class CopyBack {
+ public:
+  CopyBack(Staging& staging, const at::Tensor& dev, const at::Tensor& host)
+      : staging_(staging), dev_(dev), host_(host),
+        minElems_(std::max<int64_t>(1, static_cast<int64_t>(kStageBytes / dev.element_size()))) {}
+  void add(int64_t offset, int64_t n) {
+    for (Range& p : pending_) {
+      if (p.offset + p.length == offset) {
+        p.length += n;
+        if (p.length >= minElems_) {
+          flush(p);
+        }
+        return;
+      }
+    }
+    pending_.push_back(Range{offset, n});
+    if (n >= minElems_) {
+      flush(pending_.back());
+    }
+  }
+  void flushAll() {
+    for (Range& p : pending_) {
+      flush(p);
+    }
+  }
+
+ private:
+  // Copies `p` back and leaves it empty where it ended, to be continued.
+  void flush(Range& p) {
+    if (p.length > 0) {
+      staging_.back(dev_.narrow(0, p.offset, p.length), host_.narrow(0, p.offset, p.length));
+    }
+    p.offset += p.length;
+    p.length = 0;
+  }
+  Staging& staging_;
+  const at::Tensor& dev_;
+  const at::Tensor& host_;
+  const int64_t minElems_;
+  std::vector<Range> pending_;
+};
+
+// Pieces a stage of copies to the host holds: at least one, about kStageBytes.
+int64_t piecesPerStage(int64_t pieceElems, size_t elemSize, int parts) {
+  return std::max<int64_t>(1, static_cast<int64_t>(kStageBytes / (pieceElems * elemSize * parts)));
 }
 
 } // namespace
@@ -166,6 +240,87 @@ void stagedRingAllGather(OpContext& c, const at::Tensor& input, const at::Tensor
     staging.back(output.narrow(0, R.offset, R.length), host.narrow(0, R.offset, R.length));
   };
   ringCollective(c, job, RingBuffers{nullptr, static_cast<char*>(host.data_ptr()), nullptr});
+  staging.finish();
+}
+
+void stagedArenaAllreduce(OpContext& c, const at::Tensor& dev, RedOp op,
+                          const std::function<void(char*, int64_t)>& finalize, bool oneShot) {
+  TORCH_INTERNAL_ASSERT(dev.is_contiguous() && !dev.device().is_cpu());
+  const int64_t count = dev.numel();
+  const size_t es = dev.element_size();
+  Staging staging(dev.device(), {&dev});
+  at::Tensor host = pinnedLike(dev, count);
+  const int64_t piece = arenaPieceFor(c, /*reduceScatter=*/false, es);
+  const int64_t perStage = piecesPerStage(piece, es, 1);
+  staging.copyOutStages(ceilDiv(ceilDiv(count, piece), perStage), [&](int64_t j) {
+    const int64_t off = j * perStage * piece;
+    const int64_t n = std::min(perStage * piece, count - off);
+    host.narrow(0, off, n).copy_(dev.narrow(0, off, n), /*non_blocking=*/true);
+  });
+  CopyBack back(staging, dev, host);
+  ArenaHooks hooks;
+  hooks.awaitPiece = [&](int64_t i) { staging.awaitOut(static_cast<int>(i / perStage)); };
+  hooks.onFinal = [&](int64_t off, int64_t n) { back.add(off, n); };
+  arenaAllreduce(c, static_cast<char*>(host.data_ptr()), count, es, op, finalize, oneShot, hooks);
+  back.flushAll();
+  staging.finish();
+}
+
+void stagedArenaReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& output, RedOp op,
+                              const std::function<void(char*, int64_t)>& finalize) {
+  TORCH_INTERNAL_ASSERT(input.is_contiguous() && output.is_contiguous() && !input.device().is_cpu());
+  const int members = c.arena()->members();
+  const int64_t chunk = output.numel();
+  TORCH_INTERNAL_ASSERT(input.numel() == chunk * members);
+  const size_t es = input.element_size();
+  Staging staging(input.device(), {&input, &output});
+  at::Tensor hostIn = pinnedLike(input, input.numel());
+  at::Tensor hostOut = pinnedLike(output, chunk);
+  // A piece is a block of every member's chunk: a stage copies each chunk's part of it.
+  const int64_t piece = arenaPieceFor(c, /*reduceScatter=*/true, es);
+  const int64_t perStage = piecesPerStage(piece, es, members);
+  staging.copyOutStages(ceilDiv(ceilDiv(chunk, piece), perStage), [&](int64_t j) {
+    const int64_t off = j * perStage * piece;
+    const int64_t n = std::min(perStage * piece, chunk - off);
+    for (const auto q : c10::irange(members)) {
+      hostIn.narrow(0, q * chunk + off, n).copy_(input.narrow(0, q * chunk + off, n), /*non_blocking=*/true);
+    }
+  });
+  CopyBack back(staging, output, hostOut);
+  ArenaHooks hooks;
+  hooks.awaitPiece = [&](int64_t i) { staging.awaitOut(static_cast<int>(i / perStage)); };
+  hooks.onFinal = [&](int64_t off, int64_t n) { back.add(off, n); };
+  arenaReduceScatter(c, static_cast<const char*>(hostIn.data_ptr()), static_cast<char*>(hostOut.data_ptr()), chunk, es,
+                     op, finalize, hooks);
+  back.flushAll();
+  staging.finish();
+}
+
+void stagedArenaAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output) {
+  TORCH_INTERNAL_ASSERT(input.is_contiguous() && output.is_contiguous() && !input.device().is_cpu());
+  const int64_t chunk = input.numel();
+  TORCH_INTERNAL_ASSERT(output.numel() == chunk * c.arena()->members());
+  const int me = c.arena()->me();
+  Staging staging(input.device(), {&input, &output});
+  at::Tensor host = pinnedLike(output, output.numel());
+  // The own chunk: to the host whole before the first round (every round reads a piece
+  // of it), and into the output on the device, where it needs no trip through the host.
+  const at::Tensor mine = host.narrow(0, chunk * me, chunk);
+  mine.copy_(input); // blocking: the arena reads it next
+  const at::Tensor ownOut = output.narrow(0, chunk * me, chunk);
+  if (ownOut.data_ptr() != input.data_ptr()) { // in place (FSDP's call): already there
+    staging.back(ownOut, input);
+  }
+  CopyBack back(staging, output, host);
+  ArenaHooks hooks;
+  hooks.onFinal = [&](int64_t off, int64_t n) {
+    if (off < chunk * me || off >= chunk * (me + 1)) { // the own chunk went back above
+      back.add(off, n);
+    }
+  };
+  arenaAllGather(c, static_cast<const char*>(mine.data_ptr()), static_cast<char*>(host.data_ptr()), chunk,
+                 output.element_size(), hooks);
+  back.flushAll();
   staging.finish();
 }
 

@@ -1,5 +1,5 @@
-// Pipelined host staging of CUDA tensors for the ring's allreduce, reduce-scatter and
-// all-gather.
+// Pipelined host staging of CUDA tensors for the ring's and the host arena's allreduce,
+// reduce-scatter and all-gather.
 //
 // ProcessGroupGloo stages serially: copy the whole tensor to the host, run the ring,
 // copy it back.  Here the device-to-host copy is cut into the ring's chunks, issued
@@ -37,5 +37,14 @@ void stagedRingReduceScatter(OpContext& c, const at::Tensor& input, const at::Te
 // (p chunks): each gathered segment goes back to the device as it lands, while the
 // ring carries the rest.
 void stagedRingAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output);
+
+// The same three over a single-host group's arena (arena_collectives.h): the input goes
+// to pinned memory in stages of a few pieces, each awaited before the arena's round
+// reads it, and final ranges come back as each stage of them is complete.
+void stagedArenaAllreduce(OpContext& c, const at::Tensor& dev, RedOp op,
+                          const std::function<void(char*, int64_t)>& finalize, bool oneShot);
+void stagedArenaReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& output, RedOp op,
+                              const std::function<void(char*, int64_t)>& finalize);
+void stagedArenaAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output);
 
 } // namespace ringpg
