@@ -87,14 +87,14 @@ def test_the_arena_serves_every_op_of_a_group_on_one_host(size: int) -> None:
                 continue
             small = nbytes * (size - 1) <= volume
             if op in ("allreduce", "reduce"):
-                if small:
+                if size == 2:
+                    # Two ranks: the links' own exchange (one-shot, or the ring's two steps).
+                    assert got in ("oneshot", "ring"), (op, size, nbytes, got)
+                elif small:
                     # One step: every member reduces what every member wrote.
                     assert got == "arena_oneshot", (op, size, nbytes, got)
-                elif size > 2:
-                    assert got == "arena", (op, size, nbytes, got)
                 else:
-                    # Two ranks: the links' own two-step exchange (one-shot or ring).
-                    assert got in ("oneshot", "ring"), (op, size, nbytes, got)
+                    assert got == "arena", (op, size, nbytes, got)
             elif size > 2 or small or op == "barrier":
                 assert got == "arena", (op, size, nbytes, got)
             else:
