@@ -183,8 +183,8 @@ void hostReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& 
   }
   // Partial sums of the other chunks need a buffer of the input's layout; the input
   // itself stays untouched, as users (and gloo) expect.  A fresh buffer per op pays its
-  // page faults on every op, so the worker keeps one (RINGPG_WORK_CACHE_BYTES; the
-  // measurement is in benchmarks/RESULTS.md, 2026-11-24).  Every element is written
+  // page faults on every op, so the worker keeps one (RINGPG_WORK_CACHE_BYTES;
+  // docs/internals.md, "Why these constants").  Every element is written
   // before it is read, so what an earlier op left there is moot.
   const at::Tensor work = c.size() > 1 ? keptLike(c, input) : input;
   ringCollective(c, job, RingBuffers{bytes(input), bytes(work), bytes(output)});

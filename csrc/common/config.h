@@ -16,7 +16,7 @@ struct Config {
   // Receive segments posted ahead of the one being reduced (RINGPG_RECV_WINDOW); unset,
   // kGlooRecvWindow over Gloo's pairs, where a send moves only once its receive is
   // posted (the pair's recv-ready notice), so a deeper window keeps more on the wire
-  // (benchmarks/RESULTS.md, "Gloo's pairs").
+  // (docs/internals.md, "Why these constants").
   int recvWindow = 4;
   bool recvWindowSet = false;
   static constexpr int kGlooRecvWindow = 16;
@@ -67,8 +67,7 @@ struct Config {
   //   Gloo the collectives' data over Gloo's TCP pairs (transport/gloo_link.h), the
   //        engine keeping control and point-to-point.
   // (Between hosts auto keeps the engine, not Gloo's pairs: on the emulated 1 Gbit
-  // ring the engine read 95.8-98.7% of the link and Gloo's pairs 90.5-97.0%,
-  // benchmarks/RESULTS.md "2026-11-25 (2)".)
+  // ring the engine read 95.8-98.7% of the link and Gloo's pairs 90.5-97.0%.)
   enum class Transport : uint8_t { Auto, Shm, Tcp, Gloo };
   Transport transport = Transport::Auto;
   static const char* transportName(Transport t);

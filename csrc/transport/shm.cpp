@@ -95,7 +95,7 @@ void ring(Bell& bell) {
   // `sleeping`, so at least one of us sees the other's store.  Only a sleeper's bell is
   // bumped: a bump is a locked write to a line the spinning neighbour reads on every
   // look, where the fence is local (with the cached tail of pushSends, 0.1-0.5 us
-  // less per 4 KiB op; benchmarks/RESULTS.md, 2026-11-27 (7)).
+  // less per 4 KiB op).
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (bell.sleeping.load(std::memory_order_relaxed) != 0) {
     // Release: the slot we moved is visible to a sleeper whose key (read with
@@ -385,8 +385,8 @@ RequestPtr ShmRing::postSendCopied(int peer, const FrameHeader& hdr, const void*
   // Measured at 2 ranks: a reducing receive that reads the peer's pages by single copy
   // and reduces them from its stage is slower than one that reduces straight out of a
   // slot the sender filled on its own core; a receive that only copies is faster by
-  // single copy (benchmarks/RESULTS.md, 2026-11-26), but for an allreduce's smaller
-  // gather segments (2026-11-26 (8); algorithms/ring.cpp).
+  // single copy, but for an allreduce's smaller gather segments (algorithms/ring.cpp;
+  // docs/internals.md, "Why these constants").
   return post(peer, hdr, data, len, /*lendable=*/false);
 }
 
@@ -720,7 +720,7 @@ bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
       // it may where it last waited on this CPU: a busy host (other work on the other
       // cores) can queue both ranks on one, and each pausing spin then costs the other
       // its whole length (two ranks, 4-64 KiB, a CPU hog beside them: 180-300 us an op
-      // pausing, 11-130 yielding to it; benchmarks/RESULTS.md, 2026-11-27 (4)).
+      // pausing, 11-130 yielding to it).
       // The CPU is published on every look, so a neighbour that is spinning too never
       // reads a CPU it has left.
       //
@@ -731,8 +731,7 @@ bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
       // of 41-56.  Neither a yield nor a sleep moved them; so the waiter moves itself
       // to another CPU of its mask (moveOffCpu), which the scheduler might equally have
       // chosen, and its mask stays what it was.  Measured, with a CPU hog beside the
-      // ranks, 4-256 KiB: 23-77 us an op instead of 29-368 (benchmarks/RESULTS.md,
-      // 2026-11-27 (6)).
+      // ranks, 4-256 KiB: 23-77 us an op instead of 29-368.
       const int cpu = ::sched_getcpu();
       publishCpu(cpu);
       const bool sharing = neighbourOn(cpu);

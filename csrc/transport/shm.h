@@ -33,8 +33,8 @@
 // Whether single copy pays depends on the host: on a 2-vCPU Intel Xeon guest a 1 MiB
 // all-gather took 77 us by single copy and 111-118 through the slots, on a 2-vCPU AMD
 // EPYC (Zen 5) guest process_vm_readv moved 14 GB/s where a copy out of a slot moved
-// 40-120, and the slots were 9-41% faster from 256 KiB to 4 MiB, even at 16-64 MiB
-// (benchmarks/RESULTS.md, 2026-11-27 (8)).  So where RINGPG_CMA_BYTES is left unset
+// 40-120, and the slots were 9-41% faster from 256 KiB to 4 MiB, even at 16-64 MiB.
+// So where RINGPG_CMA_BYTES is left unset
 // the group measures it at creation (probeCopies: one segment each way around the
 // host rings, lent and copied) and keeps single copy only where it was the faster.
 // When the group breaks (a timeout, a dead peer, abort) a lent send fails at once and
