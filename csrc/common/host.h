@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ringpg {
@@ -59,6 +60,35 @@ int usableCpus();
 // thread at once), then the mask again.  False, and the thread where it was, when the
 // mask holds no other CPU or the kernel refuses (a sandbox without sched_setaffinity).
 bool moveOffCpu(int cpu);
+
+// How a thread spinning on a same-host peer gives way, one look at a time (the
+// shared-memory links' waits and the host arena's; ShmRing::waitUntil says why at
+// length): it pauses where every rank has a core, yields where the host's ranks
+// outnumber its CPUs (`yields`); and where the peer it waits for last waited on this
+// thread's own CPU (`sharing`: a wakeup queued one behind the other) it moves to another
+// CPU of its mask, once per wait (a mask with nowhere else to go refuses, and it yields
+// for the rest of the wait).  One per wait.
+class SpinGiveWay {
+ public:
+  explicit SpinGiveWay(bool yields) : yields_(yields) {}
+  // One look's pause on `cpu`, this thread's; true when the thread moved off it (the
+  // caller publishes where it runs now).
+  bool pause(int cpu, bool sharing) {
+    if (!yields_ && sharing && mayMove_ && (mayMove_ = moveOffCpu(cpu))) {
+      return true;
+    }
+    if (yields_ || sharing) {
+      std::this_thread::yield();
+    } else {
+      cpuRelax();
+    }
+    return false;
+  }
+
+ private:
+  const bool yields_;
+  bool mayMove_ = true; // moveOffCpu has not refused during this wait
+};
 
 // This process's share of its host's CPUs as text for the group's exchange: its
 // affinity mask as a CPU list ("0-3,8") and, after a ';', its CPU quota ("-": none).

@@ -1,12 +1,9 @@
 #include "transport/arena.h"
 
 #include <dirent.h>
-#include <fcntl.h>
-#include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <c10/util/Exception.h>
@@ -17,7 +14,6 @@
 #include <sched.h>
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <cstring>
 #include <ctime>
 #include <sstream>
@@ -25,6 +21,7 @@
 
 #include "common/host.h"
 #include "transport/rendezvous.h"
+#include "transport/shm_segment.h"
 #include "transport/store_exchange.h"
 
 namespace ringpg {
@@ -61,8 +58,7 @@ struct MemberLines {
   std::atomic<int32_t> cpu;
 };
 
-static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
-              "futex words and counters must be plain memory shared between processes");
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters must be plain memory shared between processes");
 static_assert(sizeof(ArenaHeader) <= kLine && sizeof(ArenaBell) <= kLine && sizeof(MemberLines) == 3 * kLine);
 
 constexpr size_t kBellOffset = kLine;
@@ -87,13 +83,6 @@ uint64_t mix(uint64_t x) {
   x ^= x >> 27;
   x *= 0x94d049bb133111ebULL;
   return x ^ (x >> 31);
-}
-
-void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
-  timespec ts{static_cast<time_t>(timeout.count() / 1000000000), static_cast<long>(timeout.count() % 1000000000)};
-  // Shared (not FUTEX_PRIVATE): the word lives in memory several processes map.
-  // EAGAIN (the word moved), EINTR and ETIMEDOUT all send the caller round its loop.
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 
 std::string hex(uint64_t v) {
@@ -168,55 +157,28 @@ int reclaimStaleSegments(const std::string& dir, int minAgeSeconds) {
   return reclaimed;
 }
 
-// The mapping; the creator also owns the name until it is unlinked.
+// The mapping (a SharedSegment); the creator also holds the name until it is unlinked.
 struct HostArena::Segment {
-  std::string name;
-  char* base = nullptr;
+  std::unique_ptr<SharedSegment> seg;
+  char* base = nullptr; // seg->base()
   size_t bytes = 0;
-  bool named = false;
 
-  ~Segment() {
-    if (base) {
-      ::munmap(base, bytes);
-    }
-    unlinkName();
-  }
-  void unlinkName() {
-    if (named) {
-      ::shm_unlink(name.c_str());
-      named = false;
-    }
-  }
+  void unlinkName() { seg->unlinkName(); }
   ArenaHeader& header() const { return *reinterpret_cast<ArenaHeader*>(base); }
   ArenaBell& bell() const { return *reinterpret_cast<ArenaBell*>(base + kBellOffset); }
   MemberLines& member(int m) const { return reinterpret_cast<MemberLines*>(base + kMembersOffset)[m]; }
 
   static std::unique_ptr<Segment> create(const std::string& name, uint64_t nonce, int members, size_t bufferBytes,
                                          std::string& why) {
-    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
-      why = c10::str("shm_open(", name, "): ", std::strerror(errno));
-      return nullptr;
-    }
     auto s = std::make_unique<Segment>();
-    s->name = name;
-    s->named = true;
-    s->bytes = segmentSize(members, bufferBytes);
-    // Reserved now, so that a full /dev/shm fails here and not as a SIGBUS mid-op.
-    const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(s->bytes));
-    if (rc != 0) {
-      why = c10::str("reserving ", s->bytes, " bytes of shared memory for the host arena (", members, " ranks x 2 x ",
-                     bufferBytes, " bytes: RINGPG_ARENA_BYTES): ", std::strerror(rc));
-      ::close(fd);
-      return nullptr; // ~Segment unlinks the name
-    }
-    void* p = ::mmap(nullptr, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (p == MAP_FAILED) {
-      why = c10::str("mmap: ", std::strerror(errno));
+    s->seg = SharedSegment::create(
+        name, segmentSize(members, bufferBytes),
+        c10::str("the host arena (", members, " ranks x 2 x ", bufferBytes, " bytes: RINGPG_ARENA_BYTES)"), why);
+    if (!s->seg) {
       return nullptr;
     }
-    s->base = static_cast<char*>(p);
+    s->base = s->seg->base();
+    s->bytes = s->seg->bytes();
     // A new segment reads as zeros: every step 0, the bell quiet, no proof.
     s->header() = ArenaHeader{kArenaMagic, mix(nonce), static_cast<uint64_t>(members), bufferBytes};
     for (const auto m : c10::irange(members)) {
@@ -227,29 +189,13 @@ struct HostArena::Segment {
 
   static std::unique_ptr<Segment> open(const std::string& name, uint64_t nonce, int members, size_t bufferBytes,
                                        std::string& why) {
-    const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
-    if (fd < 0) {
-      why = c10::str("shm_open(", name, "): ", std::strerror(errno));
-      return nullptr;
-    }
-    struct stat st {};
-    const size_t want = segmentSize(members, bufferBytes);
-    if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != want || st.st_uid != ::geteuid() ||
-        (st.st_mode & 077) != 0) {
-      why = c10::str(name, " is not a host arena of this user's with the expected size and mode");
-      ::close(fd);
-      return nullptr;
-    }
-    void* p = ::mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (p == MAP_FAILED) {
-      why = c10::str("mmap: ", std::strerror(errno));
-      return nullptr;
-    }
     auto s = std::make_unique<Segment>();
-    s->name = name;
-    s->base = static_cast<char*>(p);
-    s->bytes = want;
+    s->seg = SharedSegment::open(name, segmentSize(members, bufferBytes), why);
+    if (!s->seg) {
+      return nullptr;
+    }
+    s->base = s->seg->base();
+    s->bytes = s->seg->bytes();
     const ArenaHeader& h = s->header();
     if (h.magic != kArenaMagic || h.check != mix(nonce) || h.members != static_cast<uint64_t>(members) ||
         h.bufferBytes != bufferBytes) {
@@ -384,7 +330,7 @@ void HostArena::ringBell() {
   ArenaBell& bell = seg_->bell();
   if (bell.sleepers.load(std::memory_order_relaxed) != 0) {
     bell.seq.fetch_add(1, std::memory_order_seq_cst);
-    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell.seq), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+    futexWakeShared(&bell.seq);
   }
 }
 
@@ -411,7 +357,7 @@ ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard) {
   }
   const auto spinEnd = Clock::now() + microseconds(spinMicros_);
   ArenaBell& bell = seg_->bell();
-  bool mayMove = true; // moveOffCpu has not refused during this wait
+  SpinGiveWay giveWay(spinYields_);
   while (true) {
     if (allArrived(step_, &from)) {
       return ArenaWait::Done;
@@ -429,19 +375,12 @@ ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard) {
       return ArenaWait::TimedOut;
     }
     if (now < spinEnd) {
-      // As the links' waits (ShmRing::waitUntil, which says why at length): pause
-      // where every rank has a core, yield where the host's ranks outnumber its CPUs;
-      // and where the member we wait for last waited on this very CPU (a wakeup queued
-      // it behind us), move to another CPU of our mask, once per wait, else yield.
+      // As the links' waits (SpinGiveWay): the member we wait for may be queued behind
+      // us on this very CPU.
       const int cpu = ::sched_getcpu();
       publishCpu(cpu);
-      const bool sharing = cpu >= 0 && seg_->member(from).cpu.load(std::memory_order_relaxed) == cpu;
-      if (!spinYields_ && sharing && mayMove && (mayMove = moveOffCpu(cpu))) {
+      if (giveWay.pause(cpu, cpu >= 0 && seg_->member(from).cpu.load(std::memory_order_relaxed) == cpu)) {
         publishCpu(::sched_getcpu());
-      } else if (spinYields_ || sharing) {
-        std::this_thread::yield();
-      } else {
-        cpuRelax();
       }
       continue;
     }
@@ -451,7 +390,7 @@ ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard) {
     const uint32_t key = bell.seq.load(std::memory_order_seq_cst);
     if (!allArrived(step_, &from)) {
       // Bounded: a broken group rings no bell, so it is noticed within 10 ms.
-      futexWait(&bell.seq, key, std::min<nanoseconds>(deadline - now, milliseconds(10)));
+      futexWaitShared(&bell.seq, key, std::min<nanoseconds>(deadline - now, milliseconds(10)));
     }
     bell.sleepers.fetch_sub(1, std::memory_order_relaxed);
     publishCpu(::sched_getcpu()); // woken, perhaps elsewhere

@@ -1,11 +1,6 @@
 #include "transport/shm.h"
 
-#include <fcntl.h>
-#include <linux/futex.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -17,7 +12,6 @@
 #include <sched.h>
 #include <algorithm>
 #include <array>
-#include <climits>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -27,6 +21,7 @@
 #include "common/host.h"
 #include "reduce/reduce.h"
 #include "transport/rendezvous.h"
+#include "transport/shm_segment.h"
 #include "transport/store_exchange.h"
 
 namespace ringpg {
@@ -66,8 +61,7 @@ struct SlotHeader {
   uint64_t remote;   // 0: the fragment follows in the slot; else its address in the sender
 };
 
-static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
-              "futex words and counters must be plain memory shared between processes");
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters must be plain memory shared between processes");
 static_assert(sizeof(RegionHeader) <= kLine && sizeof(Bell) <= kLine && sizeof(SlotHeader) <= kLine);
 
 constexpr size_t kBellOffset = kLine;
@@ -82,13 +76,6 @@ size_t regionBytes(size_t slotBytes) {
   return kSlotsOffset + kSlots * slotStride(slotBytes);
 }
 
-void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
-  timespec ts{static_cast<time_t>(timeout.count() / 1000000000), static_cast<long>(timeout.count() % 1000000000)};
-  // A shared (not FUTEX_PRIVATE) futex: the word lives in memory mapped by several processes.
-  // EAGAIN (the word changed), EINTR and ETIMEDOUT all just send the caller round its loop.
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
 void ring(Bell& bell) {
   // The fence pairs with the sleeper's (ShmRing::waitUntil): it announced `sleeping`
   // and then looked at the slots, we moved a slot (head or tail) and now look at
@@ -101,7 +88,7 @@ void ring(Bell& bell) {
     // Release: the slot we moved is visible to a sleeper whose key (read with
     // acquire) already counts this bump.
     bell.seq.fetch_add(1, std::memory_order_seq_cst);
-    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell.seq), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+    futexWakeShared(&bell.seq);
   }
 }
 
@@ -126,56 +113,27 @@ std::string hex(uint64_t v) {
 
 } // namespace
 
-// One mapping of a region; the creator also owns its name until it is unlinked.
+// One mapping of a region (a SharedSegment); the creator also holds its name until
+// it is unlinked.
 struct ShmRing::Region {
-  std::string name;
-  char* base = nullptr;
-  size_t bytes = 0;
-  bool named = false; // the creator has not unlinked the name yet
+  std::unique_ptr<SharedSegment> seg;
+  char* base = nullptr; // seg->base()
 
-  ~Region() {
-    if (base) {
-      ::munmap(base, bytes);
-    }
-    unlinkName();
-  }
-  void unlinkName() {
-    if (named) {
-      ::shm_unlink(name.c_str());
-      named = false;
-    }
-  }
+  void unlinkName() { seg->unlinkName(); }
   RegionHeader& header() { return *reinterpret_cast<RegionHeader*>(base); }
   Bell& bell() { return *reinterpret_cast<Bell*>(base + kBellOffset); }
   LinkHeader& link() { return *reinterpret_cast<LinkHeader*>(base + kLinkOffset); }
   char* slot(uint64_t i, size_t slotBytes) { return base + kSlotsOffset + (i % kSlots) * slotStride(slotBytes); }
 
   // Creates and maps a fresh region; null when the system refuses (no /dev/shm, or
-  // not enough room for it: pages are reserved now, so a full /dev/shm cannot turn
-  // into a SIGBUS later).
+  // not enough room for it).
   static std::unique_ptr<Region> create(const std::string& name, uint64_t nonce, size_t slotBytes, std::string& why) {
-    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
-      why = c10::str("shm_open(", name, "): ", std::strerror(errno));
-      return nullptr;
-    }
     auto s = std::make_unique<Region>();
-    s->name = name;
-    s->named = true;
-    s->bytes = regionBytes(slotBytes);
-    const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(s->bytes));
-    if (rc != 0) {
-      why = c10::str("reserving ", s->bytes, " bytes of shared memory: ", std::strerror(rc));
-      ::close(fd);
-      return nullptr; // ~Region unlinks the name
-    }
-    void* p = ::mmap(nullptr, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (p == MAP_FAILED) {
-      why = c10::str("mmap: ", std::strerror(errno));
+    s->seg = SharedSegment::create(name, regionBytes(slotBytes), "a shared-memory link (RINGPG_SEGMENT_BYTES)", why);
+    if (!s->seg) {
       return nullptr;
     }
-    s->base = static_cast<char*>(p);
+    s->base = s->seg->base();
     // A new region reads as zeros: head = tail = 0, bell quiet.
     s->header() = RegionHeader{kRegionMagic, nonce, kSlots, slotBytes};
     s->bell().cpu.store(-1, std::memory_order_relaxed);
@@ -184,28 +142,12 @@ struct ShmRing::Region {
 
   // Maps a neighbour's region and checks that it is the one it announced.
   static std::unique_ptr<Region> open(const std::string& name, uint64_t nonce, size_t slotBytes, std::string& why) {
-    const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
-    if (fd < 0) {
-      why = c10::str("shm_open(", name, "): ", std::strerror(errno));
-      return nullptr;
-    }
-    struct stat st {};
-    const size_t want = regionBytes(slotBytes);
-    if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != want) {
-      why = c10::str(name, " has an unexpected size");
-      ::close(fd);
-      return nullptr;
-    }
-    void* p = ::mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (p == MAP_FAILED) {
-      why = c10::str("mmap: ", std::strerror(errno));
-      return nullptr;
-    }
     auto s = std::make_unique<Region>();
-    s->name = name;
-    s->base = static_cast<char*>(p);
-    s->bytes = want;
+    s->seg = SharedSegment::open(name, regionBytes(slotBytes), why);
+    if (!s->seg) {
+      return nullptr;
+    }
+    s->base = s->seg->base();
     const RegionHeader& h = s->header();
     if (h.magic != kRegionMagic || h.nonce != nonce || h.slots != kSlots || h.slotBytes != slotBytes) {
       why = c10::str(name, " is not the region its creator announced");
@@ -685,7 +627,7 @@ bool ShmRing::neighbourOn(int cpu) {
 bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
   using namespace std::chrono;
   const auto spinEnd = Clock::now() + microseconds(spinMicros_);
-  bool mayMove = true; // moveOffCpu has not refused during this wait
+  SpinGiveWay giveWay(spinYields_);
   Bell& bell = own_->bell();
   publishCpu(::sched_getcpu()); // the vDSO or rseq's cpu_id: no system call
   while (true) {
@@ -734,16 +676,11 @@ bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
       // ranks, 4-256 KiB: 23-77 us an op instead of 29-368.
       const int cpu = ::sched_getcpu();
       publishCpu(cpu);
-      const bool sharing = neighbourOn(cpu);
       // A mask with nowhere else to go (a rank pinned to the CPU its unpinned neighbour
       // shares) refuses the move: asked once per wait, not on every look (two system
-      // calls each), it yields for the rest of the wait.
-      if (!spinYields_ && sharing && mayMove && (mayMove = moveOffCpu(cpu))) {
+      // calls each), it yields for the rest of the wait (SpinGiveWay).
+      if (giveWay.pause(cpu, neighbourOn(cpu))) {
         publishCpu(::sched_getcpu());
-      } else if (spinYields_ || sharing) {
-        std::this_thread::yield();
-      } else {
-        cpuRelax();
       }
       continue;
     }
@@ -755,7 +692,7 @@ bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
     const uint32_t key = bell.seq.load(std::memory_order_seq_cst);
     if (!progress() && req->state.load(std::memory_order_acquire) == Request::State::Pending) {
       // Bounded sleeps: a broken engine (which rings no bell) is noticed within 10 ms.
-      futexWait(&bell.seq, key, std::min<nanoseconds>(deadline - now, milliseconds(10)));
+      futexWaitShared(&bell.seq, key, std::min<nanoseconds>(deadline - now, milliseconds(10)));
     }
     bell.sleeping.store(0, std::memory_order_relaxed);
     publishCpu(::sched_getcpu()); // woken, perhaps elsewhere
