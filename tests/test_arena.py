@@ -479,3 +479,30 @@ def test_ranks_broadcasting_from_different_roots_get_a_clear_error() -> None:
         assert v["type"] in ("DistBackendError", "DistNetworkError"), (r, v)
         assert "mismatch" in v["msg"] and "root" in v["msg"], v["msg"]
         assert v["took"] < KILL_DETECT_S, v
+
+
+def _links_against_arena(rank: int, ws: int, port: int, args: Any) -> dict:
+    init_ringpg(rank, ws, port, timeout_s=20.0)
+    y = torch.ones(10)
+    if ws == 2:
+        # A small allreduce at two ranks keeps the links; a small broadcast takes the arena.
+        call = (lambda: dist.all_reduce(y)) if rank == 0 else (lambda: dist.broadcast(y, src=0))
+    else:
+        # gather runs on the links at any size; allreduce in the arena from three ranks.
+        outs = [torch.empty(10) for _ in range(ws)] if rank == 0 else None
+        call = (lambda: dist.gather(y, outs, dst=0)) if rank == 0 else (lambda: dist.all_reduce(y))
+    kind, msg, took = expect_error(call)
+    return {"type": kind, "msg": msg, "took": took}
+
+
+@ringpg_only
+@pytest.mark.parametrize("ws", [2, 3])
+def test_a_rank_on_the_links_and_one_in_the_arena_get_a_mismatch_not_a_timeout(ws: int) -> None:
+    """Ranks calling different collectives whose algorithms differ (one on the links, one in
+    the arena) never see each other's frames or stamps: each op publishes what it runs, and a
+    wait that sleeps looks, so both fail with a mismatch in well under the op's timeout."""
+    res = run_scenario(_links_against_arena, ws)
+    for r, v in res.items():
+        assert v["type"] in ("DistBackendError", "DistNetworkError"), (r, v)
+        assert "mismatch" in v["msg"].lower(), (r, v["msg"])
+        assert v["took"] < KILL_DETECT_S, (r, v)

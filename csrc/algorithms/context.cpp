@@ -32,7 +32,43 @@ RequestPtr OpContext::recv(int peer, void* data, size_t nbytes, bool streaming) 
   return req;
 }
 
+namespace {
+
+// What the arena publishes of an op (its stamp; the root aside).
+ArenaStamp stampOfHeader(const FrameHeader& h) {
+  ArenaStamp s;
+  s.key = h.key;
+  s.numel = h.opNumel;
+  s.opcode = h.opcode;
+  s.dtype = h.dtype;
+  s.reduceOp = h.reduceOp;
+  return s;
+}
+
+// The header of the op a stamp describes, for mismatch messages.
+FrameHeader headerOfStamp(FrameHeader h, const ArenaStamp& s) {
+  h.key = s.key;
+  h.opNumel = s.numel;
+  h.opcode = s.opcode;
+  h.dtype = s.dtype;
+  h.reduceOp = s.reduceOp;
+  return h;
+}
+
+} // namespace
+
+void OpContext::failOtherOp(int member, const ArenaStamp& theirs) const {
+  const std::string msg =
+      c10::str(describe(tag_), ": ",
+               collectiveMismatch(tag_.rank, links_.arena->rankOf(member), header(), headerOfStamp(header(), theirs)));
+  engine_.fail(msg, /*network=*/false);
+  throwBackend(msg);
+}
+
 std::vector<RequestPtr> OpContext::announce() {
+  if (links_.arena) {
+    links_.arena->announce(stampOfHeader(header()));
+  }
   if (size_ == 1 || links_.from[left()]->checksFrames()) {
     return {};
   }
@@ -70,7 +106,21 @@ RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t co
 
 void OpContext::wait(const RequestPtr& req) {
   TORCH_INTERNAL_ASSERT(req->link, "ringpg: an op's request not posted through a link");
-  const bool done = links_.waitUntil(req, deadline_);
+  bool done = false;
+  if (HostArena* arena = links_.arena) {
+    // A peer of the arena that runs this op's sequence number as another op may wait in
+    // the arena for us and never send what we wait for here: looked for between slices.
+    const ArenaStamp mine = stampOfHeader(header());
+    while (!(done = links_.waitUntil(req, std::min(deadline_, Clock::now() + HostArena::kMismatchLook))) &&
+           Clock::now() < deadline_) {
+      ArenaStamp theirs;
+      if (const int m = arena->runsOtherOp(mine, &theirs); m >= 0) {
+        failOtherOp(m, theirs);
+      }
+    }
+  } else {
+    done = links_.waitUntil(req, deadline_);
+  }
   if (!done) {
     const bool isSend = hasKind(req->hdr, FrameKind::Collective) && req->progress > 0;
     const std::string msg = c10::str(describe(tag_), ": Timed out waiting for rank ", req->peer, " after ",
@@ -108,7 +158,8 @@ void OpContext::arenaStep(bool firstOfRound, int root) {
   }
   arena.arrive(firstOfRound ? &stamp : nullptr);
   int member = 0;
-  const ArenaWait result = arena.awaitAll(deadline_, &member);
+  ArenaStamp other;
+  const ArenaWait result = arena.awaitAll(deadline_, &member, &other);
   const int laggard = arena.rankOf(member);
   switch (result) {
     case ArenaWait::Done:
@@ -129,6 +180,8 @@ void OpContext::arenaStep(bool firstOfRound, int root) {
       const std::string why = c10::str(describe(tag_), ": ", engine_.goodbyeFrom(laggard));
       throwNetwork(why);
     }
+    case ArenaWait::Mismatch:
+      failOtherOp(member, other);
   }
   if (!firstOfRound) {
     return;

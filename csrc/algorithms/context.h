@@ -104,6 +104,9 @@ class OpContext {
   // breaking the group on a timeout; and, at a first step, a mismatch when a member
   // runs another op (which breaks the group too).
   void arenaStep(bool firstOfRound, int root = -1);
+  // Breaks the group and throws a mismatch: arena member `member` runs this op's
+  // sequence number as `theirs`.
+  [[noreturn]] void failOtherOp(int member, const ArenaStamp& theirs) const;
 
   // Blocks until `req` completes; throws a c10d error naming op, rank and peer on
   // failure or when the op's deadline passes (which also breaks the engine, so no

@@ -56,10 +56,14 @@ struct MemberLines {
   // The CPU the member last waited on (sched_getcpu; -1: not known), which a spinning
   // waiter compares with its own (HostArena::awaitAll).
   std::atomic<int32_t> cpu;
+  // The op the member runs now (HostArena::announce), under a sequence lock: `opSeq`
+  // is odd while `op` is being written.
+  alignas(kLine) std::atomic<uint32_t> opSeq;
+  ArenaStamp op;
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters must be plain memory shared between processes");
-static_assert(sizeof(ArenaHeader) <= kLine && sizeof(ArenaBell) <= kLine && sizeof(MemberLines) == 3 * kLine);
+static_assert(sizeof(ArenaHeader) <= kLine && sizeof(ArenaBell) <= kLine && sizeof(MemberLines) == 4 * kLine);
 
 constexpr size_t kBellOffset = kLine;
 constexpr size_t kMembersOffset = 2 * kLine;
@@ -311,6 +315,39 @@ ArenaStamp HostArena::stampOf(int m) const {
   return s;
 }
 
+void HostArena::announce(const ArenaStamp& op) {
+  current_ = op;
+  MemberLines& mine = seg_->member(me_);
+  // A sequence lock: a reader that sees the same even count before and after its copy
+  // read a whole stamp.
+  const uint32_t seq = mine.opSeq.load(std::memory_order_relaxed);
+  mine.opSeq.store(seq + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  std::memcpy(&mine.op, &op, sizeof(op));
+  mine.opSeq.store(seq + 2, std::memory_order_release);
+}
+
+int HostArena::runsOtherOp(const ArenaStamp& mine, ArenaStamp* theirs) const {
+  for (const auto m : c10::irange(members_)) {
+    const MemberLines& line = seg_->member(m);
+    const uint32_t before = line.opSeq.load(std::memory_order_acquire);
+    if (m == me_ || before % 2 != 0) {
+      continue; // being written: it is moving on, not stuck
+    }
+    ArenaStamp op;
+    std::memcpy(&op, &line.op, sizeof(op));
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (line.opSeq.load(std::memory_order_relaxed) != before) {
+      continue;
+    }
+    if (op.key == mine.key && !sameOp(op, mine)) {
+      *theirs = op;
+      return m;
+    }
+  }
+  return -1;
+}
+
 void HostArena::arrive(const ArenaStamp* stamp) {
   MemberLines& mine = seg_->member(me_);
   if (stamp) {
@@ -349,7 +386,7 @@ void HostArena::publishCpu(int cpu) {
   }
 }
 
-ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard) {
+ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard, ArenaStamp* other) {
   using namespace std::chrono;
   int from = 0;
   if (allArrived(step_, &from)) {
@@ -389,8 +426,15 @@ ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard) {
     bell.sleepers.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t key = bell.seq.load(std::memory_order_seq_cst);
     if (!allArrived(step_, &from)) {
-      // Bounded: a broken group rings no bell, so it is noticed within 10 ms.
-      futexWaitShared(&bell.seq, key, std::min<nanoseconds>(deadline - now, milliseconds(10)));
+      // Bounded: a broken group rings no bell, so it is noticed within kMismatchLook;
+      // and so is a member that runs this op's sequence number as another op, which
+      // would never arrive here (it may be waiting on a link for us).
+      futexWaitShared(&bell.seq, key, std::min<nanoseconds>(deadline - now, kMismatchLook));
+      if (const int m = runsOtherOp(current_, other); m >= 0) {
+        bell.sleepers.fetch_sub(1, std::memory_order_relaxed);
+        *laggard = m;
+        return ArenaWait::Mismatch;
+      }
     }
     bell.sleepers.fetch_sub(1, std::memory_order_relaxed);
     publishCpu(::sched_getcpu()); // woken, perhaps elsewhere

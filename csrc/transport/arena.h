@@ -80,12 +80,18 @@ inline bool sameStamp(const ArenaStamp& a, const ArenaStamp& b) {
          a.reduceOp == b.reduceOp && a.root == b.root;
 }
 
+// Whether `a` and `b` are the same op (round and root aside).
+inline bool sameOp(const ArenaStamp& a, const ArenaStamp& b) {
+  return a.key == b.key && a.numel == b.numel && a.opcode == b.opcode && a.dtype == b.dtype && a.reduceOp == b.reduceOp;
+}
+
 // How a wait in the arena ended.
 enum class ArenaWait : uint8_t {
   Done,     // every member arrived
   TimedOut, // the deadline passed first (`laggard`: a member that had not arrived)
   Broken,   // the group broke (Engine::brokenReason says why)
   Left,     // `laggard` shut its group down (Engine::goodbyeFrom says so)
+  Mismatch, // `laggard` runs this op's sequence number as another op (runsOtherOp)
 };
 
 // The name a segment of this process with nonce `nonce` gets, and the pid of the
@@ -131,9 +137,21 @@ class HostArena {
   // member whose wait sees it.  `stamp` (first step of a round): written first.
   void arrive(const ArenaStamp* stamp = nullptr);
   // Waits until every member has arrived at this member's step, or `deadline`.
-  ArenaWait awaitAll(Deadline deadline, int* laggard);
+  // Mismatch: `*other` is the op member `*laggard` runs.
+  ArenaWait awaitAll(Deadline deadline, int* laggard, ArenaStamp* other);
   // Member m's stamp of the current round (read after a wait).
   ArenaStamp stampOf(int m) const;
+
+  // Publishes the op this member runs now (every op, on the links too): a member whose
+  // op waits long looks at the others' (runsOtherOp), so ranks that call different
+  // collectives fail with a mismatch even where one waits on a link and the other in
+  // the arena, which never see each other's frames or stamps.
+  void announce(const ArenaStamp& op);
+  // A member that announced an op with `mine`'s sequence number but another signature
+  // (op, dtype, size, ReduceOp): its index, and that op in `*theirs`; -1 if none.
+  int runsOtherOp(const ArenaStamp& mine, ArenaStamp* theirs) const;
+  // A wait that sleeps looks at the others' ops about this often.
+  static constexpr std::chrono::milliseconds kMismatchLook{10};
 
  private:
   HostArena(Engine& engine, int members, int me, std::vector<int> ranks, int spinMicros, bool spinYields);
@@ -151,6 +169,7 @@ class HostArena {
   size_t bufferBytes_ = 0;
   std::unique_ptr<Segment> seg_;
   uint64_t round_ = 0; // rounds begun (round_ % 2: the buffers in use)
+  ArenaStamp current_; // the op this member announced last
   uint64_t step_ = 0;  // steps arrived at
 };
 
