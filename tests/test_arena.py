@@ -7,7 +7,7 @@ algorithm (csrc/algorithms/choice.h).
   the arena where the group has one, the links' algorithms where it has none, the
   one-shot where what each member reads of the others is small.
 * Each host collective (allreduce one-shot and in two steps, reduce-scatter,
-  all-gather, broadcast from every root, reduce to every root, barrier) at 1 to 9
+  all-gather, broadcast from every root, reduce, gather and scatter, barrier) at 1 to 9
   ranks on the host, against gloo in the same processes: every dtype and ReduceOp,
   sizes of 0, 1, fewer elements than ranks, odd, and across many pieces of a small
   buffer (``RINGPG_ARENA_BYTES=8192``, so that every buffer parity is reused many times).
@@ -62,7 +62,7 @@ except ModuleNotFoundError:
 needs_C = pytest.mark.skipif(_C is None, reason="could not import 'ringpg._C'")
 ringpg_only = pytest.mark.skipif(harness.backend_under_test() != "ringpg", reason="ringpg's own arena")
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier")
+COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier", "gather", "scatter")
 ARENA = ("arena", "arena_oneshot")
 
 
@@ -125,7 +125,7 @@ def test_without_an_arena_the_links_algorithms_run_as_before(size: int) -> None:
             nbytes,
             fused,
         )
-        for op in ("reduce_scatter", "all_gather", "broadcast", "reduce", "barrier"):
+        for op in ("reduce_scatter", "all_gather", "broadcast", "reduce", "barrier", "gather", "scatter"):
             assert _choose(op, size, nbytes, arena=False) in ("ring", "local"), (op, size)
     # Hosts of equal numbers of ranks: the hierarchical algorithms, never the arena.
     if size >= 4 and size % 2 == 0:
@@ -292,6 +292,19 @@ def arena_battery(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
                 got = x.clone()
                 dist.broadcast(got, src=root, group=test)
                 chk.equal(f"broadcast root={root} {tag}", got, ref_broadcast(x, root, ref))
+            root = (n + DTYPES.index(dtype)) % ws
+            x = make_data(rank, f"gather {tag}", (n,), dtype)
+            outs = [sentinel_like((n,), dtype) for _ in range(ws)] if rank == root else None
+            refs = [sentinel_like((n,), dtype) for _ in range(ws)] if rank == root else None
+            dist.gather(x, outs, dst=root, group=test)
+            dist.gather(x, refs, dst=root, group=ref)
+            for q in range(ws) if rank == root else ():
+                chk.equal(f"gather root={root} from {q} {tag}", outs[q], refs[q])
+            ins = [make_data(rank, f"scatter {tag} to {q}", (n,), dtype) for q in range(ws)] if rank == root else None
+            got, want = sentinel_like((n,), dtype), sentinel_like((n,), dtype)
+            dist.scatter(got, ins, src=root, group=test)
+            dist.scatter(want, ins, src=root, group=ref)
+            chk.equal(f"scatter root={root} {tag}", got, want)
     # Complex tensors reduce as pairs of reals.
     z = torch.complex(make_data(rank, "z re", (333,), torch.float32), make_data(rank, "z im", (333,), torch.float32))
     got = z.clone()

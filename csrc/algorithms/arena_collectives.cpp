@@ -255,6 +255,46 @@ void arenaReduce(OpContext& c, const char* input, char* result, int64_t count, s
   }
 }
 
+void arenaGather(OpContext& c, const char* input, size_t nbytes, const std::vector<char*>& outputs, int root) {
+  traceAs(c, false);
+  HostArena& a = *c.arena();
+  const int from = memberOfRank(a, root);
+  const bool atRoot = a.me() == from;
+  const size_t piece = a.bufferBytes();
+  for (size_t o = 0; o < nbytes; o += piece) {
+    const size_t n = std::min(piece, nbytes - o);
+    a.beginRound();
+    std::memcpy(a.buffer(a.me()), input + o, n);
+    c.arenaStep(/*firstOfRound=*/true, root);
+    if (atRoot) {
+      for (const auto q : c10::irange(a.members())) {
+        std::memcpy(outputs[q] + o, q == from ? input + o : a.buffer(q), n);
+      }
+    }
+  }
+}
+
+void arenaScatter(OpContext& c, const std::vector<const char*>& inputs, char* output, size_t nbytes, int root) {
+  traceAs(c, false);
+  HostArena& a = *c.arena();
+  const int members = a.members();
+  const int from = memberOfRank(a, root);
+  const int me = a.me();
+  // The root's buffer holds a block for every member; whole lines, at least one byte.
+  const size_t piece = std::max<size_t>(1, a.bufferBytes() / members / kLine * kLine);
+  for (size_t o = 0; o < nbytes; o += piece) {
+    const size_t n = std::min(piece, nbytes - o);
+    a.beginRound();
+    if (me == from) {
+      for (const auto q : c10::irange(members)) {
+        std::memcpy(a.buffer(me) + q * piece, inputs[q] + o, n);
+      }
+    }
+    c.arenaStep(/*firstOfRound=*/true, root);
+    std::memcpy(output + o, me == from ? inputs[me] + o : a.buffer(from) + me * piece, n);
+  }
+}
+
 void arenaBarrier(OpContext& c) {
   traceAs(c, false);
   c.arena()->beginRound();

@@ -14,6 +14,7 @@
 //   reduce_scatter       each member reduces its own chunk's part of every buffer: one step
 //   all_gather           one copy in, every member copies every buffer out: one step
 //   broadcast            the root copies in once, the others copy out: one step
+//   gather, scatter      each member copies in, the root out (or the reverse): one step
 //   reduce               as allreduce, the slices copied out by the root alone (or,
 //                        one shot, the root reducing every buffer)
 //   barrier              one step, no data
@@ -25,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "algorithms/context.h"
 #include "reduce/reduce.h"
@@ -68,6 +70,10 @@ void arenaBroadcast(OpContext& c, char* data, size_t nbytes, int root);
 // their reduction.
 void arenaReduce(OpContext& c, const char* input, char* result, int64_t count, size_t elemSize, RedOp op,
                  const Finalize& finalize, int root, bool oneShot);
+// gather: the root's `outputs[q]` = member q's `input` (`nbytes` each; the root's own
+// copied); scatter: member q's `output` = the root's `inputs[q]`.
+void arenaGather(OpContext& c, const char* input, size_t nbytes, const std::vector<char*>& outputs, int root);
+void arenaScatter(OpContext& c, const std::vector<const char*>& inputs, char* output, size_t nbytes, int root);
 void arenaBarrier(OpContext& c);
 
 } // namespace ringpg

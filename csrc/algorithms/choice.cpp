@@ -1,5 +1,8 @@
 #include "algorithms/choice.h"
 
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
 #include "algorithms/ring_plan.h"
 
 namespace ringpg {
@@ -81,8 +84,26 @@ const char* collectiveName(Collective op) {
       return "reduce";
     case Collective::Barrier:
       return "barrier";
+    case Collective::Gather:
+      return "gather";
+    case Collective::Scatter:
+      return "scatter";
   }
   return "?";
+}
+
+Collective collectiveNamed(const std::string& name) {
+  constexpr Collective kAll[] = {Collective::Allreduce, Collective::ReduceScatter, Collective::AllGather,
+                                 Collective::Broadcast, Collective::Reduce,        Collective::Barrier,
+                                 Collective::Gather,    Collective::Scatter};
+  std::string names;
+  for (const Collective op : kAll) {
+    if (name == collectiveName(op)) {
+      return op;
+    }
+    names += c10::str(names.empty() ? "" : ", ", collectiveName(op));
+  }
+  TORCH_CHECK(false, "ringpg: no collective named '", name, "' (", names, ")");
 }
 
 Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
@@ -121,6 +142,8 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
       // Contiguous device tensors: chunked copies overlap the ring (staged_ring.h).
       return deviceContiguous ? Algorithm::StagedRing : Algorithm::Ring;
     case Collective::Broadcast:
+    case Collective::Gather:
+    case Collective::Scatter:
       return arenaOneShot || arenaForLarge(g, cfg) ? Algorithm::Arena : Algorithm::Ring;
     case Collective::Barrier:
       return g.arena ? Algorithm::Arena : Algorithm::Ring;

@@ -7,18 +7,20 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "common/config.h"
 
 namespace ringpg {
 
-enum class Collective : uint8_t { Allreduce, ReduceScatter, AllGather, Broadcast, Reduce, Barrier };
+enum class Collective : uint8_t { Allreduce, ReduceScatter, AllGather, Broadcast, Reduce, Barrier, Gather, Scatter };
 
 enum class Algorithm : uint8_t {
   Local,        // one rank, or nothing to move: no peer is involved
   OneShot,      // over the links: every rank sends its whole buffer to every peer
   Doubling,     // over the links: recursive doubling (many ranks, small buffers)
-  Ring,         // over the links: the flat ring (broadcast: the chain along it)
+  Ring,         // over the links: the flat ring (broadcast: the chain along it; gather,
+                //   scatter: straight between root and rank)
   StagedRing,   // the ring over pinned host memory in chunks, for large CUDA tensors
   Hier,         // host rings, then rings across hosts (algorithms/hierarchical.h)
   ArenaOneShot, // the host arena: every member reduces every member's buffer
@@ -26,6 +28,8 @@ enum class Algorithm : uint8_t {
 };
 const char* algorithmName(Algorithm a);
 const char* collectiveName(Collective op);
+// The Collective collectiveName() calls `name`; TORCH_CHECK-fails, listing them, for any other.
+Collective collectiveNamed(const std::string& name);
 
 // What the choice needs to know of a group: the same on every rank.
 struct GroupShape {
@@ -43,7 +47,8 @@ struct GroupShape {
 constexpr size_t kArenaOneShotVolume = 64 * 1024;
 
 // The algorithm for `op` on `bytes` (allreduce, reduce, broadcast: the buffer;
-// reduce_scatter: its input, all_gather: its output; barrier: 0) in a group of
+// reduce_scatter: its input, all_gather: its output; gather, scatter: one rank's
+// block; barrier: 0) in a group of
 // `shape` under `cfg`.  `deviceContiguous`: the op's tensors are contiguous CUDA
 // tensors (the staged ring's case: allreduce, reduce-scatter, all-gather).
 Algorithm chooseAlgorithm(Collective op, const GroupShape& shape, const Config& cfg, size_t bytes,

@@ -354,7 +354,11 @@ void gather(OpContext& c, const at::Tensor& input, const std::vector<at::Tensor>
     hout.push_back(hostBufferFor(o));
     ptrs.push_back(bytes(hout.back()));
   }
-  gatherTo(c, root, bytes(hin), nbytes(hin), ptrs);
+  if (onArena(chooseFor(c, Collective::Gather, nbytes(hin)))) {
+    arenaGather(c, bytes(hin), nbytes(hin), ptrs, root);
+  } else {
+    gatherTo(c, root, bytes(hin), nbytes(hin), ptrs);
+  }
   for (const auto i : c10::irange(outputs.size())) {
     writeBack(outputs[i], hout[i]);
   }
@@ -368,7 +372,11 @@ void scatter(OpContext& c, const std::vector<at::Tensor>& inputs, const at::Tens
     ptrs.push_back(bytes(hin.back()));
   }
   at::Tensor hout = hostBufferFor(output);
-  scatterFrom(c, root, ptrs, bytes(hout), nbytes(hout));
+  if (onArena(chooseFor(c, Collective::Scatter, nbytes(hout)))) {
+    arenaScatter(c, ptrs, bytes(hout), nbytes(hout), root);
+  } else {
+    scatterFrom(c, root, ptrs, bytes(hout), nbytes(hout));
+  }
   writeBack(output, hout);
 }
 

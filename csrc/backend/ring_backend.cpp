@@ -156,15 +156,7 @@ const char* RingBackend::allreduceAlgorithm() const {
 }
 
 const char* RingBackend::algorithmFor(const std::string& op, size_t bytes) const {
-  static const Collective kOps[] = {Collective::Allreduce, Collective::ReduceScatter, Collective::AllGather,
-                                    Collective::Broadcast, Collective::Reduce,        Collective::Barrier};
-  for (const Collective c : kOps) {
-    if (op == collectiveName(c)) {
-      return algorithmName(chooseAlgorithm(c, collectives::shapeOf(net_->links, cfg_), cfg_, bytes));
-    }
-  }
-  TORCH_CHECK(false, "ringpg: no collective named '", op,
-              "' (allreduce, reduce_scatter, all_gather, broadcast, reduce, barrier)");
+  return algorithmName(chooseAlgorithm(collectiveNamed(op), collectives::shapeOf(net_->links, cfg_), cfg_, bytes));
 }
 
 void RingBackend::setTracing(bool on) {

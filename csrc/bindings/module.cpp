@@ -213,21 +213,14 @@ PYBIND11_MODULE(_C, m) {
       "choose_algorithm",
       [](const std::string& op, int size, int hosts, int mostPerHost, bool hierarchical, bool ringFused, bool arena,
          size_t nbytes, const std::string& algo, int64_t oneShotBytes, bool deviceContiguous) {
-        static const ringpg::Collective kOps[] = {ringpg::Collective::Allreduce, ringpg::Collective::ReduceScatter,
-                                                  ringpg::Collective::AllGather, ringpg::Collective::Broadcast,
-                                                  ringpg::Collective::Reduce,    ringpg::Collective::Barrier};
         ringpg::Config cfg;
         cfg.algo = ringpg::Config::algoNamed(algo, "algo=");
         if (oneShotBytes >= 0) {
           cfg.oneShotBytes = static_cast<size_t>(oneShotBytes);
         }
         ringpg::GroupShape g{size, hosts, mostPerHost, hierarchical, ringFused, arena};
-        for (const auto c : kOps) {
-          if (op == ringpg::collectiveName(c)) {
-            return std::string(ringpg::algorithmName(ringpg::chooseAlgorithm(c, g, cfg, nbytes, deviceContiguous)));
-          }
-        }
-        TORCH_CHECK(false, "no collective named ", op);
+        return std::string(ringpg::algorithmName(
+            ringpg::chooseAlgorithm(ringpg::collectiveNamed(op), g, cfg, nbytes, deviceContiguous)));
       },
       py::arg("op"), py::arg("size"), py::arg("hosts"), py::arg("most_per_host"), py::arg("hierarchical"),
       py::arg("ring_fused"), py::arg("arena"), py::arg("nbytes"), py::arg("algo") = "auto",
