@@ -13,32 +13,16 @@ namespace ringpg {
 namespace {
 
 constexpr size_t kLine = 64;
-// An N-way reduction runs block by block, so the accumulator stays in L1 while each
-// member's block streams past it.
-constexpr size_t kReduceBlockBytes = 16 * 1024;
 
-// dst[0, n) = src[0] op src[1] op ... op src[last], in member order, each operand
-// `offset` bytes into its member's buffer of this round.
+// dst[0, n) = src[0] op src[1] op ... op src[last], in member order (reduceInOrder),
+// each operand `offset` bytes into its member's buffer of this round.
 void reduceMembers(const OpContext& c, RedOp op, char* dst, size_t offset, int64_t n, size_t es) {
   const HostArena& a = *c.arena();
-  const int members = a.members();
-  if (n <= 0) {
-    return;
+  std::vector<const char*> srcs(a.members());
+  for (const auto m : c10::irange(a.members())) {
+    srcs[m] = a.buffer(m) + offset;
   }
-  const auto src = [&](int m) { return a.buffer(m) + offset; };
-  if (members == 1) {
-    std::memcpy(dst, src(0), static_cast<size_t>(n) * es);
-    return;
-  }
-  const int64_t block = std::max<int64_t>(1, static_cast<int64_t>(kReduceBlockBytes / es));
-  for (int64_t b = 0; b < n; b += block) {
-    const int64_t k = std::min(block, n - b);
-    const size_t at = static_cast<size_t>(b) * es;
-    reduce(c.dtype(), op, dst + at, src(0) + at, src(1) + at, k);
-    for (int m = 2; m < members; ++m) {
-      reduce(c.dtype(), op, dst + at, dst + at, src(m) + at, k);
-    }
-  }
+  reduceInOrder(c.dtype(), op, dst, srcs, n, es);
 }
 
 // Names the op's algorithm in its trace (RINGPG_TRACE), as choice.h names it.

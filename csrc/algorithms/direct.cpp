@@ -108,12 +108,12 @@ void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, 
     reqs.push_back(c.send(q, data, nbytes));
   }
   c.waitAll(reqs);
-  auto from = [&](int q) -> const char* { return q == r ? data : slots + q * nbytes; };
-  char* acc = slots + p * nbytes;
-  reduce(c.dtype(), op, acc, from(0), from(1), count);
-  for (const auto q : c10::irange(2, p)) {
-    reduce(c.dtype(), op, acc, acc, from(q), count);
+  std::vector<const char*> from(p);
+  for (const auto q : c10::irange(p)) {
+    from[q] = q == r ? data : slots + q * nbytes;
   }
+  char* acc = slots + p * nbytes;
+  reduceInOrder(c.dtype(), op, acc, from, count, elemSize);
   if (finalize) {
     finalize(acc, count);
   }

@@ -239,6 +239,32 @@ void reduce(c10::ScalarType dtype, RedOp op, void* out, const void* a, const voi
   TORCH_INTERNAL_ASSERT(done, "ringpg: no kernel for ", dtype, " ", redOpName(op));
 }
 
+void reduceInOrder(c10::ScalarType dtype, RedOp op, void* out, const std::vector<const char*>& ins, int64_t n,
+                   size_t elemSize) {
+  TORCH_INTERNAL_ASSERT(!ins.empty(), "ringpg: a reduction of no operands");
+  auto* dst = static_cast<char*>(out);
+  if (n <= 0) {
+    return;
+  }
+  if (ins.size() == 1) {
+    if (dst != ins[0]) {
+      std::memcpy(dst, ins[0], static_cast<size_t>(n) * elemSize);
+    }
+    return;
+  }
+  // Blocks of 16 KiB: the accumulator stays in L1 while the operands stream past it.
+  constexpr size_t kBlockBytes = 16 * 1024;
+  const int64_t block = std::max<int64_t>(1, static_cast<int64_t>(kBlockBytes / elemSize));
+  for (int64_t b = 0; b < n; b += block) {
+    const int64_t k = std::min(block, n - b);
+    const size_t at = static_cast<size_t>(b) * elemSize;
+    reduce(dtype, op, dst + at, ins[0] + at, ins[1] + at, k);
+    for (size_t i = 2; i < ins.size(); ++i) {
+      reduce(dtype, op, dst + at, dst + at, ins[i] + at, k);
+    }
+  }
+}
+
 namespace {
 template <typename T>
 void divideLoop(void* data, int64_t n, int64_t divisor) {

@@ -29,6 +29,13 @@ bool reduceSupported(c10::ScalarType dtype, RedOp op);
 // out[i] = a[i] op b[i] for i < n.  Precondition: reduceSupported(dtype, op).
 void reduce(c10::ScalarType dtype, RedOp op, void* out, const void* a, const void* b, int64_t n);
 
+// out[i] = ins[0][i] op ins[1][i] op ... op ins[last][i] for i < n, the operands in
+// that order (so every caller that passes the same buffers in the same order holds the
+// same bits), `elemSize`-byte elements.  Block by block, so the accumulator stays in L1
+// while each operand's block streams past it.  `out` may be none of `ins` but ins[0].
+void reduceInOrder(c10::ScalarType dtype, RedOp op, void* out, const std::vector<const char*>& ins, int64_t n,
+                   size_t elemSize);
+
 // data[i] /= divisor for i < n, truncating toward zero (AVG on integer dtypes).
 // Precondition: dtype is an integer type (not bool).
 void divideIntegers(c10::ScalarType dtype, void* data, int64_t n, int64_t divisor);
