@@ -147,15 +147,8 @@ void OpContext::waitAll(std::vector<RequestPtr>& reqs) {
 void OpContext::arenaStep(bool firstOfRound, int root) {
   HostArena& arena = *links_.arena;
   const FrameHeader h = header();
-  ArenaStamp stamp;
-  if (firstOfRound) {
-    stamp.key = h.key;
-    stamp.numel = h.opNumel;
-    stamp.opcode = h.opcode;
-    stamp.dtype = h.dtype;
-    stamp.reduceOp = h.reduceOp;
-    stamp.root = root;
-  }
+  ArenaStamp stamp = stampOfHeader(h);
+  stamp.root = root;
   arena.arrive(firstOfRound ? &stamp : nullptr);
   int member = 0;
   ArenaStamp other;
@@ -193,19 +186,15 @@ void OpContext::arenaStep(bool firstOfRound, int root) {
     if (sameStamp(stamp, theirs)) {
       continue;
     }
-    FrameHeader got = h;
-    got.key = theirs.key;
-    got.opNumel = theirs.numel;
-    got.opcode = theirs.opcode;
-    got.dtype = theirs.dtype;
-    got.reduceOp = theirs.reduceOp;
+    if (!sameOp(stamp, theirs)) {
+      failOtherOp(m, theirs);
+    }
     const std::string msg =
-        ofSameOp(h, got) ? c10::str("ringpg: collective mismatch between ranks: rank ", tag_.rank, " runs seq ", h.key,
-                                    " with root ", root, " but rank ", arena.rankOf(m), " with root ", theirs.root,
-                                    " (round ", theirs.round, " of the host arena, expected ", stamp.round, ")")
-                         : collectiveMismatch(tag_.rank, arena.rankOf(m), h, got);
-    engine_.fail(c10::str(describe(tag_), ": ", msg), /*network=*/false);
-    throwBackend(c10::str(describe(tag_), ": ", msg));
+        c10::str(describe(tag_), ": ringpg: collective mismatch between ranks: rank ", tag_.rank, " runs seq ", h.key,
+                 " with root ", root, " but rank ", arena.rankOf(m), " with root ", theirs.root, " (round ",
+                 theirs.round, " of the host arena, expected ", stamp.round, ")");
+    engine_.fail(msg, /*network=*/false);
+    throwBackend(msg);
   }
 }
 

@@ -15,7 +15,7 @@
 #include "common/interpreter.h"
 #include "common/torch_compat.h"
 #include "reduce/reduce.h"
-#include "transport/arena.h"
+#include "transport/shm_segment.h"
 #include "transport/store_exchange.h"
 
 namespace py = pybind11;
@@ -230,11 +230,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("arena_oneshot_volume", [] { return ringpg::kArenaOneShotVolume; });
   m.def("arena_piece_elems", &ringpg::arenaPieceElems, py::arg("buffer_bytes"), py::arg("elem_size"), py::arg("parts"),
         "elements of one host-arena piece (algorithms/arena_collectives.h); for the tests");
-  m.def("arena_segment_name", &ringpg::arenaSegmentName, py::arg("pid"), py::arg("nonce"));
+  m.def(
+      "arena_segment_name", [](int pid, uint64_t nonce) { return ringpg::segmentName("arena", pid, nonce); },
+      py::arg("pid"), py::arg("nonce"));
   m.def("segment_creator_pid", &ringpg::segmentCreatorPid, py::arg("name"),
         "the pid in a ringpg shared-memory segment's name (without '/'), 0 for any other name");
   m.def("reclaim_stale_segments", &ringpg::reclaimStaleSegments, py::arg("dir"), py::arg("min_age_seconds"),
-        "unlinks ringpg segments in `dir` whose creator is gone; how many (transport/arena.h)");
+        "unlinks ringpg segments in `dir` whose creator is gone; how many (transport/shm_segment.h)");
   m.def("chunk_range", [](int64_t count, int parts, int c) {
     const auto r = ringpg::chunkRange(count, parts, c);
     return std::make_pair(r.offset, r.length);

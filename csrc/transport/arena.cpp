@@ -1,9 +1,5 @@
 #include "transport/arena.h"
 
-#include <dirent.h>
-#include <signal.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <c10/util/Exception.h>
@@ -15,7 +11,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <ctime>
 #include <sstream>
 #include <thread>
 
@@ -30,7 +25,6 @@ namespace {
 constexpr uint64_t kArenaMagic = 0x314e524147504752ULL; // "RGPGARN1"
 constexpr size_t kLine = 64;
 constexpr size_t kPage = 4096;
-constexpr const char* kNamePrefix = "ringpg-arena-";
 
 struct ArenaHeader {
   uint64_t magic;
@@ -89,83 +83,12 @@ uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-std::string hex(uint64_t v) {
-  std::ostringstream o;
-  o << std::hex << v;
-  return o.str();
-}
-
 } // namespace
-
-std::string arenaSegmentName(int pid, uint64_t nonce) {
-  return c10::str("/", kNamePrefix, pid, "-", hex(nonce));
-}
-
-int segmentCreatorPid(const std::string& name) {
-  // "ringpg-arena-<pid>-<hex>" or the links' "ringpg-<pid>-<hex>" (shm.cpp).
-  std::string rest;
-  if (name.rfind(kNamePrefix, 0) == 0) {
-    rest = name.substr(std::strlen(kNamePrefix));
-  } else if (name.rfind("ringpg-", 0) == 0) {
-    rest = name.substr(std::strlen("ringpg-"));
-  } else {
-    return 0;
-  }
-  const size_t dash = rest.find('-');
-  if (dash == 0 || dash == std::string::npos || dash > 9 || dash + 1 == rest.size()) {
-    return 0;
-  }
-  int pid = 0;
-  for (const auto i : c10::irange(dash)) {
-    if (rest[i] < '0' || rest[i] > '9') {
-      return 0;
-    }
-    pid = pid * 10 + (rest[i] - '0');
-  }
-  for (size_t i = dash + 1; i < rest.size(); ++i) {
-    if (!std::isxdigit(static_cast<unsigned char>(rest[i]))) {
-      return 0;
-    }
-  }
-  return pid;
-}
-
-int reclaimStaleSegments(const std::string& dir, int minAgeSeconds) {
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) {
-    return 0;
-  }
-  int reclaimed = 0;
-  const time_t now = ::time(nullptr);
-  while (const dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    const int pid = segmentCreatorPid(name);
-    if (pid <= 0) {
-      continue;
-    }
-    struct stat st {};
-    const std::string path = dir + "/" + name;
-    // Ours, old enough that no group is still mapping it, and its creator gone (a
-    // live creator unlinks its own segments once they are mapped).
-    if (::stat(path.c_str(), &st) != 0 || st.st_uid != ::geteuid() || now - st.st_mtime < minAgeSeconds) {
-      continue;
-    }
-    if (::kill(pid, 0) == 0 || errno != ESRCH) {
-      continue;
-    }
-    if (::shm_unlink(("/" + name).c_str()) == 0) {
-      ++reclaimed;
-    }
-  }
-  ::closedir(d);
-  return reclaimed;
-}
 
 // The mapping (a SharedSegment); the creator also holds the name until it is unlinked.
 struct HostArena::Segment {
   std::unique_ptr<SharedSegment> seg;
   char* base = nullptr; // seg->base()
-  size_t bytes = 0;
 
   void unlinkName() { seg->unlinkName(); }
   ArenaHeader& header() const { return *reinterpret_cast<ArenaHeader*>(base); }
@@ -182,7 +105,6 @@ struct HostArena::Segment {
       return nullptr;
     }
     s->base = s->seg->base();
-    s->bytes = s->seg->bytes();
     // A new segment reads as zeros: every step 0, the bell quiet, no proof.
     s->header() = ArenaHeader{kArenaMagic, mix(nonce), static_cast<uint64_t>(members), bufferBytes};
     for (const auto m : c10::irange(members)) {
@@ -199,7 +121,6 @@ struct HostArena::Segment {
       return nullptr;
     }
     s->base = s->seg->base();
-    s->bytes = s->seg->bytes();
     const ArenaHeader& h = s->header();
     if (h.magic != kArenaMagic || h.check != mix(nonce) || h.members != static_cast<uint64_t>(members) ||
         h.bufferBytes != bufferBytes) {
@@ -215,10 +136,6 @@ HostArena::HostArena(Engine& engine, int members, int me, std::vector<int> ranks
       spinYields_(spinYields) {}
 
 HostArena::~HostArena() = default;
-
-size_t HostArena::segmentBytes() const {
-  return seg_ ? seg_->bytes : 0;
-}
 
 std::unique_ptr<HostArena> HostArena::connect(c10d::Store& store, Engine& engine, const std::string& prefix,
                                               const Topology& topo, int rank, bool wanted, size_t bufferBytes,
@@ -247,7 +164,7 @@ std::unique_ptr<HostArena> HostArena::connect(c10d::Store& store, Engine& engine
       LOG(INFO) << "ringpg: unlinked " << n << " shared-memory segment(s) left by processes that are gone";
     }
     nonce = randomNonce();
-    name = arenaSegmentName(::getpid(), nonce);
+    name = segmentName("arena", ::getpid(), nonce);
     self->seg_ = Segment::create(name, nonce, members, bufferBytes, whyNot);
     if (!self->seg_) {
       name = "-";

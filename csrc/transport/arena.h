@@ -94,15 +94,6 @@ enum class ArenaWait : uint8_t {
   Mismatch, // `laggard` runs this op's sequence number as another op (runsOtherOp)
 };
 
-// The name a segment of this process with nonce `nonce` gets, and the pid of the
-// process that created the segment named `name` (a /dev/shm entry, without the
-// leading '/'), or 0 if it is not a ringpg segment.  Pure, for the tests.
-std::string arenaSegmentName(int pid, uint64_t nonce);
-int segmentCreatorPid(const std::string& name);
-// Unlinks ringpg's segments in `dir` (/dev/shm) whose creator is gone, that belong to
-// this user and are older than `minAgeSeconds`; returns how many.
-int reclaimStaleSegments(const std::string& dir, int minAgeSeconds);
-
 class HostArena {
  public:
   struct Segment; // the mapping (defined in arena.cpp)

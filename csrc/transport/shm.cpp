@@ -105,12 +105,6 @@ void admitSameUserReaders() {
   }
 }
 
-std::string hex(uint64_t v) {
-  std::ostringstream o;
-  o << std::hex << v;
-  return o.str();
-}
-
 } // namespace
 
 // One mapping of a region (a SharedSegment); the creator also holds its name until
@@ -193,7 +187,7 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
   std::unique_ptr<ShmRing> self(new ShmRing(engine, rank, left, right, slotBytes, spinMicros, spinYields));
   std::string why = wanted ? "" : c10::str("RINGPG_TRANSPORT=", Config::transportName(setting));
   const uint64_t nonce = randomNonce();
-  const std::string name = c10::str("/ringpg-", ::getpid(), "-", hex(nonce));
+  const std::string name = segmentName("", ::getpid(), nonce);
   // Our region holds our bell (the futex this rank sleeps on, which a same-host
   // neighbour rings) and the slots of the link to the right (used when it is shared).
   if (wanted && (leftShared || rightShared)) {

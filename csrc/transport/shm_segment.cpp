@@ -1,18 +1,23 @@
 #include "transport/shm_segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <c10/util/StringUtil.h>
+#include <c10/util/irange.h>
 
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <ctime>
+#include <sstream>
 
 namespace ringpg {
 
@@ -75,6 +80,72 @@ void SharedSegment::unlinkName() {
     ::shm_unlink(name_.c_str());
     named_ = false;
   }
+}
+
+std::string segmentName(const std::string& kind, int pid, uint64_t nonce) {
+  std::ostringstream o;
+  o << "/ringpg-" << (kind.empty() ? "" : kind + "-") << pid << "-" << std::hex << nonce;
+  return o.str();
+}
+
+int segmentCreatorPid(const std::string& name) {
+  // "ringpg-arena-<pid>-<hex>" (the arena) or "ringpg-<pid>-<hex>" (the links).
+  std::string rest;
+  if (name.rfind("ringpg-arena-", 0) == 0) {
+    rest = name.substr(std::strlen("ringpg-arena-"));
+  } else if (name.rfind("ringpg-", 0) == 0) {
+    rest = name.substr(std::strlen("ringpg-"));
+  } else {
+    return 0;
+  }
+  const size_t dash = rest.find('-');
+  if (dash == 0 || dash == std::string::npos || dash > 9 || dash + 1 == rest.size()) {
+    return 0;
+  }
+  int pid = 0;
+  for (const auto i : c10::irange(dash)) {
+    if (rest[i] < '0' || rest[i] > '9') {
+      return 0;
+    }
+    pid = pid * 10 + (rest[i] - '0');
+  }
+  for (size_t i = dash + 1; i < rest.size(); ++i) {
+    if (!std::isxdigit(static_cast<unsigned char>(rest[i]))) {
+      return 0;
+    }
+  }
+  return pid;
+}
+
+int reclaimStaleSegments(const std::string& dir, int minAgeSeconds) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) {
+    return 0;
+  }
+  int reclaimed = 0;
+  const time_t now = ::time(nullptr);
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    const int pid = segmentCreatorPid(name);
+    if (pid <= 0) {
+      continue;
+    }
+    struct stat st {};
+    const std::string path = dir + "/" + name;
+    // Ours, old enough that no group is still mapping it, and its creator gone (a
+    // live creator unlinks its own segments once they are mapped).
+    if (::stat(path.c_str(), &st) != 0 || st.st_uid != ::geteuid() || now - st.st_mtime < minAgeSeconds) {
+      continue;
+    }
+    if (::kill(pid, 0) == 0 || errno != ESRCH) {
+      continue;
+    }
+    if (::shm_unlink(("/" + name).c_str()) == 0) {
+      ++reclaimed;
+    }
+  }
+  ::closedir(d);
+  return reclaimed;
 }
 
 void futexWaitShared(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {

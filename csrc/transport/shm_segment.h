@@ -46,6 +46,17 @@ class SharedSegment {
   bool named_; // this mapping created the name and has not unlinked it yet
 };
 
+// The name of a segment of kind `kind` ("" for the links' regions, "arena") that
+// process `pid` creates with `nonce`: "/ringpg-[<kind>-]<pid>-<nonce in hex>".
+std::string segmentName(const std::string& kind, int pid, uint64_t nonce);
+// The pid in the name of a ringpg segment (a /dev/shm entry, without the leading '/'),
+// or 0 for any other name.  Pure, for the tests.
+int segmentCreatorPid(const std::string& name);
+// Unlinks ringpg's segments in `dir` (/dev/shm) whose creator is gone, that belong to
+// this user and are older than `minAgeSeconds` (a group may be mapping a younger one);
+// returns how many.
+int reclaimStaleSegments(const std::string& dir, int minAgeSeconds);
+
 // Sleeps while `*word` == `expected`, at most `timeout`, on a futex shared between
 // processes.  Returns on a wake, a change, a signal or the timeout alike: callers look
 // again.
