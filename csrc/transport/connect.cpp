@@ -182,10 +182,16 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
                             Clock::now() + timeout, &shmUsed);
   // The host arena of a group on one host (arena.h), unless the links were asked for
   // (RINGPG_TRANSPORT tcp or gloo, RINGPG_ALGO ring or hier) or RINGPG_ARENA_BYTES=0.
-  const bool arenaWanted = (transport == Config::Transport::Auto || transport == Config::Transport::Shm) &&
-                           (cfg.algo == Config::Algo::Auto || cfg.algo == Config::Algo::Arena);
-  g->arena = HostArena::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, arenaWanted, cfg.arenaBytes,
-                                g->shmSpinMicros, /*spinYields=*/localRanks > cpus, &g->arenaWhyNot);
+  // The algorithm and gloo are agreed on every rank (agreeOnSettings), so a group that
+  // asked for either skips the arena's agreement altogether; tcp may be one rank's
+  // alone, and that rank's refusal reaches the others through the agreement.
+  const bool arenaAllowed =
+      transport != Config::Transport::Gloo && (cfg.algo == Config::Algo::Auto || cfg.algo == Config::Algo::Arena);
+  const bool arenaWanted = arenaAllowed && transport != Config::Transport::Tcp;
+  if (arenaAllowed) {
+    g->arena = HostArena::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, arenaWanted, cfg.arenaBytes,
+                                  g->shmSpinMicros, /*spinYields=*/localRanks > cpus, &g->arenaWhyNot);
+  }
   if (!g->arena && rank == 0 && arenaWanted && !g->arenaWhyNot.empty()) {
     LOG(INFO) << "ringpg: no host arena, the collectives run on the links: " << g->arenaWhyNot;
   }
