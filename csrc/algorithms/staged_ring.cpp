@@ -154,6 +154,22 @@ class CopyBack {
   std::vector<Range> pending_;
 };
 
+// An all-gather's own chunk (`input`, chunk `index` of `output`): copied into its place
+// in `host` now (blocking: the collective reads it next), and into the output on the
+// device, where it needs no trip through the host (unless in place, FSDP's call: there
+// already).  Returns its place in `host`.
+at::Tensor stageOwnChunk(Staging& staging, const at::Tensor& input, const at::Tensor& output, const at::Tensor& host,
+                         int index) {
+  const int64_t chunk = input.numel();
+  const at::Tensor mine = host.narrow(0, chunk * index, chunk);
+  mine.copy_(input);
+  const at::Tensor ownOut = output.narrow(0, chunk * index, chunk);
+  if (ownOut.data_ptr() != input.data_ptr()) {
+    staging.back(ownOut, input);
+  }
+  return mine;
+}
+
 // Pieces a stage of copies to the host holds: at least one, about kStageBytes.
 int64_t piecesPerStage(int64_t pieceElems, size_t elemSize, int parts) {
   return std::max<int64_t>(1, static_cast<int64_t>(kStageBytes / (pieceElems * elemSize * parts)));
@@ -222,14 +238,8 @@ void stagedRingAllGather(OpContext& c, const at::Tensor& input, const at::Tensor
   TORCH_INTERNAL_ASSERT(count == chunk * p);
   Staging staging(input.device(), {&input, &output});
   at::Tensor host = pinnedLike(output, count);
-  // The own chunk: to the host in place before the ring starts (it sends it first),
-  // and into the output on the device, where it needs no trip through the host.
-  const at::Tensor mine = host.narrow(0, chunk * c.rank(), chunk);
-  mine.copy_(input); // blocking: the ring reads it next
-  const at::Tensor ownOut = output.narrow(0, chunk * c.rank(), chunk);
-  if (ownOut.data_ptr() != input.data_ptr()) { // in place (FSDP's call): already there
-    staging.back(ownOut, input);
-  }
+  // The own chunk: on the host before the ring starts (it sends it first).
+  stageOwnChunk(staging, input, output, host, c.rank());
 
   RingJob job;
   job.count = count;
@@ -303,14 +313,8 @@ void stagedArenaAllGather(OpContext& c, const at::Tensor& input, const at::Tenso
   const int me = c.arena()->me();
   Staging staging(input.device(), {&input, &output});
   at::Tensor host = pinnedLike(output, output.numel());
-  // The own chunk: to the host whole before the first round (every round reads a piece
-  // of it), and into the output on the device, where it needs no trip through the host.
-  const at::Tensor mine = host.narrow(0, chunk * me, chunk);
-  mine.copy_(input); // blocking: the arena reads it next
-  const at::Tensor ownOut = output.narrow(0, chunk * me, chunk);
-  if (ownOut.data_ptr() != input.data_ptr()) { // in place (FSDP's call): already there
-    staging.back(ownOut, input);
-  }
+  // The own chunk: on the host whole before the first round (every round reads a piece of it).
+  const at::Tensor mine = stageOwnChunk(staging, input, output, host, me);
   CopyBack back(staging, output, host);
   ArenaHooks hooks;
   hooks.onFinal = [&](int64_t off, int64_t n) {
