@@ -198,7 +198,7 @@ def transport_of(group: Any, device: str = "cpu") -> Optional[str]:
 
 def algorithm_of(group: Any, device: str = "cpu") -> Optional[str]:
     """What a live group's allreduce, reduce-scatter and all-gather run, for backends that
-    say (ringpg: "hier" or "ring"); None for other backends."""
+    say (ringpg: "arena", "hier" or "ring"); None for other backends."""
     return _ringpg_says(group, device, "allreduce_algorithm")
 
 

@@ -228,7 +228,7 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
             floor=unverified[0] if unverified else None,
         )
         transports = {label: t for label, g in groups.items() if (t := transport_of(g, cfg.device))}
-        # What each ringpg group's allreduce, reduce-scatter and all-gather run ("hier", "ring").
+        # What each ringpg group's allreduce, reduce-scatter and all-gather run ("arena", "hier", "ring").
         algorithms = {label: a for label, g in groups.items() if (a := algorithm_of(g, cfg.device))}
         # How each ringpg group moves large same-host messages, as it measured at creation.
         copies = {label: cp for label, g in groups.items() if (cp := copy_of(g, cfg.device))}
@@ -816,7 +816,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default=None,
         metavar="LIST",
         help="the algorithm axis: each ringpg column naming no algorithm becomes one column per "
-        "algorithm (e.g. --algos hier,ring: ringpg/hier,ringpg/ring; auto, ring, hier)",
+        "algorithm (e.g. --algos hier,ring: ringpg/hier,ringpg/ring; auto, ring, hier, arena)",
     )
     g.add_argument("--baseline", default="gloo", help="label the ratio column divides by (default gloo)")
     g.add_argument("--ops", default=",".join(OPS), help="comma list (aliases ar,rs,ag,bc,a2a)")
