@@ -67,12 +67,17 @@ void arenaAllreduce(OpContext& c, char* data, int64_t count, size_t es, RedOp op
   const int64_t piece = arenaPieceFor(c, /*reduceScatter=*/false, es);
   for (int64_t o = 0; o < count; o += piece) {
     const int64_t n = std::min(piece, count - o);
-    char* at = data + static_cast<size_t>(o) * es;
+    char* at = data == nullptr ? nullptr : data + static_cast<size_t>(o) * es; // null: direct staging
     if (hooks.awaitPiece) {
       hooks.awaitPiece(o / piece);
     }
     a.beginRound();
-    std::memcpy(a.buffer(me), at, static_cast<size_t>(n) * es);
+    if (hooks.fillOwn) {
+      TORCH_INTERNAL_ASSERT(!oneShot && data == nullptr, "ringpg: the arena's direct staging is two-step");
+      hooks.fillOwn(a.buffer(me), o, n);
+    } else {
+      std::memcpy(a.buffer(me), at, static_cast<size_t>(n) * es);
+    }
     c.arenaStep(/*firstOfRound=*/true);
     if (oneShot) {
       // Every member the whole piece, in member order: the same bits everywhere.
@@ -88,15 +93,27 @@ void arenaAllreduce(OpContext& c, char* data, int64_t count, size_t es, RedOp op
     // Reduce-scatter: this member's slice of the piece, over every buffer, into the
     // caller's buffer (its own buffer is an operand of the other elements still)...
     const Range mine = chunkRange(n, members, me);
-    char* out = at + static_cast<size_t>(mine.offset) * es;
+    const size_t mineBytes = static_cast<size_t>(mine.length) * es;
+    // (With direct staging there is no host copy of the data: a scratch area instead.)
+    char* out = hooks.takeOut ? c.scratch(mineBytes) : at + static_cast<size_t>(mine.offset) * es;
     reduceMembers(c, op, out, static_cast<size_t>(mine.offset) * es, mine.length, es);
     if (finalize && mine.length > 0) {
       finalize(out, mine.length);
     }
     // ...then published in its place in our buffer, which only we read there: the
     // other members read their own slices of it.
-    std::memcpy(a.buffer(me) + static_cast<size_t>(mine.offset) * es, out, static_cast<size_t>(mine.length) * es);
+    std::memcpy(a.buffer(me) + static_cast<size_t>(mine.offset) * es, out, mineBytes);
     c.arenaStep(/*firstOfRound=*/false);
+    if (hooks.takeOut) {
+      // Every slice, ours too, straight from the buffers.
+      for (const auto q : c10::irange(members)) {
+        const Range r = chunkRange(n, members, q);
+        if (!r.empty()) {
+          hooks.takeOut(a.buffer(q) + static_cast<size_t>(r.offset) * es, o + r.offset, r.length);
+        }
+      }
+      continue;
+    }
     // All-gather: every other member's slice.
     for (const auto q : c10::irange(members)) {
       if (q == me) {
@@ -128,8 +145,12 @@ void arenaReduceScatter(OpContext& c, const char* input, char* output, int64_t c
     a.beginRound();
     // Block q of our buffer: our contribution to member q's chunk at [o, o + n).
     char* mine = a.buffer(me);
-    for (const auto q : c10::irange(members)) {
-      std::memcpy(mine + q * block, input + static_cast<size_t>(q * chunkCount + o) * es, block);
+    if (hooks.fillOwn) {
+      hooks.fillOwn(mine, o, n);
+    } else {
+      for (const auto q : c10::irange(members)) {
+        std::memcpy(mine + q * block, input + static_cast<size_t>(q * chunkCount + o) * es, block);
+      }
     }
     c.arenaStep(/*firstOfRound=*/true);
     char* out = output + static_cast<size_t>(o) * es;
@@ -156,8 +177,16 @@ void arenaAllGather(OpContext& c, const char* input, char* output, int64_t chunk
   for (int64_t o = 0; o < chunkCount; o += piece) {
     const int64_t n = std::min(piece, chunkCount - o);
     const size_t len = static_cast<size_t>(n) * es;
-    const char* in = input + static_cast<size_t>(o) * es;
     a.beginRound();
+    if (hooks.fillOwn) {
+      hooks.fillOwn(a.buffer(me), o, n);
+      c.arenaStep(/*firstOfRound=*/true);
+      for (const auto q : c10::irange(members)) {
+        hooks.takeOut(a.buffer(q), q * chunkCount + o, n);
+      }
+      continue;
+    }
+    const char* in = input + static_cast<size_t>(o) * es;
     std::memcpy(a.buffer(me), in, len);
     c.arenaStep(/*firstOfRound=*/true);
     for (const auto q : c10::irange(members)) {

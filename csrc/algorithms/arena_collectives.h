@@ -41,12 +41,27 @@ int64_t arenaPieceElems(size_t bufferBytes, size_t elemSize, int parts);
 
 using Finalize = std::function<void(char*, int64_t)>;
 
-// Staging hooks for device tensors (staged_ring.h), both optional, in elements:
+// Staging hooks for device tensors (staged_ring.h), all optional, in elements:
 //   awaitPiece(i):     before the input of piece i (arenaPieceFor's pieces) is first read;
 //   onFinal(off, n):   once output elements [off, off + n) hold their final values.
+// Where the arena's segment is registered with the device, the copies go straight
+// between the device and the arena (two-step allreduce, reduce_scatter, all_gather):
+//   fillOwn(dst, off, n):  writes this member's contribution of the round (input
+//                          elements [off, off + n): of each chunk, for reduce_scatter,
+//                          block q at dst + q * n elements) into its buffer `dst`, and
+//                          returns once it is there: the copy from the host input it
+//                          replaces.  Called before each round's first step, so it also
+//                          waits for the reads takeOut issued in the round before (a
+//                          member's arrival tells the others it has finished reading);
+//   takeOut(src, off, n):  output elements [off, off + n) are final at `src` (a member's
+//                          buffer of this round): the copy into the host output it
+//                          replaces; asynchronous, finished by the next fillOwn or by
+//                          the caller after the op.
 struct ArenaHooks {
   std::function<void(int64_t piece)> awaitPiece;
   std::function<void(int64_t offset, int64_t n)> onFinal;
+  std::function<void(char* dst, int64_t offset, int64_t n)> fillOwn;
+  std::function<void(const char* src, int64_t offset, int64_t n)> takeOut;
 };
 
 // Elements of one piece of `op` (allreduce, reduce_scatter: per chunk, all_gather) on
@@ -54,7 +69,8 @@ struct ArenaHooks {
 int64_t arenaPieceFor(const OpContext& c, bool reduceScatter, size_t elemSize);
 
 // `data`: `count` elements of `elemSize` bytes, reduced in place on every member.
-// `oneShot`: every member reduces everything (choice.h says when).
+// `oneShot`: every member reduces everything (choice.h says when).  With hooks.fillOwn
+// and hooks.takeOut (two-step only) `data` is null: the data never lands on the host.
 void arenaAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op, const Finalize& finalize,
                     bool oneShot, const ArenaHooks& hooks = {});
 // `input`: members() chunks of `chunkCount` elements; `output`: this member's chunk of their reduction.

@@ -41,9 +41,12 @@ Algorithm linksAllreduce(const GroupShape& g, const Config& cfg, size_t bytes, b
 
 // Whether the arena runs a large op (beyond the one-shot volume).  At two ranks the
 // links are the same two-step exchange the arena would run, with single copy and a
-// pipeline of slots tuned for it, so the arena takes only what it was asked for there.
-bool arenaForLarge(const GroupShape& g, const Config& cfg) {
-  return g.arena && (cfg.algo == Config::Algo::Arena || g.size > 2);
+// pipeline of slots tuned for it, so the arena takes only what it was asked for there
+// and device tensors where device copies reach its buffers directly: then no CPU
+// copies a byte in or out, and two ranks' all-gathers of 4-64 MiB ran 1.7-4.5x, their
+// allreduces 1.2-1.7x, the staged ring's busbw (docs/internals.md).
+bool arenaForLarge(const GroupShape& g, const Config& cfg, bool deviceContiguous) {
+  return g.arena && (cfg.algo == Config::Algo::Arena || g.size > 2 || (deviceContiguous && g.arenaReachesDevice));
 }
 
 } // namespace
@@ -122,7 +125,7 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
       if (arenaReduces) {
         return Algorithm::ArenaOneShot;
       }
-      if (arenaForLarge(g, cfg)) {
+      if (arenaForLarge(g, cfg, deviceContiguous)) {
         return Algorithm::Arena; // device tensors too: the arena's rounds are staged (staged_ring.h)
       }
       return linksAllreduce(g, cfg, bytes, deviceContiguous);
@@ -130,10 +133,10 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
       if (arenaReduces) {
         return Algorithm::ArenaOneShot;
       }
-      return arenaForLarge(g, cfg) ? Algorithm::Arena : Algorithm::Ring;
+      return arenaForLarge(g, cfg, deviceContiguous) ? Algorithm::Arena : Algorithm::Ring;
     case Collective::ReduceScatter:
     case Collective::AllGather:
-      if (arenaOneShot || arenaForLarge(g, cfg)) {
+      if (arenaOneShot || arenaForLarge(g, cfg, deviceContiguous)) {
         return Algorithm::Arena;
       }
       if (g.hierarchical) {
@@ -144,7 +147,7 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
     case Collective::Broadcast:
     case Collective::Gather:
     case Collective::Scatter:
-      return arenaOneShot || arenaForLarge(g, cfg) ? Algorithm::Arena : Algorithm::Ring;
+      return arenaOneShot || arenaForLarge(g, cfg, deviceContiguous) ? Algorithm::Arena : Algorithm::Ring;
     case Collective::Barrier:
       return g.arena ? Algorithm::Arena : Algorithm::Ring;
   }

@@ -39,6 +39,9 @@ struct GroupShape {
   bool hierarchical = false;        // hierarchicalApplies: hosts hold equal numbers (> 1) of ranks
   bool ringFusedEverywhere = false; // the ring runs on shared memory on one host
   bool arena = false;               // the group has a host arena (transport/arena.h)
+  // Device copies reach the arena's buffers by DMA (its segment is registered with the
+  // device's runtime: staged_ring.h); asked only for an op on device tensors.
+  bool arenaReachesDevice = false;
 };
 
 // Below this volume (bytes x (ranks - 1): what each member reads of the others) an
@@ -50,7 +53,8 @@ constexpr size_t kArenaOneShotVolume = 64 * 1024;
 // reduce_scatter: its input, all_gather: its output; gather, scatter: one rank's
 // block; barrier: 0) in a group of
 // `shape` under `cfg`.  `deviceContiguous`: the op's tensors are contiguous CUDA
-// tensors (the staged ring's case: allreduce, reduce-scatter, all-gather).
+// tensors (the staged ring's case: allreduce, reduce-scatter, all-gather); at two
+// ranks they take the arena where it reaches the device, else the staged ring.
 Algorithm chooseAlgorithm(Collective op, const GroupShape& shape, const Config& cfg, size_t bytes,
                           bool deviceContiguous = false);
 

@@ -110,9 +110,13 @@ void hostAllreduce(OpContext& c, const at::Tensor& host, const Reduction& red) {
   ringCollective(c, job, RingBuffers{bytes(host), bytes(host), nullptr});
 }
 
-// The choice for an op other than allreduce (choice.h).
-Algorithm chooseFor(const OpContext& c, Collective op, size_t bytes, bool deviceContiguous = false) {
-  return chooseAlgorithm(op, shapeOf(c.links(), c.config()), c.config(), bytes, deviceContiguous);
+// The choice (choice.h) for an op on `bytes`, of contiguous tensors on `device` where
+// given (the arena asked then whether it reaches that device).
+Algorithm chooseFor(const OpContext& c, Collective op, size_t bytes, const c10::Device* device = nullptr) {
+  GroupShape g = shapeOf(c.links(), c.config());
+  const bool deviceContiguous = device != nullptr && !device->is_cpu();
+  g.arenaReachesDevice = deviceContiguous && arenaReachesDevice(c, *device);
+  return chooseAlgorithm(op, g, c.config(), bytes, deviceContiguous);
 }
 
 // Whether `a` runs over the host arena.
@@ -145,7 +149,8 @@ Staging stagingOf(const OpContext& c, Collective op, const at::Tensor& input, co
       bytes < kStagedMinBytes) {
     return Staging::Whole;
   }
-  const Algorithm algo = chooseFor(c, op, bytes, /*deviceContiguous=*/true);
+  const c10::Device device = input.device();
+  const Algorithm algo = chooseFor(c, op, bytes, &device);
   if (algo != Algorithm::StagedRing && !onArena(algo)) {
     return Staging::Whole;
   }
@@ -244,8 +249,7 @@ GroupShape shapeOf(const LinkTable& links, const Config& cfg) {
 }
 
 Algorithm chooseAllreduce(const OpContext& c, size_t bytes, const c10::Device& device, bool contiguous) {
-  return chooseAlgorithm(Collective::Allreduce, shapeOf(c.links(), c.config()), c.config(), bytes,
-                         !device.is_cpu() && contiguous);
+  return chooseFor(c, Collective::Allreduce, bytes, contiguous ? &device : nullptr);
 }
 
 void allreduce(OpContext& c, const at::Tensor& t, const Reduction& red) {

@@ -1,6 +1,7 @@
 #include "algorithms/staged_ring.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -8,11 +9,14 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "algorithms/arena_collectives.h"
 #include "algorithms/ring.h"
 #include "algorithms/ring_plan.h"
+#include "cuda/host_register.h"
+#include "transport/arena.h"
 
 namespace ringpg {
 namespace {
@@ -78,6 +82,21 @@ class Staging {
   void back(const at::Tensor& dst, const at::Tensor& src) {
     c10::StreamGuard onH2d(h2d_);
     dst.copy_(src, /*non_blocking=*/true);
+  }
+
+  // `dst` (pinned host) = `src` (device), on the copy-out stream.
+  void out(const at::Tensor& dst, const at::Tensor& src) {
+    c10::StreamGuard onD2h(d2h_);
+    dst.copy_(src, /*non_blocking=*/true);
+  }
+
+  // Returns once every copy issued so far, both ways, has finished.
+  void drain() {
+    for (const c10::Stream& s : {d2h_, h2d_}) {
+      c10::Event e(device_.type());
+      e.record(s);
+      e.synchronize();
+    }
   }
 
   // Orders this thread's current stream (where the op's completion event is recorded)
@@ -175,7 +194,32 @@ int64_t piecesPerStage(int64_t pieceElems, size_t elemSize, int parts) {
   return std::max<int64_t>(1, static_cast<int64_t>(kStageBytes / (pieceElems * elemSize * parts)));
 }
 
+// A host tensor over `n` elements at `p` (an arena buffer), for copies to and from `like`'s device.
+at::Tensor hostView(const char* p, int64_t n, const at::Tensor& like) {
+  return at::from_blob(const_cast<char*>(p), {n}, at::TensorOptions().dtype(like.scalar_type()));
+}
+
 } // namespace
+
+bool arenaReachesDevice(const OpContext& c, const c10::Device& device) {
+  if (c.arena() == nullptr) {
+    return false;
+  }
+  HostArena& a = *c.arena();
+  if (a.devicePin() == HostArena::DevicePin::Unasked) {
+    std::string why;
+    const c10::DeviceGuard onDevice(device); // the runtime registers on the current device
+    void* base = a.segmentBase();
+    if (registerHostMemory(base, a.segmentBytes(), &why)) {
+      a.setDevicePin(HostArena::DevicePin::Pinned, [base] { unregisterHostMemory(base); });
+    } else {
+      a.setDevicePin(HostArena::DevicePin::Refused);
+      TORCH_WARN_ONCE("ringpg: the host arena's buffers could not be registered with the device (", why,
+                      "): device tensors are staged through pinned host copies instead");
+    }
+  }
+  return a.devicePin() == HostArena::DevicePin::Pinned;
+}
 
 void stagedRingAllreduce(OpContext& c, const at::Tensor& dev, RedOp op,
                          const std::function<void(char*, int64_t)>& finalize) {
@@ -259,6 +303,21 @@ void stagedArenaAllreduce(OpContext& c, const at::Tensor& dev, RedOp op,
   const int64_t count = dev.numel();
   const size_t es = dev.element_size();
   Staging staging(dev.device(), {&dev});
+  if (!oneShot && arenaReachesDevice(c, dev.device())) {
+    // Each piece straight into our buffer, each final slice straight from its member's.
+    ArenaHooks hooks;
+    hooks.fillOwn = [&](char* dst, int64_t off, int64_t n) {
+      staging.out(hostView(dst, n, dev), dev.narrow(0, off, n));
+      staging.drain();
+    };
+    hooks.takeOut = [&](const char* src, int64_t off, int64_t n) {
+      staging.back(dev.narrow(0, off, n), hostView(src, n, dev));
+    };
+    arenaAllreduce(c, nullptr, count, es, op, finalize, /*oneShot=*/false, hooks);
+    staging.drain(); // the buffers are the next op's: nothing may read them after we return
+    staging.finish();
+    return;
+  }
   at::Tensor host = pinnedLike(dev, count);
   const int64_t piece = arenaPieceFor(c, /*reduceScatter=*/false, es);
   const int64_t perStage = piecesPerStage(piece, es, 1);
@@ -284,8 +343,24 @@ void stagedArenaReduceScatter(OpContext& c, const at::Tensor& input, const at::T
   TORCH_INTERNAL_ASSERT(input.numel() == chunk * members);
   const size_t es = input.element_size();
   Staging staging(input.device(), {&input, &output});
-  at::Tensor hostIn = pinnedLike(input, input.numel());
   at::Tensor hostOut = pinnedLike(output, chunk);
+  CopyBack back(staging, output, hostOut);
+  ArenaHooks hooks;
+  hooks.onFinal = [&](int64_t off, int64_t n) { back.add(off, n); };
+  if (arenaReachesDevice(c, input.device())) {
+    // Each chunk's block of a piece straight into our buffer.
+    hooks.fillOwn = [&](char* dst, int64_t off, int64_t n) {
+      for (const auto q : c10::irange(members)) {
+        staging.out(hostView(dst + static_cast<size_t>(q * n) * es, n, input), input.narrow(0, q * chunk + off, n));
+      }
+      staging.drain();
+    };
+    arenaReduceScatter(c, nullptr, static_cast<char*>(hostOut.data_ptr()), chunk, es, op, finalize, hooks);
+    back.flushAll();
+    staging.finish();
+    return;
+  }
+  at::Tensor hostIn = pinnedLike(input, input.numel());
   // A piece is a block of every member's chunk: a stage copies each chunk's part of it.
   const int64_t piece = arenaPieceFor(c, /*reduceScatter=*/true, es);
   const int64_t perStage = piecesPerStage(piece, es, members);
@@ -296,10 +371,7 @@ void stagedArenaReduceScatter(OpContext& c, const at::Tensor& input, const at::T
       hostIn.narrow(0, q * chunk + off, n).copy_(input.narrow(0, q * chunk + off, n), /*non_blocking=*/true);
     }
   });
-  CopyBack back(staging, output, hostOut);
-  ArenaHooks hooks;
   hooks.awaitPiece = [&](int64_t i) { staging.awaitOut(static_cast<int>(i / perStage)); };
-  hooks.onFinal = [&](int64_t off, int64_t n) { back.add(off, n); };
   arenaReduceScatter(c, static_cast<const char*>(hostIn.data_ptr()), static_cast<char*>(hostOut.data_ptr()), chunk, es,
                      op, finalize, hooks);
   back.flushAll();
@@ -312,6 +384,28 @@ void stagedArenaAllGather(OpContext& c, const at::Tensor& input, const at::Tenso
   TORCH_INTERNAL_ASSERT(output.numel() == chunk * c.arena()->members());
   const int me = c.arena()->me();
   Staging staging(input.device(), {&input, &output});
+  if (arenaReachesDevice(c, input.device())) {
+    // Our piece straight into our buffer; every other member's straight from theirs
+    // into the output; our own chunk device to device (already there, in place).
+    const at::Tensor ownOut = output.narrow(0, chunk * me, chunk);
+    if (ownOut.data_ptr() != input.data_ptr()) {
+      staging.back(ownOut, input);
+    }
+    ArenaHooks hooks;
+    hooks.fillOwn = [&](char* dst, int64_t off, int64_t n) {
+      staging.out(hostView(dst, n, input), input.narrow(0, off, n));
+      staging.drain();
+    };
+    hooks.takeOut = [&](const char* src, int64_t off, int64_t n) {
+      if (off < chunk * me || off >= chunk * (me + 1)) {
+        staging.back(output.narrow(0, off, n), hostView(src, n, output));
+      }
+    };
+    arenaAllGather(c, nullptr, nullptr, chunk, output.element_size(), hooks);
+    staging.drain(); // the buffers are the next op's: nothing may read them after we return
+    staging.finish();
+    return;
+  }
   at::Tensor host = pinnedLike(output, output.numel());
   // The own chunk: on the host whole before the first round (every round reads a piece of it).
   const at::Tensor mine = stageOwnChunk(staging, input, output, host, me);

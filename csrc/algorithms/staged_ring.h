@@ -38,9 +38,17 @@ void stagedRingReduceScatter(OpContext& c, const at::Tensor& input, const at::Te
 // ring carries the rest.
 void stagedRingAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output);
 
+// Whether device copies reach `c`'s arena buffers directly: its segment registered with
+// `device`'s runtime (cuda/host_register.h), asked on this member's first call and
+// remembered (a refusal warns once).  False without an arena.
+bool arenaReachesDevice(const OpContext& c, const c10::Device& device);
+
 // The same three over a single-host group's arena (arena_collectives.h): the input goes
 // to pinned memory in stages of a few pieces, each awaited before the arena's round
-// reads it, and final ranges come back as each stage of them is complete.
+// reads it, and final ranges come back as each stage of them is complete; or, where
+// the arena reaches the device (arenaReachesDevice), each piece goes straight into this
+// member's buffer and every final range straight from its member's buffer to the
+// device: the CPU copies nothing in or out, it only reduces.
 void stagedArenaAllreduce(OpContext& c, const at::Tensor& dev, RedOp op,
                           const std::function<void(char*, int64_t)>& finalize, bool oneShot);
 void stagedArenaReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& output, RedOp op,

@@ -14,6 +14,7 @@
 #include "common/host.h"
 #include "common/interpreter.h"
 #include "common/torch_compat.h"
+#include "cuda/host_register.h"
 #include "reduce/reduce.h"
 #include "transport/shm_segment.h"
 #include "transport/store_exchange.h"
@@ -212,22 +213,25 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "choose_algorithm",
       [](const std::string& op, int size, int hosts, int mostPerHost, bool hierarchical, bool ringFused, bool arena,
-         size_t nbytes, const std::string& algo, int64_t oneShotBytes, bool deviceContiguous) {
+         size_t nbytes, const std::string& algo, int64_t oneShotBytes, bool deviceContiguous, bool arenaReachesDevice) {
         ringpg::Config cfg;
         cfg.algo = ringpg::Config::algoNamed(algo, "algo=");
         if (oneShotBytes >= 0) {
           cfg.oneShotBytes = static_cast<size_t>(oneShotBytes);
         }
-        ringpg::GroupShape g{size, hosts, mostPerHost, hierarchical, ringFused, arena};
+        ringpg::GroupShape g{size, hosts, mostPerHost, hierarchical, ringFused, arena, arenaReachesDevice};
         return std::string(ringpg::algorithmName(
             ringpg::chooseAlgorithm(ringpg::collectiveNamed(op), g, cfg, nbytes, deviceContiguous)));
       },
       py::arg("op"), py::arg("size"), py::arg("hosts"), py::arg("most_per_host"), py::arg("hierarchical"),
       py::arg("ring_fused"), py::arg("arena"), py::arg("nbytes"), py::arg("algo") = "auto",
-      py::arg("oneshot_bytes") = -1, py::arg("device_contiguous") = false,
+      py::arg("oneshot_bytes") = -1, py::arg("device_contiguous") = false, py::arg("arena_reaches_device") = false,
       "algorithms/choice.h's decision for a group of this shape (default settings but `algo` and "
       "`oneshot_bytes`, -1: the default); for the tests");
   m.def("arena_oneshot_volume", [] { return ringpg::kArenaOneShotVolume; });
+  m.def("refuse_device_registration", &ringpg::refuseHostRegistration, py::arg("refuse"),
+        "From now on this process's host arenas refuse to register with a device (cuda/host_register.h), "
+        "so device tensors stage through pinned copies; for the tests");
   m.def("arena_piece_elems", &ringpg::arenaPieceElems, py::arg("buffer_bytes"), py::arg("elem_size"), py::arg("parts"),
         "elements of one host-arena piece (algorithms/arena_collectives.h); for the tests");
   m.def(

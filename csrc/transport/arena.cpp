@@ -135,7 +135,24 @@ HostArena::HostArena(Engine& engine, int members, int me, std::vector<int> ranks
     : engine_(engine), members_(members), me_(me), ranks_(std::move(ranks)), spinMicros_(spinMicros),
       spinYields_(spinYields) {}
 
-HostArena::~HostArena() = default;
+HostArena::~HostArena() {
+  if (unpin_) {
+    unpin_(); // while the mapping still exists
+  }
+}
+
+void HostArena::setDevicePin(DevicePin pin, std::function<void()> undo) {
+  pin_ = pin;
+  unpin_ = std::move(undo);
+}
+
+void* HostArena::segmentBase() const {
+  return seg_->base;
+}
+
+size_t HostArena::segmentBytes() const {
+  return seg_->seg->bytes();
+}
 
 std::unique_ptr<HostArena> HostArena::connect(c10d::Store& store, Engine& engine, const std::string& prefix,
                                               const Topology& topo, int rank, bool wanted, size_t bufferBytes,

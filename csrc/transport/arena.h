@@ -52,6 +52,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -144,6 +145,17 @@ class HostArena {
   // A wait that sleeps looks at the others' ops about this often.
   static constexpr std::chrono::milliseconds kMismatchLook{10};
 
+  // Whether this member's mapping is registered with a device runtime, so that device
+  // copies reach the buffers directly (algorithms/staged_ring.cpp asks once, on the
+  // first staged op, and says so here).  A per-member matter: the rounds are the same
+  // either way.
+  enum class DevicePin : uint8_t { Unasked, Pinned, Refused };
+  DevicePin devicePin() const { return pin_; }
+  // `undo` (Pinned): runs before the segment is unmapped.
+  void setDevicePin(DevicePin pin, std::function<void()> undo = {});
+  // The whole mapping, for the registration (segmentBytes(): its size).
+  void* segmentBase() const;
+
  private:
   HostArena(Engine& engine, int members, int me, std::vector<int> ranks, int spinMicros, bool spinYields);
   bool allArrived(uint64_t step, int* from) const;
@@ -162,6 +174,8 @@ class HostArena {
   uint64_t round_ = 0; // rounds begun (round_ % 2: the buffers in use)
   ArenaStamp current_; // the op this member announced last
   uint64_t step_ = 0;  // steps arrived at
+  DevicePin pin_ = DevicePin::Unasked;
+  std::function<void()> unpin_; // undoes a Pinned registration
 };
 
 } // namespace ringpg
