@@ -137,7 +137,8 @@ def test_without_an_arena_the_links_algorithms_run_as_before(size: int) -> None:
 
 @needs_C
 def test_large_cuda_tensors_take_the_staged_ring_or_the_arena() -> None:
-    # With an arena the large allreduce runs there (staged in pieces); without, the staged ring.
+    # With an arena (from three ranks) the large allreduce runs there (staged in pieces);
+    # without, the staged ring.
     assert _C.choose_algorithm("allreduce", 4, 1, 4, False, True, True, 1 << 26, device_contiguous=True) == "arena"
     assert _C.choose_algorithm("allreduce", 4, 1, 4, False, True, False, 1 << 26, device_contiguous=True) == (
         "staged_ring"
@@ -149,6 +150,13 @@ def test_large_cuda_tensors_take_the_staged_ring_or_the_arena() -> None:
     for op in ("reduce_scatter", "all_gather"):
         assert _C.choose_algorithm(op, 2, 1, 2, False, True, True, 1 << 26, device_contiguous=True) == "staged_ring"
         assert _C.choose_algorithm(op, 2, 1, 2, False, True, True, 1 << 26) == "ring"
+    # Unless device copies reach the arena's buffers directly (its segment registered with
+    # the device): then two ranks' large device ops run there too, host tensors not.
+    for op in ("allreduce", "reduce_scatter", "all_gather"):
+        direct = {"device_contiguous": True, "arena_reaches_device": True}
+        assert _C.choose_algorithm(op, 2, 1, 2, False, True, True, 1 << 26, **direct) == "arena"
+        assert _C.choose_algorithm(op, 2, 1, 2, False, True, True, 1 << 26, arena_reaches_device=True) == "ring"
+        assert _C.choose_algorithm(op, 2, 1, 2, False, True, False, 1 << 26, **direct) == "staged_ring"
     # A small one is staged whole and runs in the arena's one step.
     assert _C.choose_algorithm("allreduce", 4, 1, 4, False, True, True, 64, device_contiguous=True) == ("arena_oneshot")
 
