@@ -29,6 +29,12 @@
 // and every connected peer is sent the reason (an Abort frame) before the sockets
 // close.  Each rank that breaks does the same, so the news spreads along the ring (whose
 // neighbours are always connected) to ranks that never connected to the failed one.
+//
+// The class's definitions live in four rooms: engine.cpp (construction, the API and
+// its waits, the progress loop, completions), engine_dial.cpp (connecting on first use:
+// dialling, the hello, accepting), engine_failure.cpp (breaking, telling the peers,
+// the real cause of a lost connection) and engine_frames.cpp (writing and reading
+// sockets, routing headers, the stash, point-to-point matching).
 #pragma once
 
 #include <poll.h>

@@ -1,0 +1,258 @@
+// The engine (engine.h), its failure path: marking the engine broken, telling every
+// peer why, failing what waits, and finding the real cause of a lost connection.
+#include "transport/engine.h"
+
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "common/errors.h"
+#include "common/host.h"
+#include "transport/engine_internal.h"
+
+namespace ringpg {
+
+using engine_detail::abortedBy;
+using engine_detail::shutDownBy;
+using engine_detail::wouldBlock;
+
+namespace {
+
+// Reads on from `at` in the stream of socket `fd`, whose connection to peer `peer`
+// just failed, for the frames it still had in flight: returns the reason they give
+// (the Abort's reason, or a mismatch with `op`, the op running here, when not null),
+// "" when they give none.  `network` becomes false for a mismatch; `remote` true for an
+// Abort (the group failed on `peer` first).  The bytes read are never delivered: the
+// group fails next.  Bounded in time (a peer that is really gone gives end-of-stream at
+// once) and in bytes; runs without the engine's lock.
+std::string readCauseOfLoss(int fd, FrameReceiver::Position at, int rank, int peer, const FrameHeader* op,
+                            bool& network, bool& remote) {
+  constexpr auto kPatience = std::chrono::milliseconds(200);
+  constexpr size_t kMaxDrainBytes = size_t(256) << 20;
+  const auto until = std::chrono::steady_clock::now() + kPatience;
+  FrameHeader& h = at.hdr;
+  size_t hdrGot = at.headerGot;
+  size_t skip = at.payloadLeft; // payload left of the current frame
+  bool inAbort = at.inAbort;
+  std::string& abortWhy = at.abortSoFar;
+  std::vector<char> sink(64 << 10);
+  size_t drained = 0;
+  while (drained < kMaxDrainBytes) {
+    if (hdrGot == sizeof(FrameHeader)) { // a whole header: what does it say?
+      hdrGot = 0;
+      if (h.magic != kFrameMagic) {
+        break;
+      }
+      skip = h.nbytes;
+      inAbort = hasKind(h, FrameKind::Abort);
+      if (inAbort && h.nbytes > kMaxAbortBytes) {
+        break;
+      }
+      if (hasKind(h, FrameKind::Collective) && op && h.key == op->key && !ofSameOp(*op, h)) {
+        network = false;
+        return runningOpMismatch(rank, peer, *op, h);
+      }
+    }
+    if (inAbort && skip == 0) {
+      remote = true;
+      return abortedBy(peer, abortWhy);
+    }
+    char* dst = skip > 0 ? sink.data() : reinterpret_cast<char*>(&h) + hdrGot;
+    const size_t want = skip > 0 ? std::min(skip, sink.size()) : sizeof(FrameHeader) - hdrGot;
+    const ssize_t r = ::recv(fd, dst, want, MSG_DONTWAIT);
+    if (r > 0) {
+      drained += static_cast<size_t>(r);
+      if (skip > 0) {
+        skip -= static_cast<size_t>(r);
+        if (inAbort) {
+          abortWhy.append(dst, static_cast<size_t>(r));
+        }
+      } else {
+        hdrGot += static_cast<size_t>(r);
+      }
+      continue;
+    }
+    if (r == 0 || !wouldBlock(errno)) {
+      break; // end of stream or a dead socket: nothing more to learn
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      break;
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    (void)::poll(&pfd, 1, static_cast<int>(left.count()));
+  }
+  return "";
+}
+
+} // namespace
+
+// ---------------------------------------------------------------------------------
+// Failure path
+
+void Engine::failRequest(const RequestPtr& req, const std::string& why, Completions& done, bool network) {
+  markFailed(*req, why, network);
+  done.push_back(req);
+}
+
+void Engine::failLocked(const std::string& reason, Completions& done, bool network, BreakCause cause) {
+  if (broken_.empty()) {
+    broken_ = reason;
+    brokenNetwork_ = network;
+    brokenCause_ = cause;
+    brokenFlag_.store(true, std::memory_order_release);
+    if (!stop_) {
+      broadcastAbortLocked(); // not while being destroyed: peers got a goodbye already
+    }
+    // One completion for the break itself, a request of no link: runCallbacks then
+    // wakes cv_'s waiters even when nothing was pending (awaitBroken), and runs the
+    // failure listener, if any, after the lock is released.
+    auto notice = std::make_shared<Request>();
+    if (failureListener_) {
+      notice->onComplete = [listener = failureListener_](Request&) { listener(); };
+    }
+    done.push_back(std::move(notice));
+  }
+  auto failAll = [&](std::deque<RequestPtr>& q) {
+    for (auto& r : q) {
+      failRequest(r, broken_, done, brokenNetwork_);
+    }
+    q.clear();
+  };
+  for (auto& P : peers_) {
+    if (P.txBusy && !P.txq.empty()) {
+      // Its writer fails it once send() returns (see writePeer).
+      P.txq.pop_front();
+    }
+    failAll(P.txq);
+    failAll(P.collPosted);
+    failAll(P.p2pPosted);
+    if (!P.rxBusy) { // a busy reader abandons the receive state itself (see readPeer)
+      // A receive in flight whose payload will never come: fail it; nothing touches
+      // its buffer again because a broken engine reads no more.
+      if (RequestPtr inFlight = P.rx.abandon()) {
+        failRequest(inFlight, broken_, done, brokenNetwork_);
+      }
+    }
+    P.collStash.clear();
+    P.p2pStash.clear();
+  }
+  failAll(anyPosted_);
+}
+
+// Best effort, never blocking: tell each peer why this group failed, then close.  A
+// socket in the middle of a frame cannot carry a new one; closing it still tells the
+// peer (a truncated frame, then end of stream).
+void Engine::broadcastAbortLocked() {
+  FrameHeader h = frameOfKind(FrameKind::Abort);
+  const std::string why = broken_.substr(0, kMaxAbortBytes);
+  h.nbytes = why.size();
+  for (const auto q : c10::irange(size_)) {
+    Peer& P = peers_[q];
+    if (q == rank_ || !P.txFd.valid()) {
+      continue;
+    }
+    const bool midFrame = P.txBusy || (!P.txq.empty() && P.txq.front()->progress > 0);
+    if (P.dial == Dial::kOpen && !midFrame && !P.rx.closed()) {
+      iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(why.data()), why.size()}};
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = 2;
+      (void)::sendmsg(P.txFd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    ::shutdown(P.txFd.get(), SHUT_RDWR);
+    if (P.rxFd.valid()) {
+      ::shutdown(P.rxFd.get(), SHUT_RDWR);
+    }
+  }
+}
+
+std::string Engine::peerLostReason(int p, const char* how) {
+  // "Connection closed by peer", gloo's words, is what torchft and scripts match on.
+  return c10::str("ringpg: rank ", rank_, " lost its connection to rank ", p, ": Connection closed by peer (", how,
+                  "; the peer process probably exited, crashed or was killed)");
+}
+
+// The connection to peer p failed (`how`) while this group was healthy.  Before
+// blaming the network, reads what p still had in flight and looks for the real cause
+// (readCauseOfLoss):
+//   - an Abort frame: p's group failed first and p said why before closing;
+//   - a frame of the op running here with another op/dtype/size: the ranks called
+//     different collectives, p saw it first and closed (its Abort could not follow a
+//     frame it was half-way through writing).
+// Without this, the rank whose *write* fails first reports "broken pipe" although the
+// reason is sitting, unread, in its receive buffer.
+void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<std::mutex>& lk, Completions& done) {
+  Peer& P = peers_[p];
+  if (leaving_ && broken_.empty()) {
+    // This rank has finished its ops and is saying goodbye.  A peer that closes now
+    // was leaving too and skipped its goodbye to us, having read ours (or died at
+    // the very end): either way nothing here needs it any more.
+    endPeerQuietlyLocked(p, done);
+    return;
+  }
+  // Already broken, the socket being read by another thread (its state is that
+  // thread's), or a peer that said goodbye: there is nothing more to learn.
+  if (!broken_.empty() || P.rxBusy || !P.rxFd.valid() || P.rx.closed()) {
+    failLocked(peerLostReason(p, how.c_str()), done);
+    return;
+  }
+  // Copies: the lock goes down, and currentOp_ may change meanwhile.
+  FrameReceiver::Position at = P.rx.position();
+  const bool haveOp = haveCurrent_;
+  const FrameHeader op = currentOp_;
+  bool network = true;
+  bool remote = false;
+  P.rxBusy = true; // the socket is ours while the lock is down
+  lk.unlock();
+  const std::string reason =
+      readCauseOfLoss(P.rxFd.get(), std::move(at), rank_, p, haveOp ? &op : nullptr, network, remote);
+  lk.lock();
+  P.rxBusy = false;
+  // Whatever was consumed left the receive state behind: nothing reads this socket
+  // again, because the group fails now (first reason wins if another thread was first).
+  failLocked(reason.empty() ? peerLostReason(p, how.c_str()) : reason, done, network,
+             remote ? BreakCause::Remote : BreakCause::Local);
+}
+
+void Engine::failPostedLocked(Peer& P, const std::string& why, Completions& done) {
+  for (auto& r : P.collPosted) {
+    failRequest(r, why, done);
+  }
+  for (auto& r : P.p2pPosted) {
+    failRequest(r, why, done);
+  }
+  P.collPosted.clear();
+  P.p2pPosted.clear();
+}
+
+void Engine::endPeerQuietlyLocked(int p, Completions& done) {
+  Peer& P = peers_[p];
+  const std::string why = shutDownBy(p);
+  // The head of the send queue may be in another thread's send() (txBusy): that
+  // thread completes or fails it when the call returns.
+  const size_t keep = P.txBusy && !P.txq.empty() ? 1 : 0;
+  while (P.txq.size() > keep) {
+    failRequest(P.txq.back(), why, done);
+    P.txq.pop_back();
+  }
+  failPostedLocked(P, why, done);
+  if (!P.rxBusy) { // else its reader finds the connection closed itself
+    if (RequestPtr inFlight = P.rx.abandon()) {
+      failRequest(inFlight, why, done);
+    }
+  }
+}
+
+} // namespace ringpg
