@@ -50,11 +50,7 @@ ringpg::RedOp redOpFromName(const std::string& name) {
   TORCH_CHECK(false, "ringpg: unknown reduce op name ", name);
 }
 
-} // namespace
-
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "ringpg's compiled core";
-  py::module_::import("torch.distributed");
+void installPythonHooks() {
   // What ringpg's C++ needs of Python, installed once (common/interpreter.h,
   // transport/gloo_link.h): blocking work with the interpreter's lock released, and
   // the gloo transport's ProcessGroupGloo, which only torch's Python binding can make
@@ -74,7 +70,39 @@ PYBIND11_MODULE(_C, m) {
     // Its Python type derives from c10d's Backend binding.
         return gloo.cast<c10::intrusive_ptr<c10d::Backend>>();
       });
+}
 
+// The parts of RingBackend's binding that depend on the torch it is built against.
+template <typename Class>
+void bindBackendByTorchVersion(Class& backend) {
+#if !RINGPG_HAS_BACKEND_ABORT_SHUTDOWN
+  // torch's own Backend binding has these from 2.7 on (common/torch_compat.h).
+  backend
+      .def("abort", &ringpg::RingBackend::abort, py::call_guard<py::gil_scoped_release>(),
+           "Fail every pending and later op of the group at once, telling the peers")
+      .def("shutdown", &ringpg::RingBackend::shutdown, py::call_guard<py::gil_scoped_release>(),
+           "Finish the queued ops, then close the group; later ops are refused");
+#endif
+#if RINGPG_HAS_BACKEND_GET_ERROR
+  // torch's C++ Backend has the virtual getError() from 2.7, but its Python binding gains
+  // get_error() only in 2.14 (2.7 to 2.13 bind ErrorType and not the method): bound here,
+  // so a ringpg group answers it on every torch that has the virtual.  From 2.14 this
+  // shadows torch's binding, which calls the same virtual.
+  backend.def("get_error", &ringpg::RingBackend::getError,
+              "Whether the group has failed and why (ErrorType: SUCCESS, TIMEOUT, COMM_ERROR, REMOTE_ERROR)");
+#endif
+#if RINGPG_HAS_BACKEND_SPLIT
+  // A backend that supports splitting gets this call from dist.new_group() on the ranks
+  // outside the new group, when the default group has a bound device (NCCL must split
+  // on every rank).  A ringpg group is made by its members alone: nothing to do.
+  backend.def(
+      "perform_nocolor_split", [](ringpg::RingBackend&, const py::object& /*device*/) {}, py::arg("device"),
+      "No-op: ringpg's subgroups need nothing from non-members");
+#endif
+}
+
+// RingBackend: the group as Python sees it (ringpg.backend(g)).
+void bindBackend(py::module_& m) {
   auto backend =
       py::class_<ringpg::RingBackend, c10d::Backend, c10::intrusive_ptr<ringpg::RingBackend>>(m, "RingBackend");
   backend
@@ -167,31 +195,11 @@ PYBIND11_MODULE(_C, m) {
           "_debug_send_raw",
           [](ringpg::RingBackend& b, int peer, py::bytes data) { b.debugSendRaw(peer, std::string(data)); },
           "Test hook: put raw bytes on the connection to `peer` (plays a hostile peer).");
-#if !RINGPG_HAS_BACKEND_ABORT_SHUTDOWN
-  // torch's own Backend binding has these from 2.7 on (common/torch_compat.h).
-  backend
-      .def("abort", &ringpg::RingBackend::abort, py::call_guard<py::gil_scoped_release>(),
-           "Fail every pending and later op of the group at once, telling the peers")
-      .def("shutdown", &ringpg::RingBackend::shutdown, py::call_guard<py::gil_scoped_release>(),
-           "Finish the queued ops, then close the group; later ops are refused");
-#endif
-#if RINGPG_HAS_BACKEND_GET_ERROR
-  // torch's C++ Backend has the virtual getError() from 2.7, but its Python binding gains
-  // get_error() only in 2.14 (2.7 to 2.13 bind ErrorType and not the method): bound here,
-  // so a ringpg group answers it on every torch that has the virtual.  From 2.14 this
-  // shadows torch's binding, which calls the same virtual.
-  backend.def("get_error", &ringpg::RingBackend::getError,
-              "Whether the group has failed and why (ErrorType: SUCCESS, TIMEOUT, COMM_ERROR, REMOTE_ERROR)");
-#endif
-#if RINGPG_HAS_BACKEND_SPLIT
-  // A backend that supports splitting gets this call from dist.new_group() on the ranks
-  // outside the new group, when the default group has a bound device (NCCL must split
-  // on every rank).  A ringpg group is made by its members alone: nothing to do.
-  backend.def(
-      "perform_nocolor_split", [](ringpg::RingBackend&, const py::object& /*device*/) {}, py::arg("device"),
-      "No-op: ringpg's subgroups need nothing from non-members");
-#endif
+  bindBackendByTorchVersion(backend);
+}
 
+// What this build was compiled with, and the algorithm choice and arena arithmetic, for the tests.
+void bindBuildAndChoice(py::module_& m) {
   // Which c10d APIs this build was compiled with (common/torch_compat.h; read by
   // ringpg.features()).
   m.def("torch_compat", [] {
@@ -249,6 +257,10 @@ PYBIND11_MODULE(_C, m) {
     const auto p = ringpg::segmentPlan(count, parts, maxSegElems);
     return std::make_pair(p.segments, p.segElems);
   });
+}
+
+// The ring's and the other algorithms' pure offset arithmetic, for the tests.
+void bindPlans(py::module_& m) {
   m.def(
       "recursive_doubling",
       [](int size, int rank) {
@@ -306,6 +318,10 @@ PYBIND11_MODULE(_C, m) {
       py::arg("host_ids"),
       "(ring order, host of each rank, ranks per host or 0) of ranks on these hosts "
       "(transport/topology.h); for the tests");
+}
+
+// Settings as this process read them, the wire and Store formats, and host facts, for the tests.
+void bindSettingsAndHost(py::module_& m) {
   m.def("reduce_isa", &ringpg::reduceIsa);
   m.def("reduce_isas", &ringpg::reduceIsas, "instruction sets whose kernels this CPU can run, best first");
   m.def("config_summary", [] { return ringpg::Config::get().summary(); });
@@ -355,4 +371,16 @@ PYBIND11_MODULE(_C, m) {
         "This process's affinity mask as a CPU list and its quota ('0-3;-'), as a group exchanges it");
   m.def("cpus_together", &ringpg::cpusTogether, py::arg("shares"),
         "CPUs processes with these cpu_share_text values may run on together (union of masks, quota-capped)");
+}
+
+} // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "ringpg's compiled core";
+  py::module_::import("torch.distributed");
+  installPythonHooks();
+  bindBackend(m);
+  bindBuildAndChoice(m);
+  bindPlans(m);
+  bindSettingsAndHost(m);
 }
