@@ -177,9 +177,15 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   const int cpus = g->topology.hostCpus.at(g->topology.hostOf[rank]);
   g->shmSpinMicros = cfg.shmSpinMicros(localRanks, cpus);
   bool shmUsed = false;
-  g->shm = ShmRing::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, transport, slotBytes, g->shmSpinMicros,
-                            /*spinYields=*/localRanks > cpus, cfg.cmaBytes, /*measureCopy=*/!cfg.cmaBytesSet,
-                            Clock::now() + timeout, &shmUsed);
+  ShmOptions shmOptions;
+  shmOptions.setting = transport;
+  shmOptions.slotBytes = slotBytes;
+  shmOptions.spinMicros = g->shmSpinMicros;
+  shmOptions.spinYields = localRanks > cpus;
+  shmOptions.cmaBytes = cfg.cmaBytes;
+  shmOptions.measureCopy = !cfg.cmaBytesSet;
+  g->shm = ShmRing::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, shmOptions, Clock::now() + timeout,
+                            &shmUsed);
   // The host arena of a group on one host (arena.h), unless the links were asked for
   // (RINGPG_TRANSPORT tcp or gloo, RINGPG_ALGO ring or hier) or RINGPG_ARENA_BYTES=0.
   // The algorithm and gloo are agreed on every rank (agreeOnSettings), so a group that

@@ -161,10 +161,37 @@ ShmRing::Region& ShmRing::toRight() {
   return fromRight_ ? *fromRight_ : *fromLeft_;
 }
 
+// This rank's say in the agreement, as "<links usable><single copy usable><measure it>".
+struct ShmVerdict {
+  bool ok = false;    // its links are set up (or it needs none)
+  bool cmaOk = false; // it may read its left neighbour's memory
+  std::string why;    // why not, where !ok
+  std::string cmaWhy; // why not, where single copy was wanted and !cmaOk
+};
+
+namespace {
+
+// Where a same-host neighbour's region is: its name and nonce, and its pid and the
+// region's address in that process (for single copy's probe).
+struct RegionAddress {
+  std::string name; // "-": none
+  uint64_t nonce = 0;
+  int pid = 0;
+  uint64_t base = 0;
+};
+
+RegionAddress parseRegionAddress(const std::string& text) {
+  std::istringstream in(text);
+  RegionAddress r;
+  in >> r.name >> r.nonce >> r.pid >> r.base;
+  return r;
+}
+
+} // namespace
+
 std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, const std::string& prefix,
-                                          const Topology& topo, int rank, Config::Transport setting, size_t slotBytes,
-                                          int spinMicros, bool spinYields, size_t cmaBytes, bool measureCopy,
-                                          Deadline deadline, bool* used) {
+                                          const Topology& topo, int rank, const ShmOptions& opt, Deadline deadline,
+                                          bool* used) {
   *used = false;
   const int size = topo.size();
   // No two ranks share a host: every rank knows it from the same topology, so none
@@ -172,145 +199,151 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
   if (size < 2 || !topo.anyHostShared()) {
     return nullptr;
   }
-  const bool wanted = setting == Config::Transport::Auto || setting == Config::Transport::Shm;
   // Every rank takes part even when it will not use shared memory itself, so the
   // others learn that and nobody waits for it: the decision must be the same on all.
-  slotBytes = (slotBytes + kLine - 1) / kLine * kLine;
   // The links run around each host's ranks (Topology::hostLeft/hostRight): every hop
   // of the group's ring within a host, and the host ring's closing hop (its last rank
   // to its first), which the hierarchical collectives' host rings take.
-  const int left = topo.hostLeft(rank);
-  const int right = topo.hostRight(rank);
-  const bool leftShared = left != rank;
-  const bool rightShared = right != rank;
+  const size_t slotBytes = (opt.slotBytes + kLine - 1) / kLine * kLine;
+  std::unique_ptr<ShmRing> self(
+      new ShmRing(engine, rank, topo.hostLeft(rank), topo.hostRight(rank), slotBytes, opt.spinMicros, opt.spinYields));
+  std::string createWhy;
+  const std::vector<std::string> regions = self->publishRegion(store, prefix, size, opt, &createWhy);
+  const ShmVerdict verdict = self->mapNeighbours(regions, opt, createWhy);
 
-  std::unique_ptr<ShmRing> self(new ShmRing(engine, rank, left, right, slotBytes, spinMicros, spinYields));
-  std::string why = wanted ? "" : c10::str("RINGPG_TRANSPORT=", Config::transportName(setting));
-  const uint64_t nonce = randomNonce();
-  const std::string name = segmentName("", ::getpid(), nonce);
-  // Our region holds our bell (the futex this rank sleeps on, which a same-host
-  // neighbour rings) and the slots of the link to the right (used when it is shared).
-  if (wanted && (leftShared || rightShared)) {
-    self->own_ = Region::create(name, nonce, slotBytes, why);
-  }
-  const bool cmaWanted = wanted && cmaBytes > 0;
-  if (cmaWanted && self->own_) {
-    admitSameUserReaders();
-  }
-  // Name and nonce of our region, and where it sits in this process (pid and address:
-  // the right neighbour probes single copy by reading its header from here).
-  const std::vector<std::string> regions =
-      allGatherValues(store, prefix + "shm/region", rank, size,
-                      c10::str(self->own_ ? name : std::string("-"), " ", nonce, " ", ::getpid(), " ",
-                               reinterpret_cast<uintptr_t>(self->own_ ? self->own_->base : nullptr)));
-
-  // Maps same-host neighbour q's region; `pid` and `base` say where it lives in q.
-  auto mapPeer = [&](int q, int* pid = nullptr, uint64_t* base = nullptr) -> std::unique_ptr<Region> {
-    std::istringstream in(regions[q]);
-    std::string peerName;
-    uint64_t peerNonce = 0;
-    int peerPid = 0;
-    uint64_t peerBase = 0;
-    in >> peerName >> peerNonce >> peerPid >> peerBase;
-    if (peerName == "-") {
-      why = c10::str("rank ", q, " has no shared-memory region");
-      return nullptr;
-    }
-    if (pid) {
-      *pid = peerPid;
-      *base = peerBase;
-    }
-    return Region::open(peerName, peerNonce, slotBytes, why);
-  };
-  // RINGPG_TRANSPORT=tcp on this rank keeps the whole group on TCP; a rank with no
-  // same-host neighbour has nothing to set up; one that has them must map them all.
-  bool ok = wanted;
-  if (ok && (leftShared || rightShared)) {
-    ok = self->own_ != nullptr;
-  }
-  // Single copy: this rank reads from its left neighbour, so it probes that it may, by
-  // reading the left's region header out of the left's own address space.
-  bool cmaOk = cmaWanted;
-  std::string cmaWhy;
-  if (ok && leftShared) {
-    uint64_t leftBase = 0;
-    self->fromLeft_ = mapPeer(left, &self->leftPid_, &leftBase);
-    ok = self->fromLeft_ != nullptr;
-    if (ok && cmaOk) {
-      RegionHeader probe{};
-      cmaOk = self->readLeft(reinterpret_cast<char*>(&probe), leftBase, sizeof(probe), &cmaWhy) &&
-              probe.magic == kRegionMagic && probe.nonce == self->fromLeft_->header().nonce;
-      if (!cmaOk && cmaWhy.empty()) {
-        cmaWhy = "the probe read the wrong bytes";
-      }
-    }
-  }
-  if (ok && rightShared && right != left) {
-    self->fromRight_ = mapPeer(right);
-    ok = self->fromRight_ != nullptr;
-  }
-
-  // Agreement: every rank's verdicts, "<links usable><single copy usable><measure it>"
-  // as three digits.
-  const std::vector<std::string> verdicts = allGatherValues(store, prefix + "shm/verdict", rank, size,
-                                                            c10::str(ok ? 1 : 0, cmaOk ? 1 : 0, measureCopy ? 1 : 0));
+  const std::vector<std::string> verdicts =
+      allGatherValues(store, prefix + "shm/verdict", rank, size,
+                      c10::str(verdict.ok ? 1 : 0, verdict.cmaOk ? 1 : 0, opt.measureCopy ? 1 : 0));
   const auto allSay = [&](size_t digit) {
     return std::all_of(verdicts.begin(), verdicts.end(), [&](const std::string& v) { return v[digit] == '1'; });
   };
-  const bool all = allSay(0);
-  const bool allCma = allSay(1);
-  const bool measure = allSay(2);
-  if (cmaWanted && !allCma && !cmaWhy.empty()) {
-    LOG(INFO) << "ringpg: rank " << rank << " cannot read rank " << left
-              << "'s memory (cross-memory attach): " << cmaWhy << "; the group keeps two copies per byte";
+  const bool cmaWanted = opt.wanted() && opt.cmaBytes > 0;
+  if (cmaWanted && !allSay(1) && !verdict.cmaWhy.empty()) {
+    LOG(INFO) << "ringpg: rank " << rank << " cannot read rank " << self->left_
+              << "'s memory (cross-memory attach): " << verdict.cmaWhy << "; the group keeps two copies per byte";
   }
   // Every neighbour has mapped our region (or given up): the name is no longer
   // needed, and unlinking it now means a crash later leaks nothing in /dev/shm.
   if (self->own_) {
     self->own_->unlinkName();
   }
-  if (!all) {
-    if (setting == Config::Transport::Shm) {
-      // Every rank raises, so the store's host may soon be gone: leave together.
-      leaveTogether(store, prefix + "shm/read", size, deadline);
-    }
-    TORCH_CHECK(setting != Config::Transport::Shm, "ringpg: RINGPG_TRANSPORT=shm, but rank ", rank,
-                " cannot use shared memory with its same-host ring neighbours",
-                why.empty() ? std::string(" (another rank could not set it up)") : c10::str(": ", why));
-    if (rank == 0 && wanted) {
-      LOG(INFO) << "ringpg: shared-memory links not used"
-                << (why.empty() ? std::string(" (another rank could not set them up)") : c10::str(": ", why));
-    }
+  if (!allSay(0)) {
+    giveUp(store, prefix, rank, size, opt, verdict.why, deadline);
     return nullptr;
   }
   *used = true;
-  self->cmaBytes_ = allCma ? cmaBytes : 0;
-  self->sendsRight_ = rightShared;
-  self->receivesLeft_ = leftShared;
-  if (allCma && measure) {
-    // Single copy only where it measured faster than the slots (shm.h): each rank with
-    // a link times one segment each way (the host rings' links all run at once, as in
-    // a ring step), and every rank sums the same figures, so all choose alike.
-    const std::pair<double, double> mine = leftShared ? self->probeCopies(slotBytes, deadline) : std::pair{0.0, 0.0};
-    const std::vector<std::string> times =
-        allGatherValues(store, prefix + "shm/copy", rank, size, c10::str(mine.first, " ", mine.second));
-    CopyProbe& p = self->copyProbe_;
-    p.measured = true;
-    p.bytes = slotBytes;
-    for (const std::string& t : times) {
-      std::istringstream in(t);
-      double lent = 0;
-      double copied = 0;
-      in >> lent >> copied;
-      p.lentMicros += lent;
-      p.copiedMicros += copied;
-    }
-    if (!(p.lentMicros < p.copiedMicros)) {
-      self->cmaBytes_ = 0;
-    }
+  self->sendsRight_ = self->right_ != rank;
+  self->receivesLeft_ = self->left_ != rank;
+  self->cmaBytes_ = allSay(1) ? opt.cmaBytes : 0;
+  if (self->cmaBytes_ > 0 && allSay(2)) {
+    self->chooseCopyByMeasuring(store, prefix, size, deadline);
   }
   // A rank alone on its host has no shared-memory link.
-  return leftShared || rightShared ? std::move(self) : nullptr;
+  return self->sendsRight_ || self->receivesLeft_ ? std::move(self) : nullptr;
+}
+
+std::vector<std::string> ShmRing::publishRegion(c10d::Store& store, const std::string& prefix, int size,
+                                                const ShmOptions& opt, std::string* createWhy) {
+  const uint64_t nonce = randomNonce();
+  const std::string name = segmentName("", ::getpid(), nonce);
+  // Our region holds our bell (the futex this rank sleeps on, which a same-host
+  // neighbour rings) and the slots of the link to the right (used when it is shared).
+  if (opt.wanted() && (left_ != rank_ || right_ != rank_)) {
+    own_ = Region::create(name, nonce, slotBytes_, *createWhy);
+    if (own_ && opt.cmaBytes > 0) {
+      admitSameUserReaders();
+    }
+  }
+  // Name and nonce of our region, and where it sits in this process (pid and address:
+  // the right neighbour probes single copy by reading its header from here).
+  return allGatherValues(store, prefix + "shm/region", rank_, size,
+                         c10::str(own_ ? name : std::string("-"), " ", nonce, " ", ::getpid(), " ",
+                                  reinterpret_cast<uintptr_t>(own_ ? own_->base : nullptr)));
+}
+
+ShmVerdict ShmRing::mapNeighbours(const std::vector<std::string>& regions, const ShmOptions& opt,
+                                  const std::string& createWhy) {
+  ShmVerdict v;
+  if (!opt.wanted()) {
+    // RINGPG_TRANSPORT=tcp on this rank keeps the whole group on TCP.
+    v.why = c10::str("RINGPG_TRANSPORT=", Config::transportName(opt.setting));
+    return v;
+  }
+  // A rank with no same-host neighbour has nothing to set up; one that has them must
+  // map them all.
+  const bool leftShared = left_ != rank_;
+  const bool rightShared = right_ != rank_;
+  v.ok = !(leftShared || rightShared) || own_ != nullptr;
+  v.cmaOk = opt.cmaBytes > 0;
+  if (!v.ok) {
+    v.why = createWhy;
+  }
+  const auto mapPeer = [&](int q, const RegionAddress& at) -> std::unique_ptr<Region> {
+    if (at.name == "-") {
+      v.why = c10::str("rank ", q, " has no shared-memory region");
+      return nullptr;
+    }
+    return Region::open(at.name, at.nonce, slotBytes_, v.why);
+  };
+  if (v.ok && leftShared) {
+    const RegionAddress at = parseRegionAddress(regions[left_]);
+    fromLeft_ = mapPeer(left_, at);
+    leftPid_ = at.pid;
+    v.ok = fromLeft_ != nullptr;
+    // Single copy: this rank reads from its left neighbour, so it probes that it may,
+    // by reading the left's region header out of the left's own address space.
+    if (v.ok && v.cmaOk) {
+      RegionHeader probe{};
+      v.cmaOk = readLeft(reinterpret_cast<char*>(&probe), at.base, sizeof(probe), &v.cmaWhy) &&
+                probe.magic == kRegionMagic && probe.nonce == fromLeft_->header().nonce;
+      if (!v.cmaOk && v.cmaWhy.empty()) {
+        v.cmaWhy = "the probe read the wrong bytes";
+      }
+    }
+  }
+  if (v.ok && rightShared && right_ != left_) {
+    fromRight_ = mapPeer(right_, parseRegionAddress(regions[right_]));
+    v.ok = fromRight_ != nullptr;
+  }
+  return v;
+}
+
+void ShmRing::giveUp(c10d::Store& store, const std::string& prefix, int rank, int size, const ShmOptions& opt,
+                     const std::string& why, Deadline deadline) {
+  if (opt.setting == Config::Transport::Shm) {
+    // Every rank raises, so the store's host may soon be gone: leave together.
+    leaveTogether(store, prefix + "shm/read", size, deadline);
+  }
+  TORCH_CHECK(opt.setting != Config::Transport::Shm, "ringpg: RINGPG_TRANSPORT=shm, but rank ", rank,
+              " cannot use shared memory with its same-host ring neighbours",
+              why.empty() ? std::string(" (another rank could not set it up)") : c10::str(": ", why));
+  if (rank == 0 && opt.wanted()) {
+    LOG(INFO) << "ringpg: shared-memory links not used"
+              << (why.empty() ? std::string(" (another rank could not set them up)") : c10::str(": ", why));
+  }
+}
+
+void ShmRing::chooseCopyByMeasuring(c10d::Store& store, const std::string& prefix, int size, Deadline deadline) {
+  // Single copy only where it measured faster than the slots (shm.h): each rank with
+  // a link times one segment each way (the host rings' links all run at once, as in
+  // a ring step), and every rank sums the same figures, so all choose alike.
+  const std::pair<double, double> mine = receivesLeft_ ? probeCopies(slotBytes_, deadline) : std::pair{0.0, 0.0};
+  const std::vector<std::string> times =
+      allGatherValues(store, prefix + "shm/copy", rank_, size, c10::str(mine.first, " ", mine.second));
+  CopyProbe& p = copyProbe_;
+  p.measured = true;
+  p.bytes = slotBytes_;
+  for (const std::string& t : times) {
+    std::istringstream in(t);
+    double lent = 0;
+    double copied = 0;
+    in >> lent >> copied;
+    p.lentMicros += lent;
+    p.copiedMicros += copied;
+  }
+  if (!(p.lentMicros < p.copiedMicros)) {
+    cmaBytes_ = 0;
+  }
 }
 
 RequestPtr ShmRing::postSend(int peer, const FrameHeader& hdr, const void* data, size_t len) {

@@ -73,31 +73,47 @@
 
 namespace ringpg {
 
+// How a group's same-host links are set up (ShmRing::connect).
+struct ShmOptions {
+  Config::Transport setting = Config::Transport::Auto; // RINGPG_TRANSPORT on this rank
+  size_t slotBytes = 0; // payload bytes of a slot (rounded up to whole cache lines)
+  // How long a waiter polls before it sleeps on its futex; whether a spinning wait
+  // yields its core between looks (this host's ranks outnumber its CPUs, and
+  // RINGPG_SPIN_US asked for a spin anyway) instead of pausing on it.
+  int spinMicros = 0;
+  bool spinYields = false;
+  // The smallest message sent as a descriptor (RINGPG_CMA_BYTES; 0: this rank never
+  // does, and the group does not probe for it).
+  size_t cmaBytes = 0;
+  // This rank leaves single copy to a measurement (RINGPG_CMA_BYTES unset); the group
+  // measures where every rank does, and else takes single copy wherever the kernel
+  // allows it.
+  bool measureCopy = false;
+  // Whether this rank's setting lets it use shared memory at all.
+  bool wanted() const { return setting == Config::Transport::Auto || setting == Config::Transport::Shm; }
+};
+
+struct ShmVerdict; // what a rank managed of its set-up (shm.cpp)
+
 class ShmRing final : public Link {
  public:
   struct Region; // one mapped region (defined in shm.cpp)
 
   // Collective over the group: shared memory on every link of each host's ring
-  // (`topo`: who shares a host).  Each rank with a same-host
-  // neighbour creates its region (its bell, and the slots of its link to the right)
-  // and maps the same-host neighbours' regions; the links are used only if every rank
-  // succeeded (all ranks then agree, so both ends of every link use the same
-  // transport), and `*used` says so on every rank.  Returns this rank's links, or null:
-  // no rank shares a host, setting Tcp on some rank, shared memory unavailable, or
-  // this rank alone on its host.  Setting Shm raises instead of
-  // falling back.  `spinMicros`: how long a waiter polls before it sleeps on its futex;
-  // `spinYields`: whether a spinning wait yields its core between looks (this host's
-  // ranks outnumber its CPUs, and RINGPG_SPIN_US asked for a spin anyway) instead of
-  // pausing on it.
-  // `engine`: the group's failure state, which outlives the ring.
-  // `cmaBytes`: the smallest message sent as a descriptor (RINGPG_CMA_BYTES; 0: this
-  // rank never does, and the group does not probe for it).  `measureCopy`: this rank
-  // leaves the choice to a measurement (RINGPG_CMA_BYTES unset); the group measures
-  // where every rank does, and else takes single copy wherever the kernel allows it.
+  // (`topo`: who shares a host), in named steps: each rank with a same-host neighbour
+  // creates its region (its bell, and the slots of its link to the right) and
+  // publishes where it is (publishRegion), maps its neighbours' regions and probes
+  // single copy (mapNeighbours), says what it managed; the links are used only if every
+  // rank succeeded (all ranks then agree, so both ends of every link use the same
+  // transport; else giveUp), and `*used` says so on every rank; single copy stays
+  // where every rank may use it and, if asked, it measured faster
+  // (chooseCopyByMeasuring).  Returns this rank's links, or null: no rank shares a
+  // host, setting Tcp on some rank, shared memory unavailable, or this rank alone on
+  // its host.  Setting Shm raises instead of falling back.  `engine`: the group's
+  // failure state, which outlives the links.
   static std::unique_ptr<ShmRing> connect(c10d::Store& store, Engine& engine, const std::string& prefix,
-                                          const Topology& topo, int rank, Config::Transport setting, size_t slotBytes,
-                                          int spinMicros, bool spinYields, size_t cmaBytes, bool measureCopy,
-                                          Deadline deadline, bool* used);
+                                          const Topology& topo, int rank, const ShmOptions& options, Deadline deadline,
+                                          bool* used);
   ~ShmRing() override;
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;
@@ -174,6 +190,18 @@ class ShmRing final : public Link {
   // collective over the group's shared-memory ranks (all of them run it at once, after
   // the agreement).  {lent, copied}; throws if a neighbour fails to take part.
   std::pair<double, double> probeCopies(size_t bytes, Deadline deadline);
+  // connect's steps.  publishRegion: creates our region (where we have a same-host
+  // neighbour; `*createWhy` says why it could not) and gathers every rank's address
+  // of theirs; mapNeighbours: maps the neighbours' regions and probes that we may read
+  // the left's memory; giveUp: where some rank could not (raises under setting Shm);
+  // chooseCopyByMeasuring: keeps single copy only where it measured faster.
+  std::vector<std::string> publishRegion(c10d::Store& store, const std::string& prefix, int size, const ShmOptions& opt,
+                                         std::string* createWhy);
+  ShmVerdict mapNeighbours(const std::vector<std::string>& regions, const ShmOptions& opt,
+                           const std::string& createWhy);
+  static void giveUp(c10d::Store& store, const std::string& prefix, int rank, int size, const ShmOptions& opt,
+                     const std::string& why, Deadline deadline);
+  void chooseCopyByMeasuring(c10d::Store& store, const std::string& prefix, int size, Deadline deadline);
   static constexpr int kProbeRounds = 3;
   void failAll(const std::string& reason, bool network);
   // Fails every pending request if a neighbour they need has shut its group down.
