@@ -337,7 +337,7 @@ def test_collectives_match_gloo(tpool: WorkerPool) -> None:
 
 # A ring of two lends its reduce steps once the op moves this much (algorithms/ring.cpp,
 # kLentReduceFrom): the receiver reduces them in pieces read straight from the sender's
-# memory (ShmRing::readLeftInto), which the battery's sizes above never reach.
+# memory (ShmLink::readLeftInto), which the battery's sizes above never reach.
 LENT_REDUCE_BYTES = 4 << 20
 # (id, world size, environment): single copy; the kernel refusing it (the slots); and
 # emulated hosts of two ranks each, whose hierarchical collectives run host rings of two
@@ -637,7 +637,7 @@ def test_a_waiter_queued_with_its_neighbour_on_one_cpu_moves_off_it() -> None:
     """Ranks that could each have a core but were queued on one CPU (a wakeup put one
     beside the other) stay there for the op, each spin costing the other its length:
     the waiter moves itself to another CPU of its mask, and its mask stays as it was
-    (transport/shm.cpp, ShmRing::waitUntil; RESULTS 2026-11-27 (6))."""
+    (transport/shm.cpp, ShmLink::waitUntil; RESULTS 2026-11-27 (6))."""
     ws = 2
     if backend_under_test() != "ringpg":
         pytest.skip("ringpg's wait spin")

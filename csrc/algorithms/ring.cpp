@@ -245,7 +245,7 @@ void RingSweep::postSend(int step, int chunk, int64_t j, const char* src, int64_
   constexpr size_t kLentGatherAfterReduce = 256 * 1024;
   // A reduce step's segments are lent in a ring of two whose op moves at least
   // kLentReduceFrom: the receiver reads them in cache-sized pieces that it reduces as
-  // they land (ShmRing::readLeftInto), so no slot is written and read in between.  On
+  // they land (ShmLink::readLeftInto), so no slot is written and read in between.  On
   // two cores, 4-16 MiB reduce-scatter took 0.77-0.84x the copied time and 8-32 MiB
   // allreduce 0.86-0.92x; at 1-2 MiB it was even, and at 4 ranks sharing those cores
   // 16-32 MiB reduce-scatter took 1.2-1.3x.

@@ -38,7 +38,7 @@ Config configWithAlgo(const std::string& algoChoice) {
 }
 
 // " (measured: ...)" after same_host_copy in the INFO line, where the group measured.
-std::string copyProbeText(const ShmRing::CopyProbe& p) {
+std::string copyProbeText(const ShmLink::CopyProbe& p) {
   if (!p.measured) {
     return "";
   }

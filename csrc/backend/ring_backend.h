@@ -177,9 +177,9 @@ class RingBackend final : public c10d::Backend {
   // "cma" (single copy, cross-memory attach), "slots" (two copies through shared
   // memory), "" where the group has no shared-memory link on this rank.
   const char* sameHostCopy() const { return !net_->shm ? "" : net_->shm->singleCopy() ? "cma" : "slots"; }
-  // What the group measured to choose it (ShmRing::CopyProbe); not `measured` where it
+  // What the group measured to choose it (ShmLink::CopyProbe); not `measured` where it
   // did not (no shared-memory link here, RINGPG_CMA_BYTES set, single copy refused).
-  ShmRing::CopyProbe sameHostCopyProbe() const { return net_->shm ? net_->shm->copyProbe() : ShmRing::CopyProbe{}; }
+  ShmLink::CopyProbe sameHostCopyProbe() const { return net_->shm ? net_->shm->copyProbe() : ShmLink::CopyProbe{}; }
   // Microseconds the group's waits spin before sleeping (RINGPG_SPIN_US, or what
   // auto chose for this transport and host).
   int waitSpinMicros() const { return net_->shm ? net_->shmSpinMicros : cfg_.engineSpinMicros(); }

@@ -139,7 +139,7 @@ void bindBackend(py::module_& m) {
       .def_property_readonly(
           "same_host_copy_probe",
           [](const ringpg::RingBackend& b) -> py::object {
-            const ringpg::ShmRing::CopyProbe p = b.sameHostCopyProbe();
+            const ringpg::ShmLink::CopyProbe p = b.sameHostCopyProbe();
             if (!p.measured) {
               return py::none();
             }

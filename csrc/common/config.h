@@ -41,7 +41,7 @@ struct Config {
   // attach, transport/shm.h) where every rank may read its neighbour's memory
   // (RINGPG_CMA_BYTES; 0: never, two copies through the slots).  Unset, the group
   // also measures at creation whether single copy beats the slots on this host, and
-  // keeps the slots where it does not (ShmRing::connect); set, it is taken as asked.
+  // keeps the slots where it does not (ShmLink::connect); set, it is taken as asked.
   size_t cmaBytes = 64 * 1024;
   bool cmaBytesSet = false;
   // An all-gather whose output holds at least this many bytes writes its chunks into it

@@ -62,7 +62,7 @@ int usableCpus();
 bool moveOffCpu(int cpu);
 
 // How a thread spinning on a same-host peer gives way, one look at a time (the
-// shared-memory links' waits and the host arena's; ShmRing::waitUntil says why at
+// shared-memory links' waits and the host arena's; ShmLink::waitUntil says why at
 // length): it pauses where every rank has a core, yields where the host's ranks
 // outnumber its CPUs (`yields`); and where the peer it waits for last waited on this
 // thread's own CPU (`sharing`: a wakeup queued one behind the other) it moves to another

@@ -104,7 +104,7 @@ class HostArena {
   // buffers of `bufferBytes` (rounded up to whole pages) per member and parity; null,
   // on every rank alike, where it cannot (`wanted` false on some rank, no room in
   // /dev/shm, a refused mapping: `*why` says so on the rank that saw it).
-  // `spinMicros`, `spinYields`: as the shared-memory links' (ShmRing::connect).
+  // `spinMicros`, `spinYields`: as the shared-memory links' (ShmLink::connect).
   static std::unique_ptr<HostArena> connect(c10d::Store& store, Engine& engine, const std::string& prefix,
                                             const Topology& topo, int rank, bool wanted, size_t bufferBytes,
                                             int spinMicros, bool spinYields, std::string* why);

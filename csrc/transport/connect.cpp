@@ -184,7 +184,7 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   shmOptions.spinYields = localRanks > cpus;
   shmOptions.cmaBytes = cfg.cmaBytes;
   shmOptions.measureCopy = !cfg.cmaBytesSet;
-  g->shm = ShmRing::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, shmOptions, Clock::now() + timeout,
+  g->shm = ShmLink::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, shmOptions, Clock::now() + timeout,
                             &shmUsed);
   // The host arena of a group on one host (arena.h), unless the links were asked for
   // (RINGPG_TRANSPORT tcp or gloo, RINGPG_ALGO ring or hier) or RINGPG_ARENA_BYTES=0.

@@ -35,7 +35,7 @@ struct GroupLinks {
   std::unique_ptr<Engine> engine; // the group's sockets, failure state and control channel
   Topology topology;              // who shares a host; the ring order
   std::unique_ptr<EngineLink> engineLink;
-  std::unique_ptr<ShmRing> shm; // this rank's shared-memory links, or null
+  std::unique_ptr<ShmLink> shm; // this rank's shared-memory links, or null
   std::unique_ptr<HostArena> arena; // the group's host arena (one host), or null
   std::string arenaWhyNot;          // why a group on one host has none ("" where it has one)
   int shmSpinMicros = 0;        // how long waits on shm spin (Config::shmSpinMicros)

@@ -5,7 +5,7 @@
 // fragment over as it arrives (shared memory: the ring reduces straight out of the
 // slot), and waits for a request with a deadline.  Three transports implement it:
 //   EngineLink  ringpg's TCP engine (transport/engine.h), any peer;
-//   ShmRing     the shared-memory ring (transport/shm.h), right neighbour / left one;
+//   ShmLink     the shared-memory ring (transport/shm.h), right neighbour / left one;
 //   GlooLink    Gloo's own TCP pairs (transport/gloo_link.h), any peer.
 // The group has one failure state, its Engine's: every link reports a failure into it
 // (Engine::fail, which tells every peer), and every link's waits end when it breaks.

@@ -42,7 +42,7 @@ struct RegionHeader {
 // looks at `sleeping` and, if the creator announced it may sleep, bumps `seq` and
 // wakes it (an event count; ring()).
 // `cpu`: the CPU the creator last waited on (sched_getcpu; -1 before its first wait),
-// which a neighbour's spin reads (ShmRing::neighbourOn).
+// which a neighbour's spin reads (ShmLink::neighbourOn).
 struct Bell {
   std::atomic<uint32_t> seq;
   std::atomic<uint32_t> sleeping;
@@ -77,7 +77,7 @@ size_t regionBytes(size_t slotBytes) {
 }
 
 void ring(Bell& bell) {
-  // The fence pairs with the sleeper's (ShmRing::waitUntil): it announced `sleeping`
+  // The fence pairs with the sleeper's (ShmLink::waitUntil): it announced `sleeping`
   // and then looked at the slots, we moved a slot (head or tail) and now look at
   // `sleeping`, so at least one of us sees the other's store.  Only a sleeper's bell is
   // bumped: a bump is a locked write to a line the spinning neighbour reads on every
@@ -109,7 +109,7 @@ void admitSameUserReaders() {
 
 // One mapping of a region (a SharedSegment); the creator also holds its name until
 // it is unlinked.
-struct ShmRing::Region {
+struct ShmLink::Region {
   std::unique_ptr<SharedSegment> seg;
   char* base = nullptr; // seg->base()
 
@@ -151,13 +151,13 @@ struct ShmRing::Region {
   }
 };
 
-ShmRing::ShmRing(Engine& engine, int rank, int left, int right, size_t slotBytes, int spinMicros, bool spinYields)
+ShmLink::ShmLink(Engine& engine, int rank, int left, int right, size_t slotBytes, int spinMicros, bool spinYields)
     : engine_(engine), rank_(rank), left_(left), right_(right), slotBytes_(slotBytes), spinMicros_(spinMicros),
       spinYields_(spinYields) {}
 
-ShmRing::~ShmRing() = default;
+ShmLink::~ShmLink() = default;
 
-ShmRing::Region& ShmRing::toRight() {
+ShmLink::Region& ShmLink::toRight() {
   return fromRight_ ? *fromRight_ : *fromLeft_;
 }
 
@@ -189,7 +189,7 @@ RegionAddress parseRegionAddress(const std::string& text) {
 
 } // namespace
 
-std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, const std::string& prefix,
+std::unique_ptr<ShmLink> ShmLink::connect(c10d::Store& store, Engine& engine, const std::string& prefix,
                                           const Topology& topo, int rank, const ShmOptions& opt, Deadline deadline,
                                           bool* used) {
   *used = false;
@@ -205,8 +205,8 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
   // of the group's ring within a host, and the host ring's closing hop (its last rank
   // to its first), which the hierarchical collectives' host rings take.
   const size_t slotBytes = (opt.slotBytes + kLine - 1) / kLine * kLine;
-  std::unique_ptr<ShmRing> self(
-      new ShmRing(engine, rank, topo.hostLeft(rank), topo.hostRight(rank), slotBytes, opt.spinMicros, opt.spinYields));
+  std::unique_ptr<ShmLink> self(
+      new ShmLink(engine, rank, topo.hostLeft(rank), topo.hostRight(rank), slotBytes, opt.spinMicros, opt.spinYields));
   std::string createWhy;
   const std::vector<std::string> regions = self->publishRegion(store, prefix, size, opt, &createWhy);
   const ShmVerdict verdict = self->mapNeighbours(regions, opt, createWhy);
@@ -242,7 +242,7 @@ std::unique_ptr<ShmRing> ShmRing::connect(c10d::Store& store, Engine& engine, co
   return self->sendsRight_ || self->receivesLeft_ ? std::move(self) : nullptr;
 }
 
-std::vector<std::string> ShmRing::publishRegion(c10d::Store& store, const std::string& prefix, int size,
+std::vector<std::string> ShmLink::publishRegion(c10d::Store& store, const std::string& prefix, int size,
                                                 const ShmOptions& opt, std::string* createWhy) {
   const uint64_t nonce = randomNonce();
   const std::string name = segmentName("", ::getpid(), nonce);
@@ -261,7 +261,7 @@ std::vector<std::string> ShmRing::publishRegion(c10d::Store& store, const std::s
                                   reinterpret_cast<uintptr_t>(own_ ? own_->base : nullptr)));
 }
 
-ShmVerdict ShmRing::mapNeighbours(const std::vector<std::string>& regions, const ShmOptions& opt,
+ShmVerdict ShmLink::mapNeighbours(const std::vector<std::string>& regions, const ShmOptions& opt,
                                   const std::string& createWhy) {
   ShmVerdict v;
   if (!opt.wanted()) {
@@ -308,7 +308,7 @@ ShmVerdict ShmRing::mapNeighbours(const std::vector<std::string>& regions, const
   return v;
 }
 
-void ShmRing::giveUp(c10d::Store& store, const std::string& prefix, int rank, int size, const ShmOptions& opt,
+void ShmLink::giveUp(c10d::Store& store, const std::string& prefix, int rank, int size, const ShmOptions& opt,
                      const std::string& why, Deadline deadline) {
   if (opt.setting == Config::Transport::Shm) {
     // Every rank raises, so the store's host may soon be gone: leave together.
@@ -323,7 +323,7 @@ void ShmRing::giveUp(c10d::Store& store, const std::string& prefix, int rank, in
   }
 }
 
-void ShmRing::chooseCopyByMeasuring(c10d::Store& store, const std::string& prefix, int size, Deadline deadline) {
+void ShmLink::chooseCopyByMeasuring(c10d::Store& store, const std::string& prefix, int size, Deadline deadline) {
   // Single copy only where it measured faster than the slots (shm.h): each rank with
   // a link times one segment each way (the host rings' links all run at once, as in
   // a ring step), and every rank sums the same figures, so all choose alike.
@@ -346,11 +346,11 @@ void ShmRing::chooseCopyByMeasuring(c10d::Store& store, const std::string& prefi
   }
 }
 
-RequestPtr ShmRing::postSend(int peer, const FrameHeader& hdr, const void* data, size_t len) {
+RequestPtr ShmLink::postSend(int peer, const FrameHeader& hdr, const void* data, size_t len) {
   return post(peer, hdr, data, len, /*lendable=*/true);
 }
 
-RequestPtr ShmRing::postSendCopied(int peer, const FrameHeader& hdr, const void* data, size_t len) {
+RequestPtr ShmLink::postSendCopied(int peer, const FrameHeader& hdr, const void* data, size_t len) {
   // Measured at 2 ranks: a reducing receive that reads the peer's pages by single copy
   // and reduces them from its stage is slower than one that reduces straight out of a
   // slot the sender filled on its own core; a receive that only copies is faster by
@@ -359,7 +359,7 @@ RequestPtr ShmRing::postSendCopied(int peer, const FrameHeader& hdr, const void*
   return post(peer, hdr, data, len, /*lendable=*/false);
 }
 
-RequestPtr ShmRing::post(int peer, const FrameHeader& hdr, const void* data, size_t len, bool lendable) {
+RequestPtr ShmLink::post(int peer, const FrameHeader& hdr, const void* data, size_t len, bool lendable) {
   TORCH_INTERNAL_ASSERT(peer == right_ && sendsRight(),
                         "ringpg: the shared-memory ring sends to a same-host right neighbour only");
   RequestPtr req = makeRequest(hdr, data, len, right_);
@@ -376,7 +376,7 @@ RequestPtr ShmRing::post(int peer, const FrameHeader& hdr, const void* data, siz
   return req;
 }
 
-RequestPtr ShmRing::postRecv(int peer, const FrameHeader& expect, void* data, size_t len) {
+RequestPtr ShmLink::postRecv(int peer, const FrameHeader& expect, void* data, size_t len) {
   TORCH_INTERNAL_ASSERT(peer == left_ && receivesLeft(),
                         "ringpg: the shared-memory ring receives from a same-host left neighbour only");
   RequestPtr req = makeRequest(expect, data, len, left_);
@@ -386,17 +386,17 @@ RequestPtr ShmRing::postRecv(int peer, const FrameHeader& expect, void* data, si
   return req;
 }
 
-RequestPtr ShmRing::postRecvInto(int peer, const FrameHeader& expect, size_t len, FragmentConsumer consume) {
+RequestPtr ShmLink::postRecvInto(int peer, const FrameHeader& expect, size_t len, FragmentConsumer consume) {
   RequestPtr req = postRecv(peer, expect, nullptr, len);
   recvs_.back().consume = std::move(consume);
   return req;
 }
 
-void ShmRing::finish(const RequestPtr& req) {
+void ShmLink::finish(const RequestPtr& req) {
   req->state.store(Request::State::Done, std::memory_order_release);
 }
 
-bool ShmRing::pushSends() {
+bool ShmLink::pushSends() {
   if (sends_.empty()) {
     return false; // also where the right neighbour is on another host (no slots to fill)
   }
@@ -443,7 +443,7 @@ bool ShmRing::pushSends() {
   return moved;
 }
 
-bool ShmRing::pullRecvs() {
+bool ShmLink::pullRecvs() {
   if (recvs_.empty()) {
     return false; // also where the left neighbour is on another host (no region mapped)
   }
@@ -506,7 +506,7 @@ bool ShmRing::pullRecvs() {
   return moved;
 }
 
-bool ShmRing::reapLent() {
+bool ShmLink::reapLent() {
   bool moved = false;
   if (lent_.empty()) {
     return false;
@@ -521,7 +521,7 @@ bool ShmRing::reapLent() {
   return moved;
 }
 
-bool ShmRing::readLeft(char* dst, uint64_t remote, size_t n, std::string* why) {
+bool ShmLink::readLeft(char* dst, uint64_t remote, size_t n, std::string* why) {
   // process_vm_readv moves at most what it can and says how much: go on from there.
   size_t done = 0;
   while (done < n) {
@@ -541,7 +541,7 @@ bool ShmRing::readLeft(char* dst, uint64_t remote, size_t n, std::string* why) {
   return true;
 }
 
-bool ShmRing::readLeftInto(const FragmentConsumer& consume, uint64_t remote, size_t offset, size_t n,
+bool ShmLink::readLeftInto(const FragmentConsumer& consume, uint64_t remote, size_t offset, size_t n,
                            std::string* why) {
   if (pieces_.empty()) {
     pieces_.resize(kPieceBytes);
@@ -557,7 +557,7 @@ bool ShmRing::readLeftInto(const FragmentConsumer& consume, uint64_t remote, siz
   return true;
 }
 
-std::pair<double, double> ShmRing::probeCopies(size_t bytes, Deadline deadline) {
+std::pair<double, double> ShmLink::probeCopies(size_t bytes, Deadline deadline) {
   // Keys no op reaches (an op's key is its sequence number, counted from 1), so a
   // probe frame can never be taken for an op's.
   uint64_t key = ~uint64_t{0} - 4 * kProbeRounds; // per round, two ways, each a start and a timed exchange
@@ -604,14 +604,14 @@ std::pair<double, double> ShmRing::probeCopies(size_t bytes, Deadline deadline) 
   return {best[0], best[1]};
 }
 
-bool ShmRing::progress() {
+bool ShmLink::progress() {
   const bool sent = pushSends();
   const bool received = pullRecvs();
   const bool reaped = reapLent();
   return sent || received || reaped;
 }
 
-void ShmRing::failAll(const std::string& reason, bool network) {
+void ShmLink::failAll(const std::string& reason, bool network) {
   for (auto& s : sends_) {
     markFailed(*s, reason, network);
   }
@@ -626,7 +626,7 @@ void ShmRing::failAll(const std::string& reason, bool network) {
   lent_.clear();
 }
 
-bool ShmRing::failIfNeighbourLeft() {
+bool ShmLink::failIfNeighbourLeft() {
   std::string why = recvs_.empty() ? std::string() : engine_.goodbyeFrom(left_);
   if (why.empty() && (!sends_.empty() || !lent_.empty())) { // a lent buffer is read by no one now
     why = engine_.goodbyeFrom(right_);
@@ -637,21 +637,21 @@ bool ShmRing::failIfNeighbourLeft() {
   return !why.empty();
 }
 
-void ShmRing::publishCpu(int cpu) {
+void ShmLink::publishCpu(int cpu) {
   std::atomic<int32_t>& mine = own_->bell().cpu;
   if (mine.load(std::memory_order_relaxed) != cpu) { // a store only on a move: the line stays shared
     mine.store(cpu, std::memory_order_relaxed);
   }
 }
 
-bool ShmRing::neighbourOn(int cpu) {
+bool ShmLink::neighbourOn(int cpu) {
   // -1: sched_getcpu failed (a sandbox without getcpu), as the -1 of a bell not yet
   // published; no CPU known, nothing to compare.
   return cpu >= 0 && ((receivesLeft_ && fromLeft_->bell().cpu.load(std::memory_order_relaxed) == cpu) ||
                       (sendsRight_ && toRight().bell().cpu.load(std::memory_order_relaxed) == cpu));
 }
 
-bool ShmRing::waitUntil(const RequestPtr& req, Deadline deadline) {
+bool ShmLink::waitUntil(const RequestPtr& req, Deadline deadline) {
   using namespace std::chrono;
   const auto spinEnd = Clock::now() + microseconds(spinMicros_);
   SpinGiveWay giveWay(spinYields_);

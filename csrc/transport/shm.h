@@ -1,4 +1,5 @@
-// Same-host transport for the ring: around the ranks a group has on each host (its
+// Same-host links (ShmLink: this rank's links to its left and right neighbours on its
+// host, one Link serving both): around the ranks a group has on each host (its
 // host ring, Topology::hostLeft/hostRight: on one host, the group's ring), each link
 // (rank r -> the host's next rank) is a single-producer single-consumer ring of
 // slots in shared memory instead of a TCP socket.  One copy into a slot, one copy
@@ -73,7 +74,7 @@
 
 namespace ringpg {
 
-// How a group's same-host links are set up (ShmRing::connect).
+// How a group's same-host links are set up (ShmLink::connect).
 struct ShmOptions {
   Config::Transport setting = Config::Transport::Auto; // RINGPG_TRANSPORT on this rank
   size_t slotBytes = 0; // payload bytes of a slot (rounded up to whole cache lines)
@@ -95,7 +96,7 @@ struct ShmOptions {
 
 struct ShmVerdict; // what a rank managed of its set-up (shm.cpp)
 
-class ShmRing final : public Link {
+class ShmLink final : public Link {
  public:
   struct Region; // one mapped region (defined in shm.cpp)
 
@@ -111,12 +112,12 @@ class ShmRing final : public Link {
   // host, setting Tcp on some rank, shared memory unavailable, or this rank alone on
   // its host.  Setting Shm raises instead of falling back.  `engine`: the group's
   // failure state, which outlives the links.
-  static std::unique_ptr<ShmRing> connect(c10d::Store& store, Engine& engine, const std::string& prefix,
+  static std::unique_ptr<ShmLink> connect(c10d::Store& store, Engine& engine, const std::string& prefix,
                                           const Topology& topo, int rank, const ShmOptions& options, Deadline deadline,
                                           bool* used);
-  ~ShmRing() override;
-  ShmRing(const ShmRing&) = delete;
-  ShmRing& operator=(const ShmRing&) = delete;
+  ~ShmLink() override;
+  ShmLink(const ShmLink&) = delete;
+  ShmLink& operator=(const ShmLink&) = delete;
 
   int left() const { return left_; }
   int right() const { return right_; }
@@ -171,7 +172,7 @@ class ShmRing final : public Link {
     uint64_t slot;
   };
 
-  ShmRing(Engine& engine, int rank, int left, int right, size_t slotBytes, int spinMicros, bool spinYields);
+  ShmLink(Engine& engine, int rank, int left, int right, size_t slotBytes, int spinMicros, bool spinYields);
   RequestPtr post(int peer, const FrameHeader& hdr, const void* data, size_t len, bool lendable);
   bool pushSends();
   bool pullRecvs();
