@@ -122,19 +122,46 @@ def test_gloo_tags_are_int32_unique_in_flight_and_separate_signatures() -> None:
     assert tag(5 + 256, allreduce, f32, sum_, 1 << 20, 0) == base  # seq is kept mod 256
 
 
-@pytest.mark.parametrize(
-    "hosts",
-    [
-        ["a"],
-        ["a", "a"],
-        ["a", "b"],
-        ["a", "b", "a", "b"],
-        ["b", "a", "a", "b", "c", "a"],
-        ["a", "a", "b", "b"],
-        ["x", "y", "z"],
-        ["a", "b", "a"],
-    ],
-)
+HOST_LAYOUTS = [
+    ["a"],
+    ["a", "a"],
+    ["a", "b"],
+    ["a", "b", "a", "b"],
+    ["b", "a", "a", "b", "c", "a"],
+    ["a", "a", "b", "b"],
+    ["x", "y", "z"],
+    ["a", "b", "a"],
+]
+
+
+@pytest.mark.parametrize("hosts", HOST_LAYOUTS + [["a", "a", "a", "b", "b", "b", "c", "c", "c"]])
+@pytest.mark.parametrize("algo", ["auto", "ring", "hier"])
+def test_the_peers_a_group_connects_at_creation_are_its_rings_neighbours(hosts: list[str], algo: str) -> None:
+    """What a group connects at creation (algorithms/hierarchical.h, ringPeers): each
+    rank's neighbours on the ring and, where the hierarchical algorithms apply (hosts of
+    equal numbers of ranks), on its host's ring and its local rank's ring across hosts;
+    symmetric, so every rank waits only for peers that dial it too."""
+    n = len(hosts)
+    ring, host_of, per_host = _C.ring_order_by_host(hosts)
+    peers = [_C.ring_peers(hosts, r, algo) for r in range(n)]
+    for r in range(n):
+        assert r not in peers[r] and peers[r] == sorted(set(peers[r]))
+        for q in peers[r]:
+            assert r in peers[q]
+        at = ring.index(r)
+        want = {ring[(at - 1) % n], ring[(at + 1) % n]} - {r}
+        hier = algo != "ring" and per_host > 0 and (algo == "hier" or (len(set(hosts)) > 1 and per_host > 1))
+        if hier:
+            own = [q for q in ring if host_of[q] == host_of[r]]
+            local = own.index(r)
+            across = [[q for q in ring if host_of[q] == h][local] for h in range(len(set(hosts)))]
+            for members in (own, across):
+                i = members.index(r)
+                want |= {members[(i - 1) % len(members)], members[(i + 1) % len(members)]} - {r}
+        assert set(peers[r]) == want, (hosts, algo, r)
+
+
+@pytest.mark.parametrize("hosts", HOST_LAYOUTS)
 def test_ring_runs_host_by_host(hosts: list[str]) -> None:
     """The ring order (csrc/transport/topology.h): a permutation of the ranks in which
     each host's ranks are adjacent and ascending, hosts in order of first appearance, so

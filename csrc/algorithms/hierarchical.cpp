@@ -258,6 +258,25 @@ bool hierarchicalApplies(const Topology& t, Config::Algo algo) {
   return algo == Config::Algo::Hier || (t.hosts > 1 && t.ranksPerHost() > 1);
 }
 
+std::vector<int> ringPeers(const Topology& t, int rank, Config::Algo algo) {
+  std::vector<int> peers = {t.left(rank), t.right(rank)};
+  if (hierarchicalApplies(t, algo)) {
+    // A ring's neighbours of `rank` among `members` (HierRings' host and cross rings).
+    const auto addNeighbours = [&](const std::vector<int>& members) {
+      const auto at = std::find(members.begin(), members.end(), rank) - members.begin();
+      const auto n = static_cast<std::ptrdiff_t>(members.size());
+      peers.push_back(members[(at + n - 1) % n]);
+      peers.push_back(members[(at + 1) % n]);
+    };
+    addNeighbours(t.ranksOfHost(t.hostOf[rank]));
+    addNeighbours(t.localRanks(t.localIndex(rank)));
+  }
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  peers.erase(std::remove(peers.begin(), peers.end(), rank), peers.end());
+  return peers;
+}
+
 void hierAllreduce(OpContext& c, char* data, int64_t count, size_t es, RedOp op,
                    const std::function<void(char*, int64_t)>& finalize) {
   const HierRings rings(c);

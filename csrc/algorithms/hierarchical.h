@@ -31,6 +31,13 @@ inline bool hierarchicalApplies(const OpContext& c) {
   return hierarchicalApplies(c.topology(), c.config().algo);
 }
 
+// The peers rank `rank`'s rings exchange with under setting `algo`: its neighbours on
+// the group's ring and, where the hierarchical algorithms apply, on its host's ring and
+// on its local rank's ring across hosts (HierRings), without `rank` itself.  Symmetric
+// (q is in rank's iff rank is in q's): what a group connects at its creation, so that
+// each rank waits only for peers that dial it too (transport/connect.h).
+std::vector<int> ringPeers(const Topology& t, int rank, Config::Algo algo);
+
 // Reduce-scatter of `count` = N * n elements at `input` (rank r's chunk at r * n) into
 // `output` (this rank's n elements): the input's chunks are laid out by hierSlot in
 // `layout` (N * n elements' worth of bytes, the collective's scratch), so that each

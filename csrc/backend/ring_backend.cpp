@@ -96,7 +96,8 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   if (!cfg_.tcpCongestion.empty()) {
     checkCongestionControl(cfg_.tcpCongestion); // likewise, before any connection
   }
-  net_ = connectGroup(store, rank, size, timeout, cfg_, transportSetting_);
+  net_ = connectGroup(store, rank, size, timeout, cfg_, transportSetting_,
+                      [&](const Topology& t) { return ringPeers(t, rank, cfg_.algo); });
   tracer_ = openTrace(*net_->engine, transport().c_str(), cfg_, groupName_, rank, size, Clock::now() + timeout);
   tracing_ = tracer_ != nullptr;
   worker_ = std::thread([this] {

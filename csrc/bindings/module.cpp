@@ -8,6 +8,7 @@
 
 #include "algorithms/arena_collectives.h"
 #include "algorithms/choice.h"
+#include "algorithms/hierarchical.h"
 #include "algorithms/ring_plan.h"
 #include "backend/ring_backend.h"
 #include "common/config.h"
@@ -318,6 +319,14 @@ void bindPlans(py::module_& m) {
       py::arg("host_ids"),
       "(ring order, host of each rank, ranks per host or 0) of ranks on these hosts "
       "(transport/topology.h); for the tests");
+  m.def(
+      "ring_peers",
+      [](const std::vector<std::string>& hostIds, int rank, const std::string& algo) {
+        return ringpg::ringPeers(ringpg::Topology::fromHosts(hostIds), rank, ringpg::Config::algoNamed(algo, "algo="));
+      },
+      py::arg("host_ids"), py::arg("rank"), py::arg("algo") = "auto",
+      "The peers rank's rings exchange with, which its group connects at creation "
+      "(algorithms/hierarchical.h); for the tests");
 }
 
 // Settings as this process read them, the wire and Store formats, and host facts, for the tests.

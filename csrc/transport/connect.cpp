@@ -118,40 +118,11 @@ void agreeOnSettings(c10d::Store& store, const std::string& prefix, int rank, in
   }
 }
 
-// The peers a rank connects to while its group is created: all of them under
-// RINGPG_CONNECT=all; else its neighbours on the group's ring and, where hosts hold
-// equal numbers (> 1) of ranks and the algorithm may be hierarchical, on its host's
-// ring and on its local rank's ring across hosts.  The set is symmetric (q is in
-// rank's iff rank is in q's), so each rank waits only for peers that dial it too.
-std::vector<int> peersAtCreation(const Topology& t, int rank, const Config& cfg) {
-  std::vector<int> peers;
-  if (cfg.connect == Config::Connect::All) {
-    for (const auto q : c10::irange(t.size())) {
-      peers.push_back(q);
-    }
-  } else {
-    peers = {t.left(rank), t.right(rank)};
-    if (t.hosts > 1 && t.ranksPerHost() > 1 && cfg.algo != Config::Algo::Ring) {
-      peers.push_back(t.hostLeft(rank));
-      peers.push_back(t.hostRight(rank));
-      const std::vector<int> across = t.localRanks(t.localIndex(rank));
-      const auto at = std::find(across.begin(), across.end(), rank) - across.begin();
-      const auto n = static_cast<std::ptrdiff_t>(across.size());
-      peers.push_back(across[(at + n - 1) % n]);
-      peers.push_back(across[(at + 1) % n]);
-    }
-  }
-  std::sort(peers.begin(), peers.end());
-  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
-  peers.erase(std::remove(peers.begin(), peers.end(), rank), peers.end());
-  return peers;
-}
-
 } // namespace
 
 std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                          std::chrono::milliseconds timeout, const Config& cfg,
-                                         Config::Transport transport) {
+                                         Config::Transport transport, const PeersOf& ringPeers) {
   auto g = std::make_unique<GroupLinks>();
   const Deadline deadline = Clock::now() + timeout;
   Rendezvous rv = rendezvous(*store, rank, size, cfg.ifname);
@@ -167,7 +138,17 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   // The rings' links now, so a neighbour that cannot be reached fails the creation
   // and every rank has two connected neighbours to spread a failure along; the rest
   // on first use.
-  g->engine->connectPeers(peersAtCreation(g->topology, rank, cfg), deadline);
+  std::vector<int> peers;
+  if (cfg.connect == Config::Connect::All) {
+    for (const auto q : c10::irange(size)) {
+      if (q != rank) {
+        peers.push_back(q);
+      }
+    }
+  } else {
+    peers = ringPeers(g->topology);
+  }
+  g->engine->connectPeers(peers, deadline);
   const size_t slotBytes = std::clamp<size_t>(cfg.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
   // Spin only while this host's ranks can each have a core: counted over the CPUs they
   // may use together, so that ranks pinned one to a core spin (a pinned rank's own mask

@@ -3,8 +3,8 @@
 // connectGroup runs every collective step of a group's creation, in order: the
 // addresses (rendezvous.h), the settings every rank must share (one Store exchange;
 // ranks that differ fail here, every one, naming the setting), the engine, the host
-// topology (topology.h), the engine's connections to the rings' neighbours (other
-// peers are connected on first use, engine.h), the shared-memory links (shm.h) and,
+// topology (topology.h), the engine's connections to the peers the algorithms' rings
+// use (the caller says which; other peers are connected on first use, engine.h), the shared-memory links (shm.h) and,
 // for the gloo transport, Gloo's pairs (gloo_link.h, through the factory the bindings
 // install).  What it returns is complete and never rewired: the link each peer's
 // frames take is decided here, once.
@@ -13,8 +13,10 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
 #include "transport/arena.h"
@@ -45,11 +47,17 @@ struct GroupLinks {
   LinkTable links; // where each peer's collective frames go
 };
 
+// The peers a rank's algorithms exchange with in a group of this topology (symmetric:
+// q is in rank's iff rank is in q's): what connectGroup connects at creation.
+using PeersOf = std::function<std::vector<int>(const Topology&)>;
+
 // Connects this rank's part of a group of `size` on `store` (collective: every rank
 // calls it alike), within `timeout`.  `cfg`: the process's settings with the group's
-// algorithm; `transport`: what the group was asked for.
+// algorithm; `transport`: what the group was asked for; `ringPeers`: the algorithms'
+// peers of this rank, connected at creation (every peer under RINGPG_CONNECT=all),
+// the others on first use.
 std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                          std::chrono::milliseconds timeout, const Config& cfg,
-                                         Config::Transport transport);
+                                         Config::Transport transport, const PeersOf& ringPeers);
 
 } // namespace ringpg
