@@ -32,7 +32,7 @@ settings its ranks must share, and torchrun.
   decide which frames each rank sends and expects, and tracing runs a clock sync at
   creation: ranks that differ in any of them get one ``ValueError`` on every rank,
   within seconds, naming each setting and every rank's value (the transport is agreed
-  on likewise: test_faults.py).  Settings that stay local are shown to be local: ranks
+  on likewise: test_bad_input.py).  Settings that stay local are shown to be local: ranks
   whose receive windows differ run the ring on shared memory, ringpg's TCP and Gloo's
   pairs with exact results;
 * end to end under torchrun, with no ``import ringpg`` anywhere in the script:

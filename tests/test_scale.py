@@ -302,7 +302,7 @@ def test_bruck_ranks_that_disagree_on_splits_raise() -> None:
     assert "rank 1 expected 8 bytes from rank 0, which sent 4" in res[1]["msg"], res[1]
     # The others hear it through an Abort frame (the same words), or, where the abort
     # could not follow a frame half written on a link, as a closed connection (as
-    # test_faults' mismatched collectives): each raises a typed error naming its rank.
+    # test_bad_input's mismatched collectives): each raises a typed error naming its rank.
     for r, v in res.items():
         assert v["type"] in ("DistNetworkError", "DistBackendError"), (r, v)
         assert f"rank {r}" in v["msg"], (r, v)

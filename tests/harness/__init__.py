@@ -47,6 +47,7 @@ from .backend import (
     REFERENCE_BACKEND,
     REFUSE_CMA_ENV,
     SHM_RING,
+    TRANSPORT_ENV_DICTS,
     TRANSPORT_ENVS,
     apply_env,
     backend_under_test,
@@ -59,6 +60,7 @@ from .backend import (
     hierarchical_expected,
     oneshot_limit_bytes,
     private_dev_shm,
+    ringpg_only,
     tiny_private_dev_shm,
     traced_algorithms,
     traced_ops,
@@ -105,6 +107,7 @@ from .references import (
 )
 from .scenarios import (
     KILL_DETECT_S,
+    TYPED_ERRORS,
     ScenarioFn,
     assert_survivors_raised_fast,
     die_mid_collective,

@@ -38,6 +38,8 @@ TRANSPORT_ENVS: dict[str, tuple[tuple[str, str], ...]] = {
     "gloo": (("RINGPG_TRANSPORT", "gloo"),),
     "mixed": ((EMULATED_HOSTS_ENV, "2"),),
 }
+# The same, as environment dicts (for scenarios that start their own ranks).
+TRANSPORT_ENV_DICTS: dict[str, dict[str, str]] = {name: dict(env) for name, env in TRANSPORT_ENVS.items()}
 # The shared-memory links' own algorithms on one host, without the host arena
 # (RINGPG_ALGO=ring): what a group on one host ran before the arena, kept under test
 # beside it by the tests whose subject is the ring (transport_env, transport_expected).
@@ -196,6 +198,14 @@ def oneshot_limit_bytes(world_size: int) -> int:
 def backend_under_test() -> str:
     """The backend the tests exercise: ``$RINGPG_TEST_BACKEND`` or ``"ringpg"``."""
     return os.environ.get(BACKEND_ENV, "ringpg")
+
+
+def ringpg_only(reason: str) -> Any:
+    """A pytest mark that skips a test (or, as ``pytestmark``, a module) whose subject is
+    ringpg's own behaviour where another backend is under test."""
+    import pytest
+
+    return pytest.mark.skipif(backend_under_test() != "ringpg", reason=reason)
 
 
 def cpu_backend(group: Any) -> Any:

@@ -80,6 +80,8 @@ def expect_error(fn: Callable[[], Any]) -> tuple[str, str, float]:
 # ------------------------------------------------------------------ a dead peer
 
 KILL_DETECT_S = 10.0  # "within a few seconds" of a peer's death
+# The typed torch.distributed errors a failed op raises (naming op, rank and cause).
+TYPED_ERRORS = ("DistBackendError", "DistNetworkError")
 
 
 def init_ringpg(rank: int, ws: int, port: int, timeout_s: float = 60.0) -> None:
