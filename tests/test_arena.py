@@ -60,7 +60,7 @@ except ModuleNotFoundError:
     _C = None
 
 needs_C = pytest.mark.skipif(_C is None, reason="could not import 'ringpg._C'")
-ringpg_only = pytest.mark.skipif(harness.backend_under_test() != "ringpg", reason="ringpg's own arena")
+ringpg_only = harness.ringpg_only("ringpg's own arena")
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier", "gather", "scatter")
 ARENA = ("arena", "arena_oneshot")
