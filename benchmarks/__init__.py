@@ -13,14 +13,12 @@ share:
 * ``peers``: MPI peers (``--peers``): finding their venvs, launching them, taking turns;
 * ``mpi_peer``: what runs under each MPI's ``mpiexec`` (numpy and mpi4py, no torch);
 * ``timing``: backends alternating on the same buffers, and the figures they make;
-* ``backends``: what a ``--backends`` entry names (``ringpg@tcp/hier``), whether it is
-  usable, and what a live group says about itself;
-* ``machine``: the facts every run prints first, and threads per rank;
-* ``launch``: free ports, ranks that die with their launcher, torchrun's environment;
+* ``backends``: what a ``--backends`` entry names (``ringpg@tcp/hier``) and whether it is
+  usable;
 * ``tcp_probe``: the raw-TCP ceiling printed beside the table;
 * ``table``: nccl-tests style rows and the progress line;
 * ``units``: sizes (``256MiB``) and link rates (``1gbit``) as typed on the command line.
 
-The tests import a few of these too (``free_port``, ``transport_of``, ``global_rank``,
-``default_tcp_congestion``) rather than keep copies of their own.
+What the tests share with these tools (launching ranks, machine facts, what a live
+group says about itself) is in ``devkit``, which both import.
 """

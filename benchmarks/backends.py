@@ -6,9 +6,8 @@ not happen.  A ``--backends`` entry names a backend and, for ringpg, optionally 
 transport and algorithm (:class:`Spec`).  ``floor`` is no backend but torch's own cost of a
 collective: its dispatch through a group that moves nothing (torch's fake process group),
 with the flight recorder hook torch attaches to any out-of-tree backend
-(:func:`floor_group`).  The helpers on live groups
-(:func:`transport_of`, :func:`algorithm_of`, :func:`global_rank`) serve the tests as well
-as the benchmarks.
+(:func:`floor_group`).  What a live group says about itself is :mod:`devkit.groups`'s,
+which the tests share.
 """
 
 from __future__ import annotations
@@ -178,43 +177,6 @@ def backend_status(spec: str, device: str) -> Tuple[bool, str]:
         return False, one_line(e)
 
 
-def _ringpg_says(group: Any, device: str, attr: str) -> Optional[str]:
-    """Attribute ``attr`` of a live ringpg group's backend; None for other backends, or
-    where ringpg is absent or cannot load."""
-    try:
-        import ringpg  # type: ignore[import-not-found]
-
-        b = ringpg.backend(group, device)
-    except Exception:  # noqa: BLE001 - ringpg absent or unloadable: not a ringpg group
-        return None
-    return getattr(b, attr) if b is not None else None
-
-
-def transport_of(group: Any, device: str = "cpu") -> Optional[str]:
-    """How a live group moves its ring traffic, for backends that say (ringpg: "shm",
-    "shm+tcp", "tcp" or "gloo"); None for other backends, or where ringpg is absent or cannot load."""
-    return _ringpg_says(group, device, "transport")
-
-
-def algorithm_of(group: Any, device: str = "cpu") -> Optional[str]:
-    """What a live group's allreduce, reduce-scatter and all-gather run, for backends that
-    say (ringpg: "arena", "hier" or "ring"); None for other backends."""
-    return _ringpg_says(group, device, "allreduce_algorithm")
-
-
-def copy_of(group: Any, device: str = "cpu") -> Optional[str]:
-    """How a live ringpg group moves large same-host messages, with what it measured to
-    choose: "cma", "slots", or either followed by "(measured: cma X us, slots Y us)"
-    (``same_host_copy_probe``); None for other backends and groups with no same-host link."""
-    copy = _ringpg_says(group, device, "same_host_copy")
-    if not copy:
-        return None
-    probe = _ringpg_says(group, device, "same_host_copy_probe")
-    if probe is None:
-        return copy
-    return f"{copy}(measured:cma={probe['cma_us']:.0f}us,slots={probe['slots_us']:.0f}us)"
-
-
 def unique_labels(names: Sequence[str]) -> List[str]:
     """Labels for the backend list: duplicates get ``#1``, ``#2`` (e.g. ``gloo,gloo``)."""
     counts: Dict[str, int] = {}
@@ -238,10 +200,3 @@ def pick_baseline(labels: Sequence[str], wanted: str = "gloo") -> str:
         return wanted
     backends = [lb for lb in labels if lb != FLOOR]
     return backends[-1] if backends else labels[-1]
-
-
-def global_rank(group: Any, group_rank: int) -> int:
-    """Global rank of ``group_rank`` in ``group`` (what ``src``/``dst`` of a rooted op name)."""
-    if group is None or group is dist.group.WORLD:
-        return group_rank
-    return dist.get_global_rank(group, group_rank)

@@ -34,9 +34,9 @@ import torch.distributed as dist
 from benchmarks.backends import new_group_of
 from benchmarks.cases import canonical_op, sweep_cases
 from benchmarks.data import CaseBuffers
-from benchmarks.launch import HUGEPAGES, add_start_argument, run_ranks, use_hugepages
 from benchmarks.timing import op_times_ns, ranks_share_clock
 from benchmarks.units import parse_bytes
+from devkit.launch import HUGEPAGES, add_start_argument, run_ranks, use_hugepages
 
 Key = Tuple[str, int, str]  # op, size in bytes (the bench's: the full buffer), backend
 

@@ -56,20 +56,24 @@ import torch.distributed as dist  # noqa: E402
 from benchmarks import netns  # noqa: E402
 from benchmarks.backends import (  # noqa: E402
     FLOOR,
-    algorithm_of,
     backend_status,
-    copy_of,
     ensure_registered,
     expand_specs,
     new_group_of,
     pick_baseline,
     split_spec,
-    transport_of,
     unique_labels,
 )
 from benchmarks.cases import OPS, Case, canonical_dtype, canonical_op, check_cases, sweep_cases  # noqa: E402
 from benchmarks.data import CaseBuffers  # noqa: E402
-from benchmarks.launch import (  # noqa: E402
+from benchmarks.peers import Conductor, default_peers_dir, peer_results, start_peers, summary  # noqa: E402
+from benchmarks.table import Progress, TableFormatter, emit  # noqa: E402
+from benchmarks.tcp_probe import format_probe, tcp_probe, tcp_ring_probe  # noqa: E402
+from benchmarks.timing import IterationPolicy, measure_case, ranks_share_clock  # noqa: E402
+from benchmarks.units import format_bytes, parse_bytes, parse_rate  # noqa: E402
+from benchmarks.vllm_shm import VLLM, VllmShm, find_library, is_vllm, load  # noqa: E402
+from devkit.groups import algorithm_of, copy_of, transport_of  # noqa: E402
+from devkit.launch import (  # noqa: E402
     HUGEPAGES,
     add_start_argument,
     die_with_parent,
@@ -79,13 +83,7 @@ from benchmarks.launch import (  # noqa: E402
     torchrun_env,
     use_hugepages,
 )
-from benchmarks.machine import default_threads, format_facts, machine_facts  # noqa: E402
-from benchmarks.peers import Conductor, default_peers_dir, peer_results, start_peers, summary  # noqa: E402
-from benchmarks.table import Progress, TableFormatter, emit  # noqa: E402
-from benchmarks.tcp_probe import format_probe, tcp_probe, tcp_ring_probe  # noqa: E402
-from benchmarks.timing import IterationPolicy, measure_case, ranks_share_clock  # noqa: E402
-from benchmarks.units import format_bytes, parse_bytes, parse_rate  # noqa: E402
-from benchmarks.vllm_shm import VLLM, VllmShm, find_library, is_vllm, load  # noqa: E402
+from devkit.machine import default_threads, format_facts, machine_facts  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT_DIR = REPO_ROOT / "benchmarks" / "results"
@@ -477,7 +475,7 @@ def launch_local(
     cfg: WorkerConfig, method: str, timeout_s: float, stall_s: float, step: Optional[Callable[[], bool]] = None
 ) -> Tuple[List[Optional[int]], str]:
     """Start ``cfg.world_size`` ranks as processes of this launcher (``method``:
-    benchmarks.launch.rank_context) and supervise them."""
+    devkit.launch.rank_context) and supervise them."""
     ctx = rank_context(method)
     ranks = []
     try:

@@ -33,11 +33,9 @@ if __package__ in (None, ""):  # torchrun runs this file as a script
 import torch  # noqa: E402  (runs the torch.backends entry points, ringpg's included)
 import torch.distributed as dist  # noqa: E402
 
-from benchmarks.backends import ensure_registered, transport_of  # noqa: E402
+from benchmarks.backends import ensure_registered  # noqa: E402
 from benchmarks.cases import CHUNKED_OPS, DTYPES, Case, canonical_dtype, canonical_op  # noqa: E402
 from benchmarks.data import CaseBuffers  # noqa: E402
-from benchmarks.launch import torchrun_env  # noqa: E402
-from benchmarks.machine import default_threads, machine_facts  # noqa: E402
 from benchmarks.timing import (  # noqa: E402
     BackendResult,
     CaseResult,
@@ -46,6 +44,9 @@ from benchmarks.timing import (  # noqa: E402
     ranks_share_clock,
 )
 from benchmarks.units import format_bytes, parse_bytes  # noqa: E402
+from devkit.groups import transport_of  # noqa: E402
+from devkit.launch import torchrun_env  # noqa: E402
+from devkit.machine import default_threads, machine_facts  # noqa: E402
 
 DEFAULT_OPS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
 

@@ -18,10 +18,10 @@ from typing import Any, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from benchmarks.backends import global_rank
 from benchmarks.cases import DTYPES, Case
 from benchmarks.protocol import BROADCAST_ROOT, Piece, assemble, layout
 from benchmarks.vllm_shm import is_vllm
+from devkit.groups import global_rank
 
 
 def _sentinel(dtype: torch.dtype) -> float:

@@ -79,7 +79,7 @@ def _netns_list() -> List[str]:
 
 def _pid_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie -- dead, waiting for its parent to reap it -- does not)."""
-    from benchmarks.launch import proc_stat  # here: `python benchmarks/netns.py` puts the package on the path late
+    from devkit.launch import proc_stat  # here: `python benchmarks/netns.py` puts the package on the path late
 
     fields = proc_stat(pid)
     return bool(fields) and fields[0] != "Z"

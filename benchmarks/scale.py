@@ -27,8 +27,8 @@ from typing import Any, Dict, List
 import torch
 import torch.distributed as dist
 
-from benchmarks.launch import add_start_argument, quick_reverse_lookups, run_ranks, store_barrier
-from benchmarks.machine import open_sockets, rss_mb, threads
+from devkit.launch import add_start_argument, quick_reverse_lookups, run_ranks, store_barrier
+from devkit.machine import open_sockets, rss_mb, threads
 
 BACKENDS = {
     "ringpg": ("ringpg", {}),

@@ -30,8 +30,8 @@ from typing import Any, Callable, List
 import torch
 import torch.distributed as dist
 
-from benchmarks.launch import quick_reverse_lookups, run_ranks, store_barrier
-from benchmarks.machine import open_sockets, rss_mb, threads
+from devkit.launch import quick_reverse_lookups, run_ranks, store_barrier
+from devkit.machine import open_sockets, rss_mb, threads
 
 # One ring allreduce's elements per rank: 256 KiB, past the small allreduce's limit.
 RING_NUMEL = 1 << 16

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from benchmarks.backends import global_rank
+from devkit.groups import global_rank
 
 
 def _stream(sock: socket.socket, seconds: float, chunk: memoryview) -> None:

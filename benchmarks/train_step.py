@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from benchmarks.launch import add_start_argument, run_ranks
+from devkit.launch import add_start_argument, run_ranks
 
 BACKENDS = ("ringpg", "gloo")
 WRAPPERS = ("ddp", "fsdp2")

@@ -29,8 +29,8 @@ from typing import Any, Dict, List
 import torch
 import torch.distributed as dist
 
-from benchmarks.launch import add_start_argument, run_ranks
-from benchmarks.machine import rss_mb
+from devkit.launch import add_start_argument, run_ranks
+from devkit.machine import rss_mb
 
 OPS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast")
 MIN_NUMEL, MAX_NUMEL = 1000, 786432

@@ -44,7 +44,7 @@ from harness.surface import (  # noqa: E402
     small_ints,
 )
 
-from benchmarks.backends import transport_of  # noqa: E402
+from devkit.groups import transport_of  # noqa: E402
 
 # Per-rank block sizes: one element, a short vector with a tail, and a buffer that the
 # ring moves in several segments (RINGPG_SEGMENT_BYTES, set small by the launcher).

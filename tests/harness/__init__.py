@@ -24,20 +24,20 @@ One module a room; every test imports what it needs from ``harness`` itself:
 * :mod:`harness.surface`: raw-byte data, a reduction reference for every (dtype,
   ReduceOp) pair, and :func:`harness.surface.guarded` for the API-surface batteries.
 
-Helpers the benchmarks share (``free_port``, ``run_ranks``, ``transport_of``,
-``global_rank``, ``rss_mb``, ``default_tcp_congestion``) live in the ``benchmarks``
-package and are re-exported here, so that tests import from ``harness`` alone
-(``tests/test_bench_tool.py`` aside, which tests the benchmarks);
+Helpers the tests share with the benchmarks (``free_port``, ``run_ranks``,
+``transport_of``, ``global_rank``, ``rss_mb``, ``default_tcp_congestion``) live in the
+neutral ``devkit`` package, which both import, and are re-exported here, so that tests
+import from ``harness`` alone (``tests/test_bench_tool.py`` aside, which tests the benchmarks);
 ``tests/conftest.py`` puts the repository root on ``sys.path`` so that tests and workers
 can import it.
 """
 
 from __future__ import annotations
 
-# The benchmarks' own helpers, which the tests share rather than copy.
-from benchmarks.backends import global_rank, transport_of
-from benchmarks.launch import free_port, run_ranks
-from benchmarks.machine import default_tcp_congestion, rss_mb
+# The helpers shared with the benchmarks (devkit), not copied.
+from devkit.groups import global_rank, transport_of
+from devkit.launch import free_port, run_ranks
+from devkit.machine import default_tcp_congestion, rss_mb
 
 # Re-exported, so that a test writes ``from harness import Checker, make_data, WorkerPool``.
 from .backend import (

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from benchmarks.backends import global_rank
+from devkit.groups import global_rank
 
 from .data import data_kind, dtype_name, make_data, reduce_op
 from .references import ref_all_gather, ref_all_reduce, ref_broadcast, ref_reduce_scatter, sentinel_like

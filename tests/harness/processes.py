@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from benchmarks.launch import free_port, rank_context
+from devkit.launch import free_port, rank_context
 
 from .backend import REFERENCE_BACKEND, apply_env, backend_under_test
 

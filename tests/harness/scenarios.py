@@ -25,8 +25,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from benchmarks.backends import transport_of
-from benchmarks.launch import free_port
+from devkit.groups import transport_of
+from devkit.launch import free_port
 
 from .backend import apply_env
 from .processes import collect_results, worker_context

@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional, Sequence
 import pytest
 import torch.distributed as dist
 
-from benchmarks.backends import transport_of
+from devkit.groups import transport_of
 
 from .backend import transport_expected
 from .checking import Checker
