@@ -5,6 +5,7 @@
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
+#include <cstring>
 
 #include "algorithms/arena_collectives.h"
 #include "algorithms/choice.h"
@@ -17,8 +18,11 @@
 #include "common/torch_compat.h"
 #include "cuda/host_register.h"
 #include "reduce/reduce.h"
+#include "transport/receiver.h"
+#include "transport/request.h"
 #include "transport/shm_segment.h"
 #include "transport/store_exchange.h"
+#include "transport/wire.h"
 
 namespace py = pybind11;
 
@@ -49,6 +53,88 @@ ringpg::RedOp redOpFromName(const std::string& name) {
     }
   }
   TORCH_CHECK(false, "ringpg: unknown reduce op name ", name);
+}
+
+// Runs a FrameReceiver (transport/receiver.h) over `stream`, handed to it at most
+// `chunk` bytes a read (and `budget` a payload read), routing each whole header by the
+// next of `routes` ("deliver" into a receive of its length, "stash", "discard",
+// "close"), as the engine would; for the tests of the receive state machine alone.
+py::dict runFrameReceiver(const std::string& stream, size_t chunk, const std::vector<std::string>& routes,
+                          size_t budget) {
+  using ringpg::FrameReceiver;
+  TORCH_CHECK(chunk > 0 && budget > 0, "chunk and budget must be positive");
+  FrameReceiver rx;
+  std::vector<char> buffer; // the delivered receive's
+  py::list events;
+  const auto event = [&](const char* what, const ringpg::FrameHeader& h, py::bytes payload) {
+    events.append(py::make_tuple(what, ringpg::frameKindName(h.kind), h.key, h.nbytes, std::move(payload)));
+  };
+  const auto finish = [&] { // a complete payload: end it as its state says
+    const ringpg::FrameHeader h = rx.header();
+    switch (rx.state()) {
+      case FrameReceiver::State::kPayload: {
+        const ringpg::RequestPtr req = rx.endDelivery();
+        event("deliver", h, py::bytes(req->buf, req->len));
+        break;
+      }
+      case FrameReceiver::State::kStash: {
+        const ringpg::Stashed st = rx.endStash();
+        event("stash", h, py::bytes(st.data.data(), st.data.size()));
+        break;
+      }
+      case FrameReceiver::State::kDiscard:
+        rx.endDiscard();
+        event("discard", h, py::bytes());
+        break;
+      default:
+        TORCH_INTERNAL_ASSERT(false, "no payload to end");
+    }
+  };
+  size_t at = 0;
+  size_t route = 0;
+  while (!rx.closed() &&
+         (at < stream.size() || (rx.state() == FrameReceiver::State::kPaused && route < routes.size()))) {
+    if (rx.state() == FrameReceiver::State::kPaused) {
+      if (route == routes.size()) {
+        break; // waits, unrouted, as a header of an op whose receive is not posted yet
+      }
+      const std::string& r = routes[route++];
+      if (r == "deliver") {
+        buffer.assign(rx.header().nbytes, 0);
+        rx.deliverTo(ringpg::makeRequest(rx.header(), buffer.data(), buffer.size(), 0));
+      } else if (r == "stash") {
+        rx.stash();
+      } else if (r == "discard") {
+        rx.discard();
+      } else {
+        TORCH_CHECK(r == "close", "unknown route ", r);
+        event("close", rx.header(), py::bytes());
+        rx.close();
+        continue;
+      }
+      if (rx.payloadComplete()) {
+        finish();
+      }
+      continue;
+    }
+    auto [dst, n] = rx.nextRead(budget);
+    n = std::min({n, chunk, stream.size() - at});
+    std::memcpy(dst, stream.data() + at, n);
+    at += n;
+    if (rx.advance(n) == FrameReceiver::Completed::kPayload) {
+      finish();
+    }
+  }
+  const FrameReceiver::Position pos = rx.position();
+  py::dict out;
+  out["events"] = events;
+  out["closed"] = rx.closed();
+  out["paused"] = rx.state() == FrameReceiver::State::kPaused;
+  out["header_got"] = pos.headerGot;
+  out["payload_left"] = pos.payloadLeft;
+  out["abort_so_far"] = py::bytes(pos.abortSoFar);
+  out["consumed"] = at;
+  return out;
 }
 
 void installPythonHooks() {
@@ -319,6 +405,10 @@ void bindPlans(py::module_& m) {
       py::arg("host_ids"),
       "(ring order, host of each rank, ranks per host or 0) of ranks on these hosts "
       "(transport/topology.h); for the tests");
+  m.def("run_frame_receiver", &runFrameReceiver, py::arg("stream"), py::arg("chunk"), py::arg("routes"),
+        py::arg("budget") = size_t(1) << 20,
+        "A FrameReceiver over `stream` (transport/receiver.h), `chunk` bytes a read, each header routed by the "
+        "next of `routes`: deliver, stash, discard, close; its events and where it stopped; for the tests");
   m.def(
       "ring_peers",
       [](const std::vector<std::string>& hostIds, int rank, const std::string& algo) {
