@@ -92,3 +92,43 @@ def test_an_abort_cut_short_keeps_the_part_of_its_reason_that_came() -> None:
     out = _C.run_frame_receiver(frame("abort", 0, reason)[: HEADER + 14], 4, ["stash"])
     assert out["abort_so_far"] == reason[:14]
     assert out["payload_left"] == len(reason) - 14
+
+
+# ------------------------------------------------ why a connection was lost
+
+
+def test_an_abort_in_flight_is_the_cause_of_a_lost_connection() -> None:
+    # The peer's group failed first: it said why, then closed, while this rank was in
+    # the middle of another frame's payload (delivered to a receive).
+    first = frame("collective", 3, b"d" * 100)
+    after = first[HEADER + 40 :] + frame("abort", 0, b"rank 1 timed out in all_reduce")
+    reason, network, remote = _C.cause_of_loss(first[: HEADER + 40], ["deliver"], after)
+    assert "rank 1 aborted the group: rank 1 timed out in all_reduce" in reason
+    assert remote and network
+
+
+@pytest.mark.parametrize("cut", [0, 5, HEADER, HEADER + 7])
+def test_an_abort_cut_anywhere_by_the_loss_still_gives_its_reason(cut: int) -> None:
+    raw = frame("abort", 0, b"the reason, whole")
+    reason, _, remote = _C.cause_of_loss(raw[:cut], ["stash"], raw[cut:])
+    assert reason.endswith("aborted the group: the reason, whole") and remote
+
+
+def test_a_frame_of_the_running_op_that_disagrees_is_a_mismatch() -> None:
+    # The ranks called different collectives: the peer's frame for this sequence number
+    # has another op (a broadcast's opcode, 2 elements) than the one running here.
+    running = frame("collective", 4, op_numel=1000)[:HEADER]
+    theirs = bytearray(frame("collective", 4, b"x" * 8, op_numel=2))
+    theirs[5] = 0  # opcode: broadcast
+    reason, network, remote = _C.cause_of_loss(b"", [], bytes(theirs), running)
+    assert "rank 1" in reason and not network and not remote
+
+
+def test_frames_that_say_nothing_leave_the_loss_unexplained() -> None:
+    # Ordinary frames of the op running here, then the end: the caller reports the lost
+    # connection itself.
+    running = frame("collective", 4, op_numel=10)[:HEADER]
+    after = frame("collective", 4, b"y" * 40, op_numel=10) + frame("p2p", 9, b"z" * 3)
+    assert _C.cause_of_loss(b"", [], after, running) == ("", True, False)
+    # So does garbage (a header with no magic), read no further.
+    assert _C.cause_of_loss(b"", [], b"\x00" * 64 + frame("abort", 0, b"too late"))[0] == ""

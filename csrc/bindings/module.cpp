@@ -4,7 +4,10 @@
 #include <ATen/ATen.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
+#include <sys/socket.h>
 #include <torch/csrc/utils/pybind.h>
+
+#include <cerrno>
 #include <cstring>
 
 #include "algorithms/arena_collectives.h"
@@ -18,9 +21,11 @@
 #include "common/torch_compat.h"
 #include "cuda/host_register.h"
 #include "reduce/reduce.h"
+#include "transport/engine.h"
 #include "transport/receiver.h"
 #include "transport/request.h"
 #include "transport/shm_segment.h"
+#include "transport/socket.h"
 #include "transport/store_exchange.h"
 #include "transport/wire.h"
 
@@ -55,86 +60,121 @@ ringpg::RedOp redOpFromName(const std::string& name) {
   TORCH_CHECK(false, "ringpg: unknown reduce op name ", name);
 }
 
-// Runs a FrameReceiver (transport/receiver.h) over `stream`, handed to it at most
-// `chunk` bytes a read (and `budget` a payload read), routing each whole header by the
-// next of `routes` ("deliver" into a receive of its length, "stash", "discard",
-// "close"), as the engine would; for the tests of the receive state machine alone.
-py::dict runFrameReceiver(const std::string& stream, size_t chunk, const std::vector<std::string>& routes,
-                          size_t budget) {
-  using ringpg::FrameReceiver;
-  TORCH_CHECK(chunk > 0 && budget > 0, "chunk and budget must be positive");
-  FrameReceiver rx;
+// A FrameReceiver (transport/receiver.h) driven as the engine drives it, over a
+// scripted stream: each whole header routed by the next of `routes` ("deliver" into a
+// receive of its length, "stash", "discard", "close"); what came out in `events`.  For
+// the tests of the receive state machine alone.
+struct ScriptedReceiver {
+  ringpg::FrameReceiver rx;
   std::vector<char> buffer; // the delivered receive's
   py::list events;
-  const auto event = [&](const char* what, const ringpg::FrameHeader& h, py::bytes payload) {
+  size_t consumed = 0;
+
+  void event(const char* what, const ringpg::FrameHeader& h, py::bytes payload) {
     events.append(py::make_tuple(what, ringpg::frameKindName(h.kind), h.key, h.nbytes, std::move(payload)));
-  };
-  const auto finish = [&] { // a complete payload: end it as its state says
+  }
+  // A complete payload: ended as its state says.
+  void finish() {
+    using State = ringpg::FrameReceiver::State;
     const ringpg::FrameHeader h = rx.header();
-    switch (rx.state()) {
-      case FrameReceiver::State::kPayload: {
-        const ringpg::RequestPtr req = rx.endDelivery();
-        event("deliver", h, py::bytes(req->buf, req->len));
-        break;
-      }
-      case FrameReceiver::State::kStash: {
-        const ringpg::Stashed st = rx.endStash();
-        event("stash", h, py::bytes(st.data.data(), st.data.size()));
-        break;
-      }
-      case FrameReceiver::State::kDiscard:
-        rx.endDiscard();
-        event("discard", h, py::bytes());
-        break;
-      default:
-        TORCH_INTERNAL_ASSERT(false, "no payload to end");
-    }
-  };
-  size_t at = 0;
-  size_t route = 0;
-  while (!rx.closed() &&
-         (at < stream.size() || (rx.state() == FrameReceiver::State::kPaused && route < routes.size()))) {
-    if (rx.state() == FrameReceiver::State::kPaused) {
-      if (route == routes.size()) {
-        break; // waits, unrouted, as a header of an op whose receive is not posted yet
-      }
-      const std::string& r = routes[route++];
-      if (r == "deliver") {
-        buffer.assign(rx.header().nbytes, 0);
-        rx.deliverTo(ringpg::makeRequest(rx.header(), buffer.data(), buffer.size(), 0));
-      } else if (r == "stash") {
-        rx.stash();
-      } else if (r == "discard") {
-        rx.discard();
-      } else {
-        TORCH_CHECK(r == "close", "unknown route ", r);
-        event("close", rx.header(), py::bytes());
-        rx.close();
-        continue;
-      }
-      if (rx.payloadComplete()) {
-        finish();
-      }
-      continue;
-    }
-    auto [dst, n] = rx.nextRead(budget);
-    n = std::min({n, chunk, stream.size() - at});
-    std::memcpy(dst, stream.data() + at, n);
-    at += n;
-    if (rx.advance(n) == FrameReceiver::Completed::kPayload) {
-      finish();
+    if (rx.state() == State::kPayload) {
+      const ringpg::RequestPtr req = rx.endDelivery();
+      event("deliver", h, py::bytes(req->buf, req->len));
+    } else if (rx.state() == State::kStash) {
+      const ringpg::Stashed st = rx.endStash();
+      event("stash", h, py::bytes(st.data.data(), st.data.size()));
+    } else {
+      rx.endDiscard();
+      event("discard", h, py::bytes());
     }
   }
-  const FrameReceiver::Position pos = rx.position();
+  // Feeds `stream`, at most `chunk` bytes a read (and `budget` a payload read), until it
+  // is used up, a goodbye closes it, or a header waits with no route left.
+  void run(const std::string& stream, size_t chunk, const std::vector<std::string>& routes, size_t budget) {
+    using State = ringpg::FrameReceiver::State;
+    TORCH_CHECK(chunk > 0 && budget > 0, "chunk and budget must be positive");
+    size_t route = 0;
+    while (!rx.closed() && (consumed < stream.size() || rx.state() == State::kPaused)) {
+      if (rx.state() == State::kPaused) {
+        if (route == routes.size()) {
+          break; // waits, unrouted, as a header of an op whose receive is not posted yet
+        }
+        const std::string& r = routes[route++];
+        if (r == "deliver") {
+          buffer.assign(rx.header().nbytes, 0);
+          rx.deliverTo(ringpg::makeRequest(rx.header(), buffer.data(), buffer.size(), 0));
+        } else if (r == "stash") {
+          rx.stash();
+        } else if (r == "discard") {
+          rx.discard();
+        } else {
+          TORCH_CHECK(r == "close", "unknown route ", r);
+          event("close", rx.header(), py::bytes());
+          rx.close();
+          continue;
+        }
+        if (rx.payloadComplete()) {
+          finish();
+        }
+        continue;
+      }
+      auto [dst, n] = rx.nextRead(budget);
+      n = std::min({n, chunk, stream.size() - consumed});
+      std::memcpy(dst, stream.data() + consumed, n);
+      consumed += n;
+      if (rx.advance(n) == ringpg::FrameReceiver::Completed::kPayload) {
+        finish();
+      }
+    }
+  }
+};
+
+py::dict runFrameReceiver(const std::string& stream, size_t chunk, const std::vector<std::string>& routes,
+                          size_t budget) {
+  ScriptedReceiver s;
+  s.run(stream, chunk, routes, budget);
+  const ringpg::FrameReceiver::Position pos = s.rx.position();
   py::dict out;
-  out["events"] = events;
-  out["closed"] = rx.closed();
-  out["paused"] = rx.state() == FrameReceiver::State::kPaused;
+  out["events"] = s.events;
+  out["closed"] = s.rx.closed();
+  out["paused"] = s.rx.state() == ringpg::FrameReceiver::State::kPaused;
   out["header_got"] = pos.headerGot;
   out["payload_left"] = pos.payloadLeft;
   out["abort_so_far"] = py::bytes(pos.abortSoFar);
-  out["consumed"] = at;
+  out["consumed"] = s.consumed;
   return out;
+}
+
+// The engine's search for why a connection was lost (Engine::causeOfLoss): `before`
+// arrived while the connection was healthy (routed by `routes`, up to where it
+// stops), `after` is what the peer still had in flight when it closed; `op`: the
+// header of the op running here (32 bytes), or None.  (reason, network, remote).
+py::tuple causeOfLoss(const std::string& before, const std::vector<std::string>& routes, const std::string& after,
+                      const py::object& op) {
+  ScriptedReceiver s;
+  s.run(before, before.size() + 1, routes, size_t(1) << 20);
+  TORCH_CHECK(s.consumed == before.size(), "`before` must be read whole (a header waits for a route)");
+  int fds[2];
+  TORCH_CHECK(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0, "socketpair: ", std::strerror(errno));
+  const ringpg::Fd mine(fds[0]);
+  {
+    const ringpg::Fd theirs(fds[1]);
+    TORCH_CHECK(after.size() < 64 * 1024, "`after` must fit a socket's buffer");
+    TORCH_CHECK(::send(theirs.get(), after.data(), after.size(), 0) == static_cast<ssize_t>(after.size()),
+                "send: ", std::strerror(errno));
+  } // closed: the peer is gone
+  ringpg::FrameHeader running{};
+  const bool haveOp = !op.is_none();
+  if (haveOp) {
+    const std::string raw = op.cast<std::string>();
+    TORCH_CHECK(raw.size() == sizeof(running), "op must be one 32-byte frame header");
+    std::memcpy(&running, raw.data(), sizeof(running));
+  }
+  bool network = true;
+  bool remote = false;
+  const std::string reason = ringpg::Engine::causeOfLoss(mine.get(), s.rx.position(), /*rank=*/0, /*peer=*/1,
+                                                         haveOp ? &running : nullptr, &network, &remote);
+  return py::make_tuple(reason, network, remote);
 }
 
 void installPythonHooks() {
@@ -409,6 +449,10 @@ void bindPlans(py::module_& m) {
         py::arg("budget") = size_t(1) << 20,
         "A FrameReceiver over `stream` (transport/receiver.h), `chunk` bytes a read, each header routed by the "
         "next of `routes`: deliver, stash, discard, close; its events and where it stopped; for the tests");
+  m.def("cause_of_loss", &causeOfLoss, py::arg("before"), py::arg("routes"), py::arg("after"),
+        py::arg("op") = py::none(),
+        "Engine::causeOfLoss on a socket pair: what the frames a lost peer still had in flight say, after "
+        "`before` was received; (reason, network, remote); for the tests");
   m.def(
       "ring_peers",
       [](const std::vector<std::string>& hostIds, int rank, const std::string& algo) {

@@ -135,6 +135,18 @@ class Engine {
   // corrupt or hostile peer in tests.  Never used by ringpg itself.
   void debugSendRaw(int peer, std::string bytes);
 
+  // Reads on from `at` in the stream of socket `fd`, whose connection to peer `peer`
+  // just failed, for the frames it still had in flight: returns the reason they give
+  // (the Abort's reason, or a mismatch with `op`, the op running here, when not null),
+  // "" when they give none.  `*network` becomes false for a mismatch; `*remote` true for
+  // an Abort (the group failed on `peer` first).  The bytes read are never delivered:
+  // the group fails next.  Bounded in time (a peer that is really gone gives
+  // end-of-stream at once) and in bytes; takes no lock.  One parser: the receive state
+  // machine's (receiver.h), resumed where the live stream stopped.  Static, so that the
+  // tests can run it on a socket pair (ringpg._C.cause_of_loss).
+  static std::string causeOfLoss(int fd, const FrameReceiver::Position& at, int rank, int peer, const FrameHeader* op,
+                                 bool* network, bool* remote);
+
   // Says goodbye to every peer (so they know the close is orderly) and stops.  A peer
   // whose goodbye came first gets none (it reads nothing more); and from here on a
   // peer that closes without one is taken as leaving too: two ranks that shut down

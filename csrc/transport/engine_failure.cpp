@@ -27,77 +27,6 @@ using engine_detail::abortedBy;
 using engine_detail::shutDownBy;
 using engine_detail::wouldBlock;
 
-namespace {
-
-// Reads on from `at` in the stream of socket `fd`, whose connection to peer `peer`
-// just failed, for the frames it still had in flight: returns the reason they give
-// (the Abort's reason, or a mismatch with `op`, the op running here, when not null),
-// "" when they give none.  `network` becomes false for a mismatch; `remote` true for an
-// Abort (the group failed on `peer` first).  The bytes read are never delivered: the
-// group fails next.  Bounded in time (a peer that is really gone gives end-of-stream at
-// once) and in bytes; runs without the engine's lock.
-std::string readCauseOfLoss(int fd, FrameReceiver::Position at, int rank, int peer, const FrameHeader* op,
-                            bool& network, bool& remote) {
-  constexpr auto kPatience = std::chrono::milliseconds(200);
-  constexpr size_t kMaxDrainBytes = size_t(256) << 20;
-  const auto until = std::chrono::steady_clock::now() + kPatience;
-  FrameHeader& h = at.hdr;
-  size_t hdrGot = at.headerGot;
-  size_t skip = at.payloadLeft; // payload left of the current frame
-  bool inAbort = at.inAbort;
-  std::string& abortWhy = at.abortSoFar;
-  std::vector<char> sink(64 << 10);
-  size_t drained = 0;
-  while (drained < kMaxDrainBytes) {
-    if (hdrGot == sizeof(FrameHeader)) { // a whole header: what does it say?
-      hdrGot = 0;
-      if (h.magic != kFrameMagic) {
-        break;
-      }
-      skip = h.nbytes;
-      inAbort = hasKind(h, FrameKind::Abort);
-      if (inAbort && h.nbytes > kMaxAbortBytes) {
-        break;
-      }
-      if (hasKind(h, FrameKind::Collective) && op && h.key == op->key && !ofSameOp(*op, h)) {
-        network = false;
-        return runningOpMismatch(rank, peer, *op, h);
-      }
-    }
-    if (inAbort && skip == 0) {
-      remote = true;
-      return abortedBy(peer, abortWhy);
-    }
-    char* dst = skip > 0 ? sink.data() : reinterpret_cast<char*>(&h) + hdrGot;
-    const size_t want = skip > 0 ? std::min(skip, sink.size()) : sizeof(FrameHeader) - hdrGot;
-    const ssize_t r = ::recv(fd, dst, want, MSG_DONTWAIT);
-    if (r > 0) {
-      drained += static_cast<size_t>(r);
-      if (skip > 0) {
-        skip -= static_cast<size_t>(r);
-        if (inAbort) {
-          abortWhy.append(dst, static_cast<size_t>(r));
-        }
-      } else {
-        hdrGot += static_cast<size_t>(r);
-      }
-      continue;
-    }
-    if (r == 0 || !wouldBlock(errno)) {
-      break; // end of stream or a dead socket: nothing more to learn
-    }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      break;
-    }
-    pollfd pfd{fd, POLLIN, 0};
-    (void)::poll(&pfd, 1, static_cast<int>(left.count()));
-  }
-  return "";
-}
-
-} // namespace
-
 // ---------------------------------------------------------------------------------
 // Failure path
 
@@ -178,6 +107,64 @@ void Engine::broadcastAbortLocked() {
   }
 }
 
+std::string Engine::causeOfLoss(int fd, const FrameReceiver::Position& at, int rank, int peer, const FrameHeader* op,
+                                bool* network, bool* remote) {
+  using State = FrameReceiver::State;
+  constexpr auto kPatience = std::chrono::milliseconds(200);
+  constexpr size_t kMaxDrainBytes = size_t(256) << 20;
+  const auto until = std::chrono::steady_clock::now() + kPatience;
+  FrameReceiver rx = FrameReceiver::resumingAt(at);
+  size_t drained = 0;
+  while (drained < kMaxDrainBytes) {
+    if (rx.state() == State::kPaused) { // a whole header: what does it say?
+      const FrameHeader& h = rx.header();
+      if (h.magic != kFrameMagic || (hasKind(h, FrameKind::Abort) && h.nbytes > kMaxAbortBytes)) {
+        break;
+      }
+      if (hasKind(h, FrameKind::Collective) && op && h.key == op->key && !ofSameOp(*op, h)) {
+        *network = false;
+        return runningOpMismatch(rank, peer, *op, h);
+      }
+      if (hasKind(h, FrameKind::Abort)) {
+        rx.stash(); // its reason, at most kMaxAbortBytes
+      } else {
+        rx.discard();
+      }
+      if (!rx.payloadComplete()) {
+        continue;
+      }
+    } else {
+      const auto [dst, want] = rx.nextRead(kMaxDrainBytes - drained);
+      const ssize_t r = ::recv(fd, dst, want, MSG_DONTWAIT);
+      if (r == 0 || (r < 0 && !wouldBlock(errno))) {
+        break; // end of stream or a dead socket: nothing more to learn
+      }
+      if (r < 0) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+        if (left.count() <= 0) {
+          break;
+        }
+        pollfd pfd{fd, POLLIN, 0};
+        (void)::poll(&pfd, 1, static_cast<int>(left.count()));
+        continue;
+      }
+      drained += static_cast<size_t>(r);
+      if (rx.advance(static_cast<size_t>(r)) != FrameReceiver::Completed::kPayload) {
+        continue;
+      }
+    }
+    // A payload complete: an Abort's reason is the answer; anything else was dropped.
+    if (rx.state() == State::kStash) {
+      const Stashed reason = rx.endStash();
+      *remote = true;
+      return abortedBy(peer, std::string(reason.data.begin(), reason.data.end()));
+    }
+    rx.endDiscard();
+  }
+  return "";
+}
+
 std::string Engine::peerLostReason(int p, const char* how) {
   // "Connection closed by peer", gloo's words, is what torchft and scripts match on.
   return c10::str("ringpg: rank ", rank_, " lost its connection to rank ", p, ": Connection closed by peer (", how,
@@ -186,7 +173,7 @@ std::string Engine::peerLostReason(int p, const char* how) {
 
 // The connection to peer p failed (`how`) while this group was healthy.  Before
 // blaming the network, reads what p still had in flight and looks for the real cause
-// (readCauseOfLoss):
+// (causeOfLoss):
 //   - an Abort frame: p's group failed first and p said why before closing;
 //   - a frame of the op running here with another op/dtype/size: the ranks called
 //     different collectives, p saw it first and closed (its Abort could not follow a
@@ -216,8 +203,7 @@ void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<
   bool remote = false;
   P.rxBusy = true; // the socket is ours while the lock is down
   lk.unlock();
-  const std::string reason =
-      readCauseOfLoss(P.rxFd.get(), std::move(at), rank_, p, haveOp ? &op : nullptr, network, remote);
+  const std::string reason = causeOfLoss(P.rxFd.get(), at, rank_, p, haveOp ? &op : nullptr, &network, &remote);
   lk.lock();
   P.rxBusy = false;
   // Whatever was consumed left the receive state behind: nothing reads this socket

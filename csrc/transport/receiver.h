@@ -172,6 +172,32 @@ class FrameReceiver {
     bool inAbort = false;    // the payload being read is an Abort's reason
     std::string abortSoFar;
   };
+  // A receiver that reads on from `at` (another's position) and delivers nothing: a
+  // payload under way is read aside where it is an Abort's reason (the part already in
+  // kept), else dropped.  For reading past a lost connection's last frames
+  // (Engine::failLostPeerLocked) with the same parser as the live stream.
+  static FrameReceiver resumingAt(const Position& at) {
+    FrameReceiver rx;
+    rx.hdr_ = at.hdr;
+    if (at.payloadLeft > 0) {
+      rx.got_ = at.hdr.nbytes - at.payloadLeft;
+      if (at.inAbort) {
+        rx.state_ = State::kStash;
+        rx.stash_.hdr = at.hdr;
+        rx.stash_.data.assign(at.hdr.nbytes, 0);
+        std::copy(at.abortSoFar.begin(), at.abortSoFar.end(), rx.stash_.data.begin());
+      } else {
+        rx.state_ = State::kDiscard;
+        rx.scratch_.resize(kScratchBytes);
+      }
+    } else if (at.headerGot == sizeof(FrameHeader)) {
+      rx.state_ = State::kPaused;
+    } else {
+      rx.got_ = at.headerGot;
+    }
+    return rx;
+  }
+
   Position position() const {
     Position at;
     at.hdr = hdr_;
