@@ -121,7 +121,7 @@ def test_a_frame_of_the_running_op_that_disagrees_is_a_mismatch() -> None:
     theirs = bytearray(frame("collective", 4, b"x" * 8, op_numel=2))
     theirs[5] = 0  # opcode: broadcast
     reason, network, remote = _C.cause_of_loss(b"", [], bytes(theirs), running)
-    assert "rank 1" in reason and not network and not remote
+    assert "collective mismatch" in reason and "rank 1 sent" in reason and not network and not remote
 
 
 def test_frames_that_say_nothing_leave_the_loss_unexplained() -> None:
