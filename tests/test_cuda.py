@@ -210,7 +210,7 @@ def test_every_op_on_cuda_tensors_matches_gloo(world_size: int) -> None:
 
 
 def _cuda_training(rank: int, ws: int, groups: harness.Groups, args: Any) -> harness.CheckReport:
-    """DDP with device_ids against DDP on gloo (CPU), and FSDP2 on a CUDA mesh against a plain model."""
+    """DDP with device_ids against the same on gloo's CUDA path, and FSDP2 on a CUDA mesh against a plain model."""
     from torch.distributed.device_mesh import init_device_mesh
 
     chk = harness.Checker(rank)

@@ -29,14 +29,10 @@ import harness
 import pytest
 import torch
 import torch.distributed as dist
+from harness import TRANSPORT_ENV_DICTS as TRANSPORTS
+from harness import init_ringpg as _init
 
 pytestmark = harness.ringpg_only("ringpg's own failure reporting")
-
-# A scenario rank's ringpg world group (the harness's, shared with test_hierarchical.py).
-_init = harness.init_ringpg
-
-# The ring's transports, as environments.
-TRANSPORTS = harness.TRANSPORT_ENV_DICTS
 
 
 # ============================== what a failed group says: get_error, abort hooks, flight recorder

@@ -34,24 +34,19 @@ import pytest
 import torch
 import torch.distributed as dist
 from harness import (
+    KILL_DETECT_S,
     TRANSPORT_ENVS,
+    TRANSPORT_NAMES,
     expect_error,
     run_scenario,
     transport_expected,
     transport_of,
 )
+from harness import TRANSPORT_ENV_DICTS as TRANSPORTS
+from harness import TYPED_ERRORS as TYPED
+from harness import init_ringpg as _init
 
 pytestmark = harness.ringpg_only("ringpg's own fault handling")
-
-KILL_DETECT_S = harness.KILL_DETECT_S  # "within a few seconds" of a peer's death
-
-# A scenario rank's ringpg world group (the harness's, shared with test_hierarchical.py).
-_init = harness.init_ringpg
-
-# The ring's transports, as environments (harness.TRANSPORT_ENV_DICTS) and names (bpool).
-TRANSPORTS = harness.TRANSPORT_ENV_DICTS
-TRANSPORT_NAMES = tuple(TRANSPORT_ENVS)
-TYPED = harness.TYPED_ERRORS
 
 
 # ------------------------------------------------------------------ dead peers

@@ -16,20 +16,15 @@ import pytest
 import torch
 import torch.distributed as dist
 from harness import (
+    KILL_DETECT_S,
     expect_error,
     run_scenario,
     transport_of,
 )
+from harness import TRANSPORT_ENV_DICTS as TRANSPORTS
+from harness import init_ringpg as _init
 
 pytestmark = harness.ringpg_only("ringpg's own sockets")
-
-KILL_DETECT_S = harness.KILL_DETECT_S  # "within a few seconds" of a peer's death
-
-# A scenario rank's ringpg world group (the harness's, shared with test_hierarchical.py).
-_init = harness.init_ringpg
-
-# The ring's transports, as environments.
-TRANSPORTS = harness.TRANSPORT_ENV_DICTS
 
 
 # ------------------------------------------------------------------ hostile peers

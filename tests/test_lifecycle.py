@@ -16,11 +16,9 @@ from harness import (
     free_port,
     run_scenario,
 )
+from harness import init_ringpg as _init
 
 pytestmark = harness.ringpg_only("ringpg's own lifecycle")
-
-# A scenario rank's ringpg world group (the harness's, shared with test_hierarchical.py).
-_init = harness.init_ringpg
 
 
 # ------------------------------------------------------------------ load and lifecycle

@@ -49,6 +49,7 @@ from .backend import (
     SHM_RING,
     TRANSPORT_ENV_DICTS,
     TRANSPORT_ENVS,
+    TRANSPORT_NAMES,
     apply_env,
     backend_under_test,
     can_make_mount_namespaces,

@@ -38,8 +38,9 @@ TRANSPORT_ENVS: dict[str, tuple[tuple[str, str], ...]] = {
     "gloo": (("RINGPG_TRANSPORT", "gloo"),),
     "mixed": ((EMULATED_HOSTS_ENV, "2"),),
 }
-# The same, as environment dicts (for scenarios that start their own ranks).
+# The same, as environment dicts (for scenarios that start their own ranks), and their names.
 TRANSPORT_ENV_DICTS: dict[str, dict[str, str]] = {name: dict(env) for name, env in TRANSPORT_ENVS.items()}
+TRANSPORT_NAMES: tuple[str, ...] = tuple(TRANSPORT_ENVS)
 # The shared-memory links' own algorithms on one host, without the host arena
 # (RINGPG_ALGO=ring): what a group on one host ran before the arena, kept under test
 # beside it by the tests whose subject is the ring (transport_env, transport_expected).
