@@ -54,10 +54,10 @@ struct HierRings {
   RingView host;  // this rank's host
   RingView cross; // local rank j of every host, hosts in order
 
-  explicit HierRings(OpContext& c)
-      : t(c.topology()), j(t.localIndex(c.rank())),
-        host(RingView::of(t.ranksOfHost(t.hostOf[c.rank()]), c.rank(), kMinSegments)),
-        cross(RingView::of(t.localRanks(j), c.rank(), kMinSegments)) {
+  HierRings(const Topology& topo, int rank)
+      : t(topo), j(t.localIndex(rank)), host(RingView::of(t.ranksOfHost(t.hostOf[rank]), rank, kMinSegments)),
+        cross(RingView::of(t.localRanks(j), rank, kMinSegments)) {}
+  explicit HierRings(OpContext& c) : HierRings(c.topology(), c.rank()) {
     if (c.trace()) {
       c.trace()->algorithm = "hier";
     }
@@ -261,15 +261,12 @@ bool hierarchicalApplies(const Topology& t, Config::Algo algo) {
 std::vector<int> ringPeers(const Topology& t, int rank, Config::Algo algo) {
   std::vector<int> peers = {t.left(rank), t.right(rank)};
   if (hierarchicalApplies(t, algo)) {
-    // A ring's neighbours of `rank` among `members` (HierRings' host and cross rings).
-    const auto addNeighbours = [&](const std::vector<int>& members) {
-      const auto at = std::find(members.begin(), members.end(), rank) - members.begin();
-      const auto n = static_cast<std::ptrdiff_t>(members.size());
-      peers.push_back(members[(at + n - 1) % n]);
-      peers.push_back(members[(at + 1) % n]);
-    };
-    addNeighbours(t.ranksOfHost(t.hostOf[rank]));
-    addNeighbours(t.localRanks(t.localIndex(rank)));
+    // The neighbours on the rings its hierarchical collectives run on.
+    const HierRings rings(t, rank);
+    for (const RingView* ring : {&rings.host, &rings.cross}) {
+      peers.push_back(ring->left());
+      peers.push_back(ring->right());
+    }
   }
   std::sort(peers.begin(), peers.end());
   peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
