@@ -4,7 +4,6 @@
 
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <c10/util/Exception.h>

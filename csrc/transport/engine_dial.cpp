@@ -2,23 +2,18 @@
 // acknowledgement, accepting a peer's connection, and what breaks the engine there.
 #include "transport/engine.h"
 
-#include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <thread>
 
 #include "common/errors.h"
-#include "common/host.h"
 #include "transport/engine_internal.h"
 
 namespace ringpg {

@@ -2,23 +2,16 @@
 // peer why, failing what waits, and finding the real cause of a lost connection.
 #include "transport/engine.h"
 
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <unistd.h>
 
-#include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstring>
-#include <thread>
 
 #include "common/errors.h"
-#include "common/host.h"
 #include "transport/engine_internal.h"
 
 namespace ringpg {

@@ -3,7 +3,6 @@
 // stash or the socket, and matching point-to-point receives by tag.
 #include "transport/engine.h"
 
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -16,10 +15,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <thread>
 
 #include "common/errors.h"
-#include "common/host.h"
 #include "transport/engine_internal.h"
 
 namespace ringpg {
