@@ -120,12 +120,12 @@ def _cuda_surface(rank: int, ws: int, groups: harness.Groups, args: Any) -> harn
                 data = harness.make_data(
                     rank, case + op, [numel], dtype, kind="product" if op == "PRODUCT" else "small"
                 )
+                want = harness.ref_all_reduce(data, op, ref)  # every rank joins the reference
                 a = data.to(dev, copy=True)
                 dist.all_reduce(a, op=harness.reduce_op(op), group=test)
-                chk.equal(f"all_reduce {op} {case}", a.cpu(), harness.ref_all_reduce(data, op, ref))
+                chk.equal(f"all_reduce {op} {case}", a.cpu(), want)
                 r = data.to(dev, copy=True)
                 dist.reduce(r, dst=ws - 1, op=harness.reduce_op(op), group=test)
-                want = harness.ref_all_reduce(data, op, ref)  # every rank joins the reference
                 if rank == ws - 1:
                     chk.equal(f"reduce {op} {case}", r.cpu(), want)
             # The list forms.
