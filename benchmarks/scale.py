@@ -8,7 +8,7 @@ torch once, so the start-up measured is the group's, not the interpreter's) each
 ``init_process_group`` (TCP rendezvous on loopback) plus a barrier, count their open
 sockets, threads and RSS, run a 1 MiB allreduce (checked), and count the sockets again.
 ``gloo-lazy`` is gloo with ``TORCH_GLOO_LAZY_INIT=1`` (connections on first use), where the
-torch has it; ``ringpg-all`` is ringpg with ``RINGPG_CONNECT=all`` (the full mesh at creation;
+torch has it; ``ringpg-all`` is ringpg with ``RINGPG_TUNING=connect=all`` (the full mesh at creation;
 plain ``ringpg`` connects its ring's neighbours, the rest on first use). The TCPStore's server runs in the launcher, so no rank counts its
 connections, and the clock starts once every rank has reached it. Each case runs
 ``--repeat`` times, the backends interleaved; printed: a run's creation time (its
@@ -32,7 +32,7 @@ from devkit.machine import open_sockets, rss_mb, threads
 
 BACKENDS = {
     "ringpg": ("ringpg", {}),
-    "ringpg-all": ("ringpg", {"RINGPG_CONNECT": "all"}),
+    "ringpg-all": ("ringpg", {"RINGPG_TUNING": "connect=all"}),
     "gloo": ("gloo", {}),
     "gloo-lazy": ("gloo", {"TORCH_GLOO_LAZY_INIT": "1"}),
 }

@@ -8,7 +8,7 @@ loopback sockets, ``RINGPG_TRANSPORT=tcp``), as torchft's tests run ranks as thr
 threads live in a few processes (``--processes``, default one per 256 ranks: each
 process's descriptor limit, raised to its hard limit, must hold its ranks' sockets,
 about six per rank after creation, 2(N-1) after a direct all-to-all, O(log N) after
-Bruck's, which RINGPG_ALLTOALL=auto runs from 512 ranks), forked from a server
+Bruck's, which tuning key alltoall=auto runs from 512 ranks), forked from a server
 that imported torch, so torch's import is paid once. The Store's server runs in the
 launcher, and each rank has a client of its own (not counted). Printed per world size: the creation time (from the moment every process and
 Store client is up to the last group's return), and per rank: sockets, threads and resident
@@ -196,7 +196,9 @@ def main() -> int:
         run_ops = [o for o in ops if o != "alltoall" or need <= hard]
         if "alltoall" in ops:
             verdict = "run" if "alltoall" in run_ops else f"skipped: over the limit {hard}"
-            print(f"# {ws} ranks: alltoall {algo} (RINGPG_ALLTOALL): about {need} descriptors per process, {verdict}")
+            print(
+                f"# {ws} ranks: alltoall {algo} (RINGPG_TUNING alltoall): about {need} descriptors per process, {verdict}"
+            )
         r = measure(ws, procs, run_ops, args.timeout)
         line = f"{ws:5d} {procs:5d} {r['create_s']:9.2f} {r['sockets']:8.2f} {r['threads']:8.2f} {r['rss_mb']:7.2f}"
         for o in ops:

@@ -6,7 +6,8 @@ neither owning them:
 * ``machine``: the facts every run prints first (CPU, memory, torch, load), threads per
   rank, resident memory;
 * ``groups``: what a live group says about itself (its transport, algorithm, copy
-  mode) and the global rank a rooted op names.
+  mode) and the global rank a rooted op names;
+* ``settings``: ringpg's expert setting (``RINGPG_TUNING``), set and read back.
 
 Run from the repository root (``tests/conftest.py`` puts it on ``sys.path``).
 """

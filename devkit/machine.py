@@ -57,7 +57,7 @@ def default_threads(world_size: int) -> int:
 
 def default_tcp_congestion() -> str:
     """The TCP congestion control this process's network namespace gives a new socket
-    (gloo's always, ringpg's unless RINGPG_TCP_CONGESTION is set)."""
+    (gloo's always, ringpg's unless RINGPG_TUNING sets tcp_congestion)."""
     try:
         with socket.socket() as s:
             return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()

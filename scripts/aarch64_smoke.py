@@ -47,7 +47,7 @@ from harness.surface import (  # noqa: E402
 from devkit.groups import transport_of  # noqa: E402
 
 # Per-rank block sizes: one element, a short vector with a tail, and a buffer that the
-# ring moves in several segments (RINGPG_SEGMENT_BYTES, set small by the launcher).
+# ring moves in several segments (tuning key segment_bytes, set small by the launcher).
 BLOCK_NUMELS = (1, 257, 40003)
 ARITH_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
 

@@ -324,7 +324,7 @@ for run in $SMOKE; do
   pids=()
   for ((rank = 0; rank < ws; rank++)); do
     emulate max RANK=$rank WORLD_SIZE=$ws MASTER_PORT=$port RINGPG_TRANSPORT=$transport \
-      RINGPG_REDUCE_ISA="${isa:-auto}" RINGPG_SEGMENT_BYTES=65536 RINGPG_ONESHOT_BYTES=4096 \
+      RINGPG_TUNING="reduce_isa=${isa:-auto},segment_bytes=65536,oneshot_bytes=4096" \
       GLOO_SOCKET_IFNAME=lo TORCH_INCLUDE_STACK_TRACE=0 -- \
       "/usr/bin/python$PYV" /opt/ringpg/scripts/aarch64_smoke.py >"$logs/rank$rank.log" 2>&1 &
     pids+=($!)

@@ -54,6 +54,8 @@ from harness import (
 )
 from harness.scenarios import KILL_DETECT_S, expect_error, init_ringpg
 
+from devkit.settings import tuning_value
+
 try:
     import ringpg._C as _C
 except ModuleNotFoundError:
@@ -107,7 +109,7 @@ def test_the_arena_serves_every_op_of_a_group_on_one_host(size: int) -> None:
 @needs_C
 @pytest.mark.parametrize("size", range(1, 65))
 def test_without_an_arena_the_links_algorithms_run_as_before(size: int) -> None:
-    limit = 262144  # RINGPG_ONESHOT_BYTES' default
+    limit = int(tuning_value("oneshot_bytes", {}))  # the default
     for nbytes in (4, 4096, 65536, 1 << 20):
         got = _choose("allreduce", size, nbytes, arena=False, ring_fused=False)
         if size == 1:
@@ -401,7 +403,7 @@ def test_no_segment_is_left_in_dev_shm_once_the_group_is_up() -> None:
 def _small_dev_shm_on(rank: int, ws: int, port: int, args: Any) -> dict:
     (who,) = args
     # Room for the links' regions (64 KiB slots) but not for an arena of 4 MiB buffers.
-    os.environ.update(RINGPG_SEGMENT_BYTES="65536", RINGPG_ARENA_BYTES=str(4 << 20))
+    os.environ.update(RINGPG_TUNING="segment_bytes=65536", RINGPG_ARENA_BYTES=str(4 << 20))
     if rank == who:
         harness.private_dev_shm("2m")
     init_ringpg(rank, ws, port, timeout_s=20.0)

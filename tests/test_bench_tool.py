@@ -520,7 +520,7 @@ def test_scale_reports_creation_and_sockets_per_rank() -> None:
     """benchmarks.scale at 5 ranks: every backend creates, runs a checked allreduce and
     leaves; a ringpg rank holds one socket to and one from each of its two ring
     neighbours, its listener (kept for peers connecting on first use) and its Store
-    client; under RINGPG_CONNECT=all, both to every peer."""
+    client; under RINGPG_TUNING connect=all, both to every peer."""
     p = subprocess.run(
         [
             sys.executable,

@@ -107,6 +107,8 @@ from harness.batteries import (
 from harness.surface import finish, guarded
 from harness.transports import a2a_split, check_transport, on_transports
 
+from devkit.settings import with_tuning
+
 # The world sizes of each part below (module scope: pytest groups the tests by world
 # size, and each pool of workers starts once per size).
 ON_WS_1_TO_5 = pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5], ids=lambda ws: f"ws{ws}", scope="module")
@@ -1121,7 +1123,7 @@ WS8 = 8
 WS8_ONESHOT_BYTES = 65536
 WS8_RING_NUMEL = 2**18 - 5  # int32: just under 1 MiB, not a multiple of 8
 # int32, 2000 B: one-shot, also across the emulated hosts of "mixed", where a host's 4
-# ranks share its link (2000 B x 7 peers x 4 ranks <= 64 KiB; README, RINGPG_ONESHOT_BYTES).
+# ranks share its link (2000 B x 7 peers x 4 ranks <= 64 KiB; docs/configuration.md, oneshot_bytes).
 WS8_SMALL_NUMEL = 500
 # int32, 4000 B: one-shot on one host (x 7 peers <= 64 KiB), but not across the emulated
 # hosts (x 4 ranks sharing a link > 64 KiB): hierarchical there.
@@ -1191,9 +1193,9 @@ def test_world_size_8(transport: str, tmp_path: Any) -> None:
     over shared memory, where only ring neighbours share memory), and reduce-scatter
     and all-gather on the ring (likewise hierarchical on "mixed").
     """
-    env = (*transport_env(transport), ("RINGPG_ONESHOT_BYTES", str(WS8_ONESHOT_BYTES)))
+    env = with_tuning(transport_env(transport), oneshot_bytes=WS8_ONESHOT_BYTES)
     if transport == "mixed":
-        env = (*env, ("RINGPG_HIER_PIECE_BYTES", str(WS8_PIECE_BYTES)))
+        env = with_tuning(env, hier_piece_bytes=WS8_PIECE_BYTES)
     if backend_under_test() == "ringpg":
         env = (*env, ("RINGPG_TRACE", str(tmp_path)))
     assert_reports_ok(run_workers(world_size_8_worker, WS8, transport, InitSpec(env=env), timeout=120))
@@ -1219,7 +1221,7 @@ def test_world_size_8(transport: str, tmp_path: Any) -> None:
 
 def assert_ws8_pieces(trace_dir: str) -> None:
     """The traces of "mixed" (2 hosts x 4 ranks): every big all_reduce, reduce-scatter and
-    all-gather moved in as many pieces as RINGPG_HIER_PIECE_BYTES gives, on two threads
+    all-gather moved in as many pieces as tuning key hier_piece_bytes gives, on two threads
     (issue 31 item 1: a silent fall-back to one piece would pass every result check)."""
     want: dict[str, dict[int, set[tuple[int, int]]]] = {
         "all_reduce": {},

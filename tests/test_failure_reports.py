@@ -32,6 +32,8 @@ import torch.distributed as dist
 from harness import TRANSPORT_ENV_DICTS as TRANSPORTS
 from harness import init_ringpg as _init
 
+from devkit.settings import TUNING
+
 pytestmark = harness.ringpg_only("ringpg's own failure reporting")
 
 
@@ -357,7 +359,7 @@ def test_dumps_read_with_torchs_loader(tmp_path: Any) -> None:
     from torch.distributed.flight_recorder.components.loader import read_dir
 
     ws = 4
-    env = {**_recorder_env(str(tmp_path)), harness.EMULATED_HOSTS_ENV: "2", "RINGPG_HIER_PIECE_BYTES": "65536"}
+    env = {**_recorder_env(str(tmp_path)), harness.EMULATED_HOSTS_ENV: "2", TUNING: "hier_piece_bytes=65536"}
     res = harness.run_scenario(_record_collectives, ws, (os.path.join(str(tmp_path), DUMP_PREFIX),), env=env)
     assert all(v.get("algorithm") == "hier" for v in res.values()), res
     details, version = read_dir(argparse.Namespace(trace_dir=str(tmp_path), prefix=DUMP_PREFIX))

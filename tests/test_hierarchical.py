@@ -17,9 +17,9 @@ at world size 6, hosts emulated through ``RINGPG_HOSTID`` (harness.EMULATED_LAYO
 * ``2x3-gloo``: 2 x 3 with every link on Gloo's pairs (``RINGPG_TRANSPORT=gloo``), the
   ops in one piece (the battery and subgroups only).
 
-Each layout's pool (``RINGPG_ONESHOT_BYTES=0``, so that every non-empty allreduce takes
-the ring path rather than the one-shot exchange; ``RINGPG_SEGMENT_BYTES=65536``, so the
-larger cases span many segments and shared-memory slots; ``RINGPG_HIER_PIECE_BYTES=65536``,
+Each layout's pool (``RINGPG_TUNING`` keys ``oneshot_bytes=0``, so that every non-empty allreduce takes
+the ring path rather than the one-shot exchange; ``segment_bytes=65536``, so the
+larger cases span many segments and shared-memory slots; ``hier_piece_bytes=65536``,
 so they also move in pieces, the rings across hosts on the op's second thread) runs,
 against gloo on the same ranks and inputs:
 
@@ -107,6 +107,8 @@ from harness import (
 from harness.batteries import coalescing_manager_worker, deprecated_coalesced_worker
 from harness.surface import finish, guarded
 
+from devkit.settings import TUNING, merged_env, tuning
+
 WS = 6
 RINGPG = backend_under_test() == "ringpg"
 
@@ -138,7 +140,7 @@ LAYOUT_TASKS = ("info", "battery", "subgroups")
 # Pieces of 64 KiB: the large cases run in pieces, the rings across hosts on a second
 # thread beside the host rings (hierarchical.h), and the small ones in one.
 PIECE_BYTES = "65536"
-ENV = (("RINGPG_ONESHOT_BYTES", "0"), ("RINGPG_SEGMENT_BYTES", "65536"), ("RINGPG_HIER_PIECE_BYTES", PIECE_BYTES))
+ENV = (tuning(oneshot_bytes=0, segment_bytes=65536, hier_piece_bytes=PIECE_BYTES),)
 
 DTYPES = (torch.int32, torch.float32, torch.bfloat16)
 OPS = ("SUM", "AVG", "MAX", "MIN", "PRODUCT", "PREMUL_SUM")
@@ -584,7 +586,7 @@ def test_traces_show_the_algorithm(run: dict[str, Any]) -> None:
 def test_traces_show_the_pieces(run: dict[str, Any]) -> None:
     """The large all_reduce, reduce_scatter_tensor and all_gather_into_tensor of the
     world group (int32, float32, bfloat16; SUM, AVG, MAX among others) moved in as many
-    pieces as RINGPG_HIER_PIECE_BYTES gives, on two threads, and the small ones in one
+    pieces as tuning key hier_piece_bytes gives, on two threads, and the small ones in one
     piece on one thread (issue 31 item 1: a fall-back to one piece would pass every
     result check); on unequal hosts (the ring) no op records pieces."""
     assert not run["errors"], f"traces incomplete after failed tasks: {sorted(run['errors'])}"
@@ -634,7 +636,7 @@ def test_killed_rank_mid_hierarchical_collective(tmp_path: Any, key: str, victim
         WS,
         (victim, how, stamp, op),
         expect=set(range(WS)) - {victim},
-        env={EMULATED_HOSTS_ENV: EMULATED_LAYOUTS[key], "RINGPG_HIER_PIECE_BYTES": PIECE_BYTES},
+        env={EMULATED_HOSTS_ENV: EMULATED_LAYOUTS[key], TUNING: f"hier_piece_bytes={PIECE_BYTES}"},
     )
     assert {r: v.get("algorithm") for r, v in res.items()} == {r: "hier" for r in res}, res
     assert_survivors_raised_fast(res, stamp, op, transport_expected(key, WS))
@@ -699,7 +701,7 @@ def _two_thread_fault(rank: int, ws: int, port: int, args: Any) -> dict:
 @pytest.mark.parametrize("how,transport", [("frozen", "tcp"), ("abort", "shm")])
 @pytest.mark.timeout(120)
 def test_fault_during_a_two_thread_op(how: str, transport: str) -> None:
-    env = {EMULATED_HOSTS_ENV: "2", "RINGPG_HIER_PIECE_BYTES": PIECE_BYTES, **dict(TRANSPORT_ENVS[transport])}
+    env = merged_env({EMULATED_HOSTS_ENV: "2", TUNING: f"hier_piece_bytes={PIECE_BYTES}"}, TRANSPORT_ENVS[transport])
     assert hier_pieces(FAULT_NUMEL * 4, FAULT_NUMEL, int(PIECE_BYTES)) == (16, 2)  # what the test means
     timeout_s = FAULT_TIMEOUT_S if how == "frozen" else 60.0
     expect = set(range(FAULT_WS - 1)) if how == "frozen" else set(range(FAULT_WS))

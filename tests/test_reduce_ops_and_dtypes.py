@@ -20,7 +20,7 @@
   all_reduce, broadcast, the input of all_gather_into_tensor and the output of
   reduce_scatter_tensor: the result equals gloo's on a contiguous copy, and the
   elements of the underlying storage outside the view are left alone;
-* the ring allreduce (sizes past the one-shot limit, ``RINGPG_ONESHOT_BYTES`` x
+* the ring allreduce (sizes past the one-shot limit, tuning key ``oneshot_bytes`` x
   (world size - 1)) on uint8, int64, bool and complex64, on a numel divisible by the
   world size and an odd one that is not, on every transport; ringpg's traces
   (``RINGPG_TRACE``) must show every one of them on the ring;
@@ -30,7 +30,7 @@
   fp32/fp64 (one operation) and for fp16/bf16 too (both widen to fp32, combine once
   and round once to nearest-even); each compiled copy this CPU can run (x86-64:
   AVX-512 with and without the bf16 converter, AVX2, baseline; aarch64: SVE, NEON,
-  baseline) by name, not only the one ringpg dispatches to, and RINGPG_REDUCE_ISA.
+  baseline) by name, not only the one ringpg dispatches to, and tuning key reduce_isa.
 
 References of the collectives come from harness.surface.ref_reduce (gloo where gloo
 has the reduction, else a gloo byte all-gather and a local reduction); data are small
@@ -647,8 +647,8 @@ def test_unsupported_pairs_are_refused() -> None:
 
 
 def _isa_in_fresh_process(setting: str, out: Any) -> None:
-    """In a process that has not loaded ringpg yet: what RINGPG_REDUCE_ISA=setting gives."""
-    os.environ["RINGPG_REDUCE_ISA"] = setting
+    """In a process that has not loaded ringpg yet: what RINGPG_TUNING=reduce_isa=setting gives."""
+    os.environ["RINGPG_TUNING"] = f"reduce_isa={setting}"
     try:
         import ringpg._C as c
 
@@ -658,7 +658,7 @@ def _isa_in_fresh_process(setting: str, out: Any) -> None:
 
 
 def _isas_chosen(settings: list[str]) -> dict[str, tuple[bool, str]]:
-    """RINGPG_REDUCE_ISA is read once per process, so each setting needs a process of
+    """RINGPG_TUNING is read once per process, so each setting needs a process of
     its own: forked from the harness's server, which has torch loaded and not ringpg
     (milliseconds each, where a fresh interpreter costs seconds), or, under emulation
     (RINGPG_TEST_PYTHON), interpreters started together."""
@@ -667,7 +667,7 @@ def _isas_chosen(settings: list[str]) -> dict[str, tuple[bool, str]]:
         procs = {
             s: subprocess.Popen(
                 [*_python_cmd(), "-c", probe],
-                env=dict(os.environ, RINGPG_REDUCE_ISA=s),
+                env=dict(os.environ, RINGPG_TUNING=f"reduce_isa={s}"),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -693,13 +693,13 @@ def _isas_chosen(settings: list[str]) -> dict[str, tuple[bool, str]]:
 
 @needs_C
 def test_reduce_isa_setting_pins_a_copy_or_is_refused() -> None:
-    """RINGPG_REDUCE_ISA picks the copy ringpg dispatches to; one the CPU cannot run is
+    """Tuning key reduce_isa picks the copy ringpg dispatches to; one the CPU cannot run is
     refused with the choices, at the first use (a group's creation)."""
     got = _isas_chosen([*_C.reduce_isas(), "sse9"])
     for isa in _C.reduce_isas():
         assert got[isa] == (True, isa), (isa, got[isa])
     ok, why = got["sse9"]
-    assert not ok and "RINGPG_REDUCE_ISA=sse9 cannot run on this CPU" in why, why
+    assert not ok and "RINGPG_TUNING reduce_isa=sse9 cannot run on this CPU" in why, why
     assert "baseline" in why
 
 

@@ -16,8 +16,9 @@ settings its ranks must share, and torchrun.
   made after it on the process's setting, and an unknown name is refused; a rank whose
   /dev/shm is a tiny one of its own (a container's): no region fits and its
   neighbours' are invisible, so the group falls back to TCP without a crash and leaves
-  no names behind; a RINGPG_TCP_CONGESTION the host cannot give fails the group's
-  creation, saying why;
+  no names behind; a ``tcp_congestion`` the host cannot give fails the group's
+  creation, saying why, and so do a malformed ``RINGPG_TUNING`` and a variable it
+  replaced (``RINGPG_SEGMENT_BYTES``, ...), naming what to set instead;
 * registration of the "ringpg" backend name, the build/torch version check, the
   extension's exported symbols, ``dist.get_backend`` and ``ringpg.backend()`` of a
   group, and what ringpg says about features the running torch lacks
@@ -28,7 +29,7 @@ settings its ranks must share, and torchrun.
   emulated hosts, against gloo), and their split children too;
 * settings the ranks of a group must share are agreed on when the group is created:
   the algorithm (``RINGPG_ALGO`` / ``ringpg.use_algorithm``), the segment, one-shot
-  and hierarchical piece sizes and the all-to-all algorithm (``RINGPG_ALLTOALL``)
+  and hierarchical piece sizes and the all-to-all algorithm (``RINGPG_TUNING`` keys)
   decide which frames each rank sends and expects, and tracing runs a clock sync at
   creation: ranks that differ in any of them get one ``ValueError`` on every rank,
   within seconds, naming each setting and every rank's value (the transport is agreed
@@ -48,6 +49,7 @@ backend under test) or on a pool of workers, each group compared with gloo.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -80,6 +82,8 @@ from harness import (
     transport_of,
 )
 from ringpg import _features, _loader
+
+from devkit.settings import TUNING, tuning_value
 
 ON_WS_4 = pytest.mark.parametrize("world_size", [4], ids=lambda ws: f"ws{ws}", scope="module")
 
@@ -247,7 +251,7 @@ def test_a_rank_with_a_tiny_private_dev_shm_keeps_the_group_on_tcp() -> None:
 
 
 def test_a_congestion_control_the_host_cannot_give_fails_group_creation(tmp_path: Any) -> None:
-    """RINGPG_TCP_CONGESTION names an algorithm this host lacks: creating the group fails
+    """RINGPG_TUNING's tcp_congestion names an algorithm this host lacks: creating the group fails
     with the setting and what the host offers, instead of running on something else."""
     if backend_under_test() != "ringpg":
         pytest.skip("a ringpg setting")
@@ -255,11 +259,73 @@ def test_a_congestion_control_the_host_cannot_give_fails_group_creation(tmp_path
         "import torch.distributed as dist\n"
         f"dist.init_process_group('ringpg', init_method='file://{tmp_path}/store', rank=0, world_size=1)\n"
     )
-    env = dict(os.environ, RINGPG_TCP_CONGESTION="no_such_cc")
+    env = dict(os.environ, RINGPG_TUNING="tcp_congestion=no_such_cc")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
-    assert "RINGPG_TCP_CONGESTION=no_such_cc cannot be set on this host" in out.stderr, out.stderr
+    assert "RINGPG_TUNING tcp_congestion=no_such_cc cannot be set on this host" in out.stderr, out.stderr
     assert "available: " in out.stderr and "reno" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        (
+            {"RINGPG_SEGMENT_BYTES": "65536"},
+            "RINGPG_SEGMENT_BYTES is no longer read; set RINGPG_TUNING=segment_bytes=65536",
+        ),
+        ({TUNING: "spin_us=5,segment_byte=1"}, "RINGPG_TUNING has no key 'segment_byte' (its keys: segment_bytes,"),
+    ],
+    ids=["replaced-variable", "unknown-key"],
+)
+def test_a_replaced_or_misspelt_setting_fails_group_creation_naming_the_fix(
+    env: dict, says: str, tmp_path: Any
+) -> None:
+    """A variable RINGPG_TUNING replaced, or a key it lacks, fails the group's creation
+    saying what to set, instead of running with a value the job did not ask for."""
+    if backend_under_test() != "ringpg":
+        pytest.skip("a ringpg setting")
+    script = (
+        "import torch.distributed as dist\n"
+        f"dist.init_process_group('ringpg', init_method='file://{tmp_path}/store', rank=0, world_size=1)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], env={**os.environ, **env}, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode != 0
+    assert says in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("segment_bytes=12", "RINGPG_TUNING segment_bytes=12 is outside [4096,"),
+        ("segment_bytes=64k", "RINGPG_TUNING segment_bytes=64k is not an integer"),
+        ("alltoall=ring", "RINGPG_TUNING alltoall=ring is not one of auto, direct, bruck"),
+        ("spin_us", "RINGPG_TUNING item 'spin_us' is not key=value"),
+        ("tcp_congestion=cu bic", "RINGPG_TUNING tcp_congestion=cu bic is not an algorithm name"),
+    ],
+)
+def test_a_malformed_tuning_value_is_refused_naming_the_key(text: str, says: str) -> None:
+    """ringpg's parser of RINGPG_TUNING (the one group creation runs) refuses what it
+    cannot read, naming the key and the value."""
+    from ringpg import _C
+
+    with pytest.raises(RuntimeError, match=re.escape(says)):
+        _C.tuning(text)
+
+
+def test_tuning_keys_read_back_as_set_the_last_one_winning() -> None:
+    """Each key set reads back as set, a repeated key's last value wins (so settings
+    can be appended), spaces around items are ignored, and unset keys keep defaults."""
+    from ringpg import _C
+
+    defaults = _C.tuning("")
+    got = _C.tuning(" segment_bytes=65536 , spin_us=7,alltoall=bruck,segment_bytes=131072,connect=all,")
+    assert got["segment_bytes"] == "131072" and got["spin_us"] == "7", got
+    assert got["alltoall"] == "bruck" and got["connect"] == "all", got
+    changed = {"segment_bytes", "spin_us", "alltoall", "connect"}
+    assert {k: v for k, v in got.items() if k not in changed} == {k: v for k, v in defaults.items() if k not in changed}
+    assert defaults["segment_bytes"] == "524288" and defaults["spin_us"] == "auto", defaults
 
 
 def leave_together_worker(rank: int, ws: int, groups: Groups, rounds: int) -> list[str]:
@@ -583,19 +649,13 @@ def test_use_algorithm_picks_the_algorithm_of_groups_made_inside_it() -> None:
 ringpg_settings = pytest.mark.skipif(harness.backend_under_test() != "ringpg", reason="ringpg's group settings")
 
 # Rank 1's values of every shared setting, where ranks 0 and 2 keep the defaults.
-RANK1_ENV = {
-    "RINGPG_SEGMENT_BYTES": "65536",
-    "RINGPG_ONESHOT_BYTES": "0",
-    "RINGPG_HIER_PIECE_BYTES": "65536",
-    "RINGPG_ALGO": "ring",
-    "RINGPG_ALLTOALL": "bruck",
-}
+# Each setting as the error names it: a variable, or a key of RINGPG_TUNING.
+RANK1_TUNING = {"segment_bytes": "65536", "oneshot_bytes": "0", "hier_piece_bytes": "65536", "alltoall": "bruck"}
+RANK1_ENV = {"RINGPG_ALGO": "ring", TUNING: ",".join(f"{k}={v}" for k, v in RANK1_TUNING.items())}
+RANK1_VALUES = {"RINGPG_ALGO / ringpg.use_algorithm": "ring", **{f"{TUNING} {k}": v for k, v in RANK1_TUNING.items()}}
 DEFAULTS = {
-    "RINGPG_SEGMENT_BYTES": "524288",
-    "RINGPG_ONESHOT_BYTES": "262144",
-    "RINGPG_HIER_PIECE_BYTES": "2097152",
-    "RINGPG_ALGO": "auto",
-    "RINGPG_ALLTOALL": "auto",
+    "RINGPG_ALGO / ringpg.use_algorithm": "auto",
+    **{f"{TUNING} {k}": tuning_value(k, {}) for k in RANK1_TUNING},
 }
 
 
@@ -614,10 +674,9 @@ def test_a_rank_that_differs_fails_every_rank_naming_each_setting(tmp_path: Any)
     for r, v in res.items():
         assert v["type"] == "ValueError", (r, v)
         assert v["msg"].count("ringpg: the ranks of a group disagree on") == 1, v["msg"]
-        for name, value in RANK1_ENV.items():
+        for name, value in RANK1_VALUES.items():
             dflt = DEFAULTS[name]
-            shown = "RINGPG_ALGO / ringpg.use_algorithm" if name == "RINGPG_ALGO" else name
-            assert f"{shown} (rank 0: {dflt}, rank 1: {value}, rank 2: {dflt})" in v["msg"], (name, v["msg"])
+            assert f"{name} (rank 0: {dflt}, rank 1: {value}, rank 2: {dflt})" in v["msg"], (name, v["msg"])
         assert "RINGPG_TRACE (rank 0: off, rank 1: on, rank 2: off)" in v["msg"], v["msg"]
         assert "RINGPG_TRANSPORT" not in v["msg"], v["msg"]  # equal: not named
         assert v["took"] < harness.KILL_DETECT_S, v
@@ -629,8 +688,8 @@ def _local_settings_differ_then_algorithms(rank: int, ws: int, port: int, args: 
     use_algorithm."""
     import ringpg
 
-    os.environ["RINGPG_SEGMENT_BYTES"] = "65536"  # equal on every rank, not the default
-    os.environ["RINGPG_RECV_WINDOW"] = {0: "16", 1: "1"}.get(rank, "")  # rank 2: the default
+    # segment_bytes equal on every rank, not the default; recv_window 16, 1 and (rank 2) the default
+    os.environ[TUNING] = "segment_bytes=65536" + {0: ",recv_window=16", 1: ",recv_window=1"}.get(rank, "")
     # Set on rank 1 alone, to its default: the group takes single copy as asked rather
     # than measuring it (a measurement needs every rank).
     os.environ["RINGPG_CMA_BYTES"] = "65536" if rank == 1 else ""

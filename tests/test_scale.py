@@ -3,7 +3,7 @@ connected to the failed one, the small allreduce of many ranks, and the all-to-a
 log N rounds (Bruck's).
 
 A group connects its rings' neighbours at creation and every other peer the first time
-an op needs it (``RINGPG_CONNECT=all``: every peer at creation); ``connected_peers``
+an op needs it (``RINGPG_TUNING=connect=all``: every peer at creation); ``connected_peers``
 says which.  Results are compared with gloo on the same ranks and inputs.
 """
 
@@ -39,6 +39,8 @@ from harness import (
     transport_expected,
     transport_of,
 )
+
+from devkit.settings import tuning, with_tuning
 
 pytestmark = pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringpg's connections and algorithms")
 
@@ -123,9 +125,9 @@ def connect_all_worker(rank: int, ws: int, groups: Groups, _: Any) -> CheckRepor
 
 
 def test_connect_all_on_one_rank_connects_it_to_everyone() -> None:
-    """RINGPG_CONNECT=all on rank 0 alone: it dials every peer at creation, each dials it
+    """Tuning connect=all on rank 0 alone: it dials every peer at creation, each dials it
     back, and the others keep to their neighbours otherwise (the setting may differ)."""
-    spec = InitSpec(env=TRANSPORT_ENVS["tcp"], rank0_env=(("RINGPG_CONNECT", "all"),))
+    spec = InitSpec(env=TRANSPORT_ENVS["tcp"], rank0_env=(tuning(connect="all"),))
     assert_reports_ok(run_workers(connect_all_worker, 5, None, spec, timeout=120))
 
 
@@ -244,7 +246,7 @@ BRUCK_SPLITS = {
 
 
 def bruck_worker(rank: int, ws: int, groups: Groups, _: Any) -> CheckReport:
-    """all_to_all_single and list all_to_all under RINGPG_ALLTOALL=bruck equal gloo's, every
+    """all_to_all_single and list all_to_all under tuning alltoall=bruck equal gloo's, every
     split pattern, a few dtypes and row shapes; blocks of every size travel with their
     sizes, so uneven and empty ones arrive whole."""
     chk = Checker(rank)
@@ -278,7 +280,7 @@ def bruck_worker(rank: int, ws: int, groups: Groups, _: Any) -> CheckReport:
 
 @pytest.mark.parametrize("transport", TRANSPORT_ENVS)  # "mixed": two emulated hosts, the ring by host
 def test_bruck_all_to_all_equals_gloo(tmp_path: Any, transport: str) -> None:
-    env = (*TRANSPORT_ENVS[transport], ("RINGPG_ALLTOALL", "bruck"), ("RINGPG_TRACE", str(tmp_path)))
+    env = (*with_tuning(TRANSPORT_ENVS[transport], alltoall="bruck"), ("RINGPG_TRACE", str(tmp_path)))
     assert_reports_ok(run_workers(bruck_worker, WS_BRUCK, None, InitSpec(env=env), timeout=180))
     algorithms = traced_algorithms(str(tmp_path), "all_to_all_single")  # (traced as 0 bytes)
     assert set().union(*algorithms.values()) == {"bruck"}, algorithms
@@ -297,7 +299,7 @@ def _bruck_mismatch(rank: int, ws: int, port: int, _: Any) -> dict:
 
 
 def test_bruck_ranks_that_disagree_on_splits_raise() -> None:
-    res = run_scenario(_bruck_mismatch, 3, env={"RINGPG_ALLTOALL": "bruck"})
+    res = run_scenario(_bruck_mismatch, 3, env=dict((tuning(alltoall="bruck"),)))
     assert res[1]["type"] == "DistBackendError" and "disagree on the split sizes" in res[1]["msg"], res[1]
     assert "rank 1 expected 8 bytes from rank 0, which sent 4" in res[1]["msg"], res[1]
     # The others hear it through an Abort frame (the same words), or, where the abort

@@ -82,6 +82,8 @@ from harness.models import (
 )
 from harness.surface import finish
 
+from devkit.settings import tuning
+
 ON_WS_2_3 = pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}", scope="module")
 ON_WS_4 = pytest.mark.parametrize("world_size", [4], ids=lambda ws: f"ws{ws}", scope="module")
 ringpg_split_shrink = pytest.mark.skipif(
@@ -364,9 +366,7 @@ def test_split_group_children_match_gloo(shared_pool: WorkerPool) -> None:
 SPLIT_HOSTS_KEY = "hosts3x2"
 SPLIT_HOSTS_ENV = (
     (harness.EMULATED_HOSTS_ENV, harness.EMULATED_LAYOUTS[SPLIT_HOSTS_KEY]),
-    ("RINGPG_ONESHOT_BYTES", "0"),
-    ("RINGPG_SEGMENT_BYTES", "65536"),
-    ("RINGPG_HIER_PIECE_BYTES", "65536"),
+    tuning(oneshot_bytes=0, segment_bytes=65536, hier_piece_bytes=65536),
 )
 SPLIT_PARTS = [[0, 1, 3, 4], [2, 5]]
 
@@ -508,7 +508,7 @@ def _shrink_after_death(rank: int, ws: int, port: int, args: Any) -> dict:
     x = make_data(rank, case, (1000,), torch.int64)
     dist.all_reduce(x, group=new)
     res["all_reduce"] = torch.equal(x, sum(make_data(r, case, (1000,), torch.int64) for r in survivors))
-    case = "large all_reduce after shrink"  # many segments (RINGPG_SEGMENT_BYTES in the across-hosts case)
+    case = "large all_reduce after shrink"  # many segments (segment_bytes in the across-hosts case)
     x = make_data(rank, case, (50001,), torch.int32)
     dist.all_reduce(x, group=new)
     res["large_all_reduce"] = torch.equal(x, sum(make_data(r, case, (50001,), torch.int32) for r in survivors))
@@ -522,7 +522,7 @@ def _shrink_after_death(rank: int, ws: int, port: int, args: Any) -> dict:
 
 # "mixed": 2 emulated hosts x 2 ranks (hierarchical); the victim leaves 2 + 1 survivors,
 # which must fall back to the flat ring (on shm+tcp), at sizes that run the ring.
-ACROSS_HOSTS_ENV = {"RINGPG_ONESHOT_BYTES": "0", "RINGPG_SEGMENT_BYTES": "65536", "RINGPG_HIER_PIECE_BYTES": "65536"}
+ACROSS_HOSTS_ENV = dict((tuning(oneshot_bytes=0, segment_bytes=65536, hier_piece_bytes=65536),))
 
 
 @ON_WS_4

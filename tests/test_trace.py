@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from harness import Groups, InitSpec, WorkerPool, backend_under_test
 
+from devkit.settings import tuning
+
 pytestmark = pytest.mark.skipif(backend_under_test() != "ringpg", reason="RINGPG_TRACE is ringpg's")
 
 _C = pytest.importorskip("ringpg._C")
@@ -74,7 +76,7 @@ def traced(request: Any, tmp_path_factory: Any) -> Dict[str, Any]:
     transport = request.param
     trace_dir = str(tmp_path_factory.mktemp(f"trace-{transport}"))
     # The ring is this file's subject: on shared memory, without the host arena.
-    env = [("RINGPG_TRACE", trace_dir), ("RINGPG_ONESHOT_BYTES", "0"), ("RINGPG_ALGO", "ring")]
+    env = [("RINGPG_TRACE", trace_dir), tuning(oneshot_bytes=0), ("RINGPG_ALGO", "ring")]
     if transport == "tcp":
         env.append(("RINGPG_TRANSPORT", "tcp"))
     with WorkerPool(WS, InitSpec(env=tuple(env))) as pool:

@@ -6,13 +6,13 @@ memory by default (csrc/transport/shm.h); ``RINGPG_TRANSPORT=tcp`` keeps it on i
 TCP sockets, the path ranks on different hosts take, and ``RINGPG_TRANSPORT=gloo`` on
 Gloo's TCP pairs (csrc/transport/gloo_link.h); emulated hosts (``mixed``) put shared
 memory within a host and TCP between hosts.  All run here at world sizes 2 to 4, and
-the shared-memory ring also with ``RINGPG_SEGMENT_BYTES=65536`` (64 KiB slots), so
+the shared-memory ring also with ``segment_bytes=65536`` (64 KiB slots), so
 that segments, whole-buffer messages of the direct algorithms and the one-shot
 allreduce all span several slot fragments and wrap the slot ring many times.  Both
-transports also run with a long ``RINGPG_SPIN_US``, so that waits end while their
+transports also run with a long ``spin_us``, so that waits end while their
 thread polls (over TCP the waiting thread then reads its peer's socket itself, beside
 the engine's progress thread; over shared memory ws 3 and 4 spin on more ranks than
-this machine may have cores); the TCP one with ``RINGPG_TCP_CONGESTION=reno`` too.
+this machine may have cores); the TCP one with ``tcp_congestion=reno`` too.
 
 Each configuration checks which transport the group really uses, which congestion
 control its sockets run, that no named shared-memory region is left behind once the
@@ -25,7 +25,7 @@ test_reduce_ops_and_dtypes.py).  Data are small integers, so results are exact i
 every dtype (``torch.equal``).
 
 How ringpg counts the CPUs it may use (csrc/common/host.h) decides whether waits spin
-by default (``RINGPG_SPIN_US=auto``; the decision itself is checked per configuration
+by default (``spin_us=auto``; the decision itself is checked per configuration
 above).  A container's CPU limit is usually a CFS quota rather than a cpuset, so the
 affinity mask alone overstates it: cgroup v2 writes the limit as ``cpu.max`` = "QUOTA
 PERIOD" (or "max PERIOD" without a limit), and a limit of 1.5 CPUs must count as 2.  A
@@ -89,6 +89,8 @@ from harness.batteries import (
 )
 from harness.transports import on_transports, transport_worker
 
+from devkit.settings import merged_env, tuning, tuning_value
+
 try:  # the CPU-count tests need the built extension; the transports' run on gloo without it
     import ringpg._C as _C
 except ModuleNotFoundError:
@@ -120,17 +122,17 @@ CONFIGS = [
     # through the slots (two copies), as where single copy is off.
     (
         "shm-64k-slots",
-        (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)), ("RINGPG_WORK_CACHE_BYTES", "4096"), ("RINGPG_CMA_BYTES", "0")),
+        (tuning(segment_bytes=SMALL_SLOT, work_cache_bytes=4096), ("RINGPG_CMA_BYTES", "0")),
         "shm",
     ),
     # Single copy from 4 KiB, so most messages of the battery go straight from the
     # sender's buffer, into the receiver's or through its reducing stage (the default
     # "shm" runs single copy from 64 KiB).
-    ("shm-spin-cma-4k", (("RINGPG_SPIN_US", SPIN), ("RINGPG_CMA_BYTES", "4096")), "shm"),
+    ("shm-spin-cma-4k", (tuning(spin_us=SPIN), ("RINGPG_CMA_BYTES", "4096")), "shm"),
     # reno: the one congestion control every Linux kernel has and lets anyone choose.
     (
         "tcp-spin-reno",
-        (("RINGPG_TRANSPORT", "tcp"), ("RINGPG_SPIN_US", SPIN), ("RINGPG_TCP_CONGESTION", "reno")),
+        (("RINGPG_TRANSPORT", "tcp"), tuning(spin_us=SPIN, tcp_congestion="reno")),
         "tcp",
     ),
     # The portable kernels pinned: every reduction below through the plain copy; and
@@ -138,7 +140,7 @@ CONFIGS = [
     # memory, so the whole group agrees on the slots.
     (
         "shm-baseline-kernels-cma-refused",
-        (("RINGPG_REDUCE_ISA", "baseline"), (REFUSE_CMA_ENV, "1"), ("RINGPG_CMA_BYTES", "4096")),
+        (tuning(reduce_isa="baseline"), (REFUSE_CMA_ENV, "1"), ("RINGPG_CMA_BYTES", "4096")),
         "shm",
     ),
 ]
@@ -146,10 +148,10 @@ AUTO_SHM_SPIN_US = 100  # Config::kAutoShmSpinMicros
 
 
 def expected_spin_us(env: tuple[tuple[str, str], ...], transport: str, ws: int, rank: int) -> int:
-    """The documented rule for RINGPG_SPIN_US (docs/configuration.md): a set value everywhere; auto spins only on ranks
+    """The documented rule for tuning key spin_us (docs/configuration.md): a set value everywhere; auto spins only on ranks
     with a shared-memory link, and only when their host's ranks do not outnumber this
     process's CPUs."""
-    given = dict(env).get("RINGPG_SPIN_US", os.environ.get("RINGPG_SPIN_US", "auto"))
+    given = tuning_value("spin_us", merged_env(os.environ, env))
     if given != "auto":
         return int(given)
     if transport in ("tcp", "gloo"):
@@ -275,10 +277,12 @@ def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world
         assert [r["transport"] for r in results] == [transport] * len(results)
         spin = [expected_spin_us(config[1], transport, world_size, r) for r in range(world_size)]
         assert [r["spin"] for r in results] == spin
-        isa = dict(config[1]).get("RINGPG_REDUCE_ISA", results[0]["isas"][0])  # pinned, else the best
+        run_env = merged_env(os.environ, config[1])
+        isa = tuning_value("reduce_isa", run_env)
+        isa = results[0]["isas"][0] if isa == "auto" else isa  # pinned, else the best
         assert [r["isa"] for r in results] == [isa] * len(results)
-        chosen = dict(config[1]).get("RINGPG_TCP_CONGESTION", os.environ.get("RINGPG_TCP_CONGESTION", ""))
-        cc = results[0]["host_cc"] if chosen in ("", "default") else chosen  # as config.cpp reads it
+        chosen = tuning_value("tcp_congestion", run_env)
+        cc = results[0]["host_cc"] if chosen == "default" else chosen
         assert [r["cc"] for r in results] == [cc] * len(results)
         # Emulated hosts: the ring runs host by host, and the large collectives are
         # hierarchical where several hosts hold two ranks each, unless forced flat.
@@ -341,7 +345,7 @@ def test_collectives_match_gloo(tpool: WorkerPool) -> None:
 LENT_REDUCE_BYTES = 4 << 20
 # (id, world size, environment): single copy; the kernel refusing it (the slots); and
 # emulated hosts of two ranks each, whose hierarchical collectives run host rings of two
-# on pieces below that size (RINGPG_HIER_PIECE_BYTES), so their reduce steps stay copied.
+# on pieces below that size (tuning key hier_piece_bytes), so their reduce steps stay copied.
 LARGE_REDUCE_CONFIGS = [
     ("cma", 2, (*TRANSPORT_ENVS["shm"], ("RINGPG_CMA_BYTES", "65536"))),
     ("cma-refused", 2, (*TRANSPORT_ENVS["shm"], (REFUSE_CMA_ENV, "1"))),
@@ -375,16 +379,16 @@ def test_large_reduce_steps_match_gloo_with_and_without_single_copy(config: tupl
 
 # ============================================= all-gather written past the caches
 
-# An all-gather whose output reaches RINGPG_STREAM_BYTES writes it with streaming stores
+# An all-gather whose output reaches tuning key stream_bytes writes it with streaming stores
 # (reduce.h, copyStreaming): its own chunk and every segment out of the slots.  Asked
 # for from 1 byte here, so odd sizes put chunk boundaries at every alignment (int8, odd
 # numels) and short tails; through the slots, and by single copy (whose receives the
 # kernel writes, the own chunk still streamed).  all_gather into a list gathers into a
 # buffer it reads back, so it keeps plain stores: checked alongside.
 STREAM_CONFIGS = [
-    ("slots", 2, (("RINGPG_STREAM_BYTES", "1"), ("RINGPG_CMA_BYTES", "0"))),
-    ("slots", 3, (("RINGPG_STREAM_BYTES", "1"), ("RINGPG_CMA_BYTES", "0"))),
-    ("cma", 2, (("RINGPG_STREAM_BYTES", "1"), ("RINGPG_CMA_BYTES", "4096"))),
+    ("slots", 2, (tuning(stream_bytes=1), ("RINGPG_CMA_BYTES", "0"))),
+    ("slots", 3, (tuning(stream_bytes=1), ("RINGPG_CMA_BYTES", "0"))),
+    ("cma", 2, (tuning(stream_bytes=1), ("RINGPG_CMA_BYTES", "4096"))),
 ]
 
 
@@ -419,7 +423,7 @@ def test_all_gather_written_past_the_caches_matches_gloo(config: tuple[str, int,
 # where its own send went into the slots at once (the message fits the ring's 8 slots),
 # else into a scratch area copied back after the send (algorithms/direct.cpp).  Slots of
 # 64 KiB and a one-shot limit of 1 MiB reach both sides of that line.
-ONESHOT_SLOTS_ENV = (("RINGPG_SEGMENT_BYTES", str(SMALL_SLOT)), ("RINGPG_ONESHOT_BYTES", str(1 << 20)))
+ONESHOT_SLOTS_ENV = (tuning(segment_bytes=SMALL_SLOT, oneshot_bytes=1 << 20),)
 SHM_SLOTS = 8  # transport/shm.cpp, kSlots
 
 
@@ -594,7 +598,7 @@ def test_ranks_pinned_to_cpus_of_their_own_spin(shared_cpu: bool) -> None:
         pytest.skip("ringpg's wait spin")
     if not shared_cpu and len(os.sched_getaffinity(0)) < ws:
         pytest.skip(f"needs {ws} CPUs")
-    given = os.environ.get("RINGPG_SPIN_US", "auto")
+    given = tuning_value("spin_us")
     spin = int(given) if given != "auto" else (0 if shared_cpu else AUTO_SHM_SPIN_US)
     results = run_workers(pinned_group_worker, ws, shared_cpu, InitSpec(env=TRANSPORT_ENVS["shm"]))
     assert results == [{"spin": spin, "equal": True}] * ws, results
@@ -643,8 +647,8 @@ def test_a_waiter_queued_with_its_neighbour_on_one_cpu_moves_off_it() -> None:
         pytest.skip("ringpg's wait spin")
     if len(os.sched_getaffinity(0)) < ws:
         pytest.skip(f"needs {ws} CPUs")
-    if os.environ.get("RINGPG_SPIN_US", "auto") == "0":
-        pytest.skip("RINGPG_SPIN_US=0: no spin notices the neighbour")
+    if tuning_value("spin_us") == "0":
+        pytest.skip("spin_us=0: no spin notices the neighbour")
     results = run_workers(colocated_worker, ws, COLOCATED_TRIALS, InitSpec(env=TRANSPORT_ENVS["shm"]))
     assert all(r["masks_kept"] and r["equal"] for r in results), results
     # Without the move the two ranks end nearly every one of these ops on one CPU; the

@@ -41,7 +41,7 @@ std::vector<at::Tensor> flatHost(const std::vector<at::Tensor>& ts) {
 }
 
 // A tensor like `t` in the worker's kept area (OpContext::workspace), or a fresh one
-// where `t` is larger than the area may grow (RINGPG_WORK_CACHE_BYTES).
+// where `t` is larger than the area may grow (RINGPG_TUNING work_cache_bytes).
 at::Tensor keptLike(OpContext& c, const at::Tensor& t) {
   char* kept = c.workspace(nbytes(t));
   return kept ? at::from_blob(kept, t.sizes(), t.options()) : at::empty_like(t);
@@ -188,7 +188,7 @@ void hostReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& 
   }
   // Partial sums of the other chunks need a buffer of the input's layout; the input
   // itself stays untouched, as users (and gloo) expect.  A fresh buffer per op pays its
-  // page faults on every op, so the worker keeps one (RINGPG_WORK_CACHE_BYTES;
+  // page faults on every op, so the worker keeps one (RINGPG_TUNING work_cache_bytes;
   // docs/internals.md, "Why these constants").  Every element is written
   // before it is read, so what an earlier op left there is moot.
   const at::Tensor work = c.size() > 1 ? keptLike(c, input) : input;

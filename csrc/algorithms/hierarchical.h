@@ -9,7 +9,7 @@
 // same for the same reason).  Every element is reduced in one fixed order (host ring,
 // then the ring across hosts) and then copied, so all ranks end bit-identical.
 //
-// A large buffer moves in pieces (Config::hierPieceBytes, RINGPG_HIER_PIECE_BYTES):
+// A large buffer moves in pieces (Config::hierPieceBytes, RINGPG_TUNING hier_piece_bytes):
 // while one piece crosses the network on the rings across hosts -- run by a second
 // thread of the op on the TCP engine -- the op's thread runs the host rings of the
 // pieces before and after it over shared memory, so the host work hides under the

@@ -92,7 +92,7 @@ RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                 : Config::transportNamed(transportChoice, "transport ")),
       timeout_(timeout), groupName_(std::move(groupName)), store_(store) {
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "ringpg: invalid rank ", rank, " / size ", size);
-  reduceIsa(); // a RINGPG_REDUCE_ISA this CPU cannot run fails the group's creation, not its first op
+  reduceIsa(); // a RINGPG_TUNING reduce_isa this CPU cannot run fails the group's creation, not its first op
   if (!cfg_.tcpCongestion.empty()) {
     checkCongestionControl(cfg_.tcpCongestion); // likewise, before any connection
   }

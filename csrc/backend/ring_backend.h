@@ -180,14 +180,14 @@ class RingBackend final : public c10d::Backend {
   // What the group measured to choose it (ShmLink::CopyProbe); not `measured` where it
   // did not (no shared-memory link here, RINGPG_CMA_BYTES set, single copy refused).
   ShmLink::CopyProbe sameHostCopyProbe() const { return net_->shm ? net_->shm->copyProbe() : ShmLink::CopyProbe{}; }
-  // Microseconds the group's waits spin before sleeping (RINGPG_SPIN_US, or what
+  // Microseconds the group's waits spin before sleeping (RINGPG_TUNING spin_us, or what
   // auto chose for this transport and host).
   int waitSpinMicros() const { return net_->shm ? net_->shmSpinMicros : cfg_.engineSpinMicros(); }
 
-  // The TCP congestion control of the group's data sockets: RINGPG_TCP_CONGESTION, or
+  // The TCP congestion control of the group's data sockets: RINGPG_TUNING tcp_congestion, or
   // the host's default; "" in a group of one (diagnostics and tests).
   std::string tcpCongestion() const { return net_->engine->congestionControl(); }
-  // The peers this rank's engine has connected to so far (RINGPG_CONNECT): its rings'
+  // The peers this rank's engine has connected to so far (RINGPG_TUNING connect): its rings'
   // neighbours from creation, others after their first use.
   std::vector<int> connectedPeers() const { return net_->engine->connectedPeers(); }
 

@@ -310,14 +310,14 @@ void bindBackend(py::module_& m) {
           "the ranks in ring order: each host's ranks one after another")
       .def_property_readonly("connected_peers", &ringpg::RingBackend::connectedPeers,
                              "the peers this rank has a TCP connection with: its rings' neighbours from "
-                             "creation, others from their first use (RINGPG_CONNECT=all: every peer)")
+                             "creation, others from their first use (RINGPG_TUNING connect=all: every peer)")
       .def_property_readonly(
           "tcp_congestion", &ringpg::RingBackend::tcpCongestion,
-          "TCP congestion control of the data sockets (RINGPG_TCP_CONGESTION, or the host's default)")
+          "TCP congestion control of the data sockets (RINGPG_TUNING tcp_congestion, or the host's default)")
       .def_property("tracing", &ringpg::RingBackend::tracing, &ringpg::RingBackend::setTracing,
                     "whether this group's ops are traced (RINGPG_TRACE); switchable, from the next op")
       .def_property_readonly("wait_spin_us", &ringpg::RingBackend::waitSpinMicros,
-                             "microseconds a wait polls before it sleeps (RINGPG_SPIN_US, or auto's choice)")
+                             "microseconds a wait polls before it sleeps (RINGPG_TUNING spin_us, or auto's choice)")
       .def(
           "_debug_send_raw",
           [](ringpg::RingBackend& b, int peer, py::bytes data) { b.debugSendRaw(peer, std::string(data)); },
@@ -469,8 +469,20 @@ void bindSettingsAndHost(py::module_& m) {
   m.def("reduce_isas", &ringpg::reduceIsas, "instruction sets whose kernels this CPU can run, best first");
   m.def("config_summary", [] { return ringpg::Config::get().summary(); });
   m.def(
+      "tuning",
+      [](const std::string& text) {
+        std::map<std::string, std::string> values;
+        for (auto& [key, value] : ringpg::Config::withTuning(text).tuningValues()) {
+          values.emplace(std::move(key), std::move(value));
+        }
+        return values;
+      },
+      py::arg("text"),
+      "Every RINGPG_TUNING key with the value a process whose RINGPG_TUNING is `text` runs with "
+      "(the defaults where `text` leaves a key out); a malformed `text` raises as group creation would");
+  m.def(
       "alltoall_algorithm", [](int size) { return ringpg::Config::get().bruckAllToAll(size) ? "bruck" : "direct"; },
-      "The all-to-all algorithm a group of `size` ranks runs under this process's RINGPG_ALLTOALL");
+      "The all-to-all algorithm a group of `size` ranks runs under this process's RINGPG_TUNING alltoall");
   m.def(
       "transport_setting", [] { return ringpg::Config::transportName(ringpg::Config::get().transport); },
       "RINGPG_TRANSPORT as this process read it: auto, tcp or gloo");

@@ -1,19 +1,24 @@
-// Tuning knobs, read once from RINGPG_* environment variables (documented in docs/configuration.md).
+// Settings, read once per process from the environment (docs/configuration.md): eight
+// RINGPG_* variables a user may need, and RINGPG_TUNING, one expert variable of
+// comma-separated key=value items for everything else (its keys are named below by
+// "tuning key").
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ringpg {
 
 struct Config {
-  // Bytes per pipelined ring segment (RINGPG_SEGMENT_BYTES).
+  // Bytes per pipelined ring segment (tuning key segment_bytes).
   size_t segmentBytes = 512 * 1024;
   // Allreduce of at most this many bytes x (world size - 1) uses the one-shot
-  // exchange instead of the ring (RINGPG_ONESHOT_BYTES; 0 disables it).
+  // exchange instead of the ring (tuning key oneshot_bytes; 0 disables it).
   size_t oneShotBytes = 256 * 1024;
-  // Receive segments posted ahead of the one being reduced (RINGPG_RECV_WINDOW); unset,
+  // Receive segments posted ahead of the one being reduced (tuning key recv_window); unset,
   // kGlooRecvWindow over Gloo's pairs, where a send moves only once its receive is
   // posted (the pair's recv-ready notice), so a deeper window keeps more on the wire
   // (docs/internals.md, "Why these constants").
@@ -24,14 +29,14 @@ struct Config {
   int recvWindowFor(bool sendWaitsForReceive) const {
     return sendWaitsForReceive && !recvWindowSet ? kGlooRecvWindow : recvWindow;
   }
-  // SO_SNDBUF / SO_RCVBUF for data sockets; 0 keeps the kernel's autotuning (RINGPG_SOCKET_BUFFER).
+  // SO_SNDBUF / SO_RCVBUF for data sockets; 0 keeps the kernel's autotuning (tuning key socket_buffer).
   int socketBuffer = 0;
   // Reduce-scatter's full-size buffer of partial sums is kept between ops while it
-  // needs at most this many bytes (RINGPG_WORK_CACHE_BYTES; 0: allocated per op).
+  // needs at most this many bytes (tuning key work_cache_bytes; 0: allocated per op).
   size_t workCacheBytes = 256 * 1024 * 1024;
   // A hierarchical collective of a larger buffer moves in pieces of about this many
   // bytes, the host rings of one piece running while another crosses the network
-  // (RINGPG_HIER_PIECE_BYTES; 0: one piece, no overlap; algorithms/hierarchical.h).
+  // (tuning key hier_piece_bytes; 0: one piece, no overlap; algorithms/hierarchical.h).
   size_t hierPieceBytes = 2 * 1024 * 1024;
   // Bytes of each of a rank's two buffers in its group's host arena (RINGPG_ARENA_BYTES,
   // rounded up to whole pages; 0: no arena).  A group of N ranks on one host reserves
@@ -45,14 +50,14 @@ struct Config {
   size_t cmaBytes = 64 * 1024;
   bool cmaBytesSet = false;
   // An all-gather whose output holds at least this many bytes writes its chunks into it
-  // with streaming stores, past the caches (reduce.h, copyStreaming): RINGPG_STREAM_BYTES
-  // (0: never); unset or "auto" (kStreamAuto), half this host's last-level cache, and
+  // with streaming stores, past the caches (reduce.h, copyStreaming): tuning key
+  // stream_bytes (0: never); unset or "auto" (kStreamAuto), half this host's last-level cache, and
   // never where that size is unknown (streamFrom()).
   static constexpr int64_t kStreamAuto = -1;
   int64_t streamBytes = kStreamAuto;
   // The output size from which all-gather streams; 0: never.
   size_t streamFrom() const;
-  // Microseconds a waiting thread spins (pausing) before it sleeps (RINGPG_SPIN_US);
+  // Microseconds a waiting thread spins (pausing) before it sleeps (tuning key spin_us);
   // kSpinAuto: shared-memory groups spin kAutoShmSpinMicros when every rank can have
   // a core, TCP waits do not spin (see shmSpinMicros()).
   static constexpr int kSpinAuto = -1;
@@ -85,14 +90,14 @@ struct Config {
   static const char* algoName(Algo a);
   // The Algo named `name` (auto, ring, hier); `what` names the setting in the error.
   static Algo algoNamed(const std::string& name, const char* what);
-  // Which peers a group connects to at creation (RINGPG_CONNECT): Lazy (the default)
+  // Which peers a group connects to at creation (tuning key connect): Lazy (the default)
   // only its rings' neighbours, every other peer on first use (transport/engine.h);
   // All every peer, the full mesh, as groups did before connections were lazy.  Ranks
   // may differ: a peer dialled by an "all" rank dials it back.
   enum class Connect : uint8_t { Lazy, All };
   Connect connect = Connect::Lazy;
   static const char* connectName(Connect c);
-  // How all-to-all moves its blocks (RINGPG_ALLTOALL):
+  // How all-to-all moves its blocks (tuning key alltoall):
   //   Direct: to every peer straight (direct.h), each byte sent once, but a rank
   //           talks to, and so connects to, all p - 1 peers (2(p - 1) sockets);
   //   Bruck:  ceil(log2 p) rounds with one peer each way per round (direct.h), each
@@ -112,7 +117,7 @@ struct Config {
   bool bruckAllToAll(int size) const {
     return allToAll == AllToAll::Bruck || (allToAll == AllToAll::Auto && size >= kBruckAutoRanks);
   }
-  // TCP congestion control of data sockets (RINGPG_TCP_CONGESTION); empty keeps the
+  // TCP congestion control of data sockets (tuning key tcp_congestion); empty keeps the
   // host's default (its network namespace's net.ipv4.tcp_congestion_control).
   std::string tcpCongestion;
   // Interface to bind (RINGPG_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME); empty = hostname.
@@ -137,7 +142,16 @@ struct Config {
     return localRanks <= cpus ? kAutoShmSpinMicros : 0;
   }
 
+  // Which compiled copy of the reduction kernels runs (tuning key reduce_isa; reduce.h):
+  // empty or "auto", the best this CPU runs.
+  std::string reduceIsa;
+
   static const Config& get();
+  // The defaults with RINGPG_TUNING's `text` applied (what a process with that variable,
+  // and no other, would read): for tests and tools, through the bindings.
+  static Config withTuning(const std::string& text);
+  // Every tuning key with its effective value, as the INFO line prints it.
+  std::vector<std::pair<std::string, std::string>> tuningValues() const;
   std::string summary() const;
 };
 

@@ -8,7 +8,6 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
-#include <c10/util/env.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -16,6 +15,8 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include "common/config.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -170,15 +171,15 @@ const Dispatch* byName(const std::vector<Dispatch>& copies, const std::string& n
   return nullptr;
 }
 
-// The best copy, unless RINGPG_REDUCE_ISA names another this CPU can run.
+// The best copy, unless the reduce_isa tuning key names another this CPU can run.
 Dispatch choose() {
   const std::vector<Dispatch> copies = runnable();
-  const auto want = c10::utils::get_env("RINGPG_REDUCE_ISA");
-  if (!want || want->empty() || *want == "auto") {
+  const std::string& want = Config::get().reduceIsa;
+  if (want.empty() || want == "auto") {
     return copies.front();
   }
-  const Dispatch* d = byName(copies, *want);
-  TORCH_CHECK(d, "ringpg: RINGPG_REDUCE_ISA=", *want,
+  const Dispatch* d = byName(copies, want);
+  TORCH_CHECK(d, "ringpg: RINGPG_TUNING reduce_isa=", want,
               " cannot run on this CPU (it runs: ", c10::Join(", ", namesOf(copies)), "; or auto)");
   return *d;
 }

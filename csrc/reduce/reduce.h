@@ -58,8 +58,8 @@ inline void copyMaybeStreaming(void* dst, const void* src, size_t n, bool stream
 
 // Name of the instruction set the kernels were dispatched to ("avx512+bf16", "avx512",
 // "avx2", "sve", "neon", "baseline"): the best this CPU runs, or the one
-// RINGPG_REDUCE_ISA names.
-// Throws (TORCH_CHECK) when RINGPG_REDUCE_ISA names one the CPU cannot run.
+// RINGPG_TUNING reduce_isa names.
+// Throws (TORCH_CHECK) when RINGPG_TUNING reduce_isa names one the CPU cannot run.
 const char* reduceIsa();
 
 // Every instruction set whose kernels this CPU can run, best first: what reduce() picks

@@ -64,11 +64,11 @@ std::vector<SharedSetting> sharedSettings(const Config& cfg, Config::Transport t
       {"RINGPG_TRANSPORT", "gloo and shm must be set on every rank or on none", transportsMix,
        Config::transportName(transport)},
       {"RINGPG_ALGO / ringpg.use_algorithm", kSame, allEqual, Config::algoName(cfg.algo)},
-      {"RINGPG_SEGMENT_BYTES", kSame, allEqual, std::to_string(cfg.segmentBytes)},
-      {"RINGPG_ONESHOT_BYTES", kSame, allEqual, std::to_string(cfg.oneShotBytes)},
-      {"RINGPG_HIER_PIECE_BYTES", kSame, allEqual, std::to_string(cfg.hierPieceBytes)},
+      {"RINGPG_TUNING segment_bytes", kSame, allEqual, std::to_string(cfg.segmentBytes)},
+      {"RINGPG_TUNING oneshot_bytes", kSame, allEqual, std::to_string(cfg.oneShotBytes)},
+      {"RINGPG_TUNING hier_piece_bytes", kSame, allEqual, std::to_string(cfg.hierPieceBytes)},
       {"RINGPG_ARENA_BYTES", kSame, allEqual, std::to_string(cfg.arenaBytes)},
-      {"RINGPG_ALLTOALL", kSame, allEqual, Config::allToAllName(cfg.allToAll)},
+      {"RINGPG_TUNING alltoall", kSame, allEqual, Config::allToAllName(cfg.allToAll)},
       {"RINGPG_TRACE", "set it on every rank or on none", allEqual, cfg.traceDir.empty() ? "off" : "on"},
   };
 }

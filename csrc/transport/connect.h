@@ -54,7 +54,7 @@ using PeersOf = std::function<std::vector<int>(const Topology&)>;
 // Connects this rank's part of a group of `size` on `store` (collective: every rank
 // calls it alike), within `timeout`.  `cfg`: the process's settings with the group's
 // algorithm; `transport`: what the group was asked for; `ringPeers`: the algorithms'
-// peers of this rank, connected at creation (every peer under RINGPG_CONNECT=all),
+// peers of this rank, connected at creation (every peer under RINGPG_TUNING connect=all),
 // the others on first use.
 std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                          std::chrono::milliseconds timeout, const Config& cfg,

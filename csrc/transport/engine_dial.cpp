@@ -178,7 +178,7 @@ void Engine::socketFailedHereLocked(const std::string& what, const std::string& 
   failLocked(c10::str("ringpg: rank ", rank_, " could not ", what, ": ", why,
                       err == EMFILE || err == ENFILE
                           ? " (this process has reached its limit on open files, ulimit -n: each connected peer "
-                            "takes two sockets; RINGPG_CONNECT=lazy connects only the peers the ops use)"
+                            "takes two sockets; RINGPG_TUNING connect=lazy connects only the peers the ops use)"
                           : ""),
              done);
 }

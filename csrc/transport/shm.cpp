@@ -123,7 +123,8 @@ struct ShmLink::Region {
   // not enough room for it).
   static std::unique_ptr<Region> create(const std::string& name, uint64_t nonce, size_t slotBytes, std::string& why) {
     auto s = std::make_unique<Region>();
-    s->seg = SharedSegment::create(name, regionBytes(slotBytes), "a shared-memory link (RINGPG_SEGMENT_BYTES)", why);
+    s->seg =
+        SharedSegment::create(name, regionBytes(slotBytes), "a shared-memory link (RINGPG_TUNING segment_bytes)", why);
     if (!s->seg) {
       return nullptr;
     }

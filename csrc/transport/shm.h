@@ -80,7 +80,7 @@ struct ShmOptions {
   size_t slotBytes = 0; // payload bytes of a slot (rounded up to whole cache lines)
   // How long a waiter polls before it sleeps on its futex; whether a spinning wait
   // yields its core between looks (this host's ranks outnumber its CPUs, and
-  // RINGPG_SPIN_US asked for a spin anyway) instead of pausing on it.
+  // RINGPG_TUNING spin_us asked for a spin anyway) instead of pausing on it.
   int spinMicros = 0;
   bool spinYields = false;
   // The smallest message sent as a descriptor (RINGPG_CMA_BYTES; 0: this rank never

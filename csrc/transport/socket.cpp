@@ -191,7 +191,7 @@ void setCongestionOrThrow(int fd, const std::string& name) {
     return;
   }
   const int err = errno;
-  TORCH_CHECK(false, "ringpg: RINGPG_TCP_CONGESTION=", name, " cannot be set on this host (", std::strerror(err),
+  TORCH_CHECK(false, "ringpg: RINGPG_TUNING tcp_congestion=", name, " cannot be set on this host (", std::strerror(err),
               "); available: ", procLine("/proc/sys/net/ipv4/tcp_available_congestion_control"),
               "; allowed without CAP_NET_ADMIN: ", procLine("/proc/sys/net/ipv4/tcp_allowed_congestion_control"),
               "; unset it to keep the host's default");
@@ -216,7 +216,8 @@ void checkCongestionControl(const std::string& name) {
   if (!probe.valid()) {
     probe = Fd(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0)); // an IPv6-only host
   }
-  TORCH_CHECK(probe.valid(), "ringpg: cannot open a TCP socket to check RINGPG_TCP_CONGESTION: ", std::strerror(errno));
+  TORCH_CHECK(probe.valid(),
+              "ringpg: cannot open a TCP socket to check RINGPG_TUNING tcp_congestion: ", std::strerror(errno));
   setCongestionOrThrow(probe.get(), name);
 }
 

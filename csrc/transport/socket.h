@@ -51,7 +51,7 @@ Fd listenOn(SockAddr& addr, int backlog);
 // `congestion` unless it is empty (throws as checkCongestionControl does).
 void tuneDataSocket(int fd, int bufferBytes, const std::string& congestion);
 
-// TCP congestion control (RINGPG_TCP_CONGESTION).  Throws, naming the setting, the
+// TCP congestion control (RINGPG_TUNING tcp_congestion).  Throws, naming the setting, the
 // cause and what the host offers, when `name` cannot be set here: a module that is not
 // loaded, or one outside net.ipv4.tcp_allowed_congestion_control for a process without
 // CAP_NET_ADMIN.  Tried on a throwaway socket, so a group fails before it connects.

@@ -5,7 +5,7 @@ the world group) for a device, so a script can read its choices::
 
     b = ringpg.backend()
     b.transport      # "shm" (all ranks on this host) or "tcp"
-    b.wait_spin_us   # how long waits poll before sleeping (RINGPG_SPIN_US / auto)
+    b.wait_spin_us   # how long waits poll before sleeping (RINGPG_TUNING spin_us / auto)
 
 It sees through torch's checking wrapper (``TORCH_DISTRIBUTED_DEBUG=DETAIL``) and
 returns None for groups that ringpg does not serve on that device.

@@ -240,7 +240,7 @@ def _pick_op(traces: List[RankTrace], seq: Optional[int]) -> Dict[str, Any]:
         algos = sorted({str(o["args"].get("algorithm")) for o in ops})
         raise ValueError(
             f"no op in this trace ran the ring (algorithms seen: {algos}); a small all_reduce takes the "
-            f"one-shot exchange unless RINGPG_ONESHOT_BYTES=0"
+            f"one-shot exchange unless RINGPG_TUNING=oneshot_bytes=0"
         )
     reducing = [o for o in ring if o["name"] == "all_reduce"]
     return (reducing or ring)[0]

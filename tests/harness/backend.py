@@ -18,6 +18,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 
+from devkit.settings import merged_env, tuning_value
+
 BACKEND_ENV = "RINGPG_TEST_BACKEND"
 EMULATED_HOSTS_ENV = "RINGPG_TEST_HOSTS"
 # Set to "1" in a worker environment: the kernel refuses this rank's right neighbour
@@ -105,8 +107,9 @@ def hierarchical_expected(layout: str, members: Sequence[int], algo: str = "auto
 
 def apply_env(env: Mapping[str, str], rank: int) -> None:
     """Sets a worker's environment (before torch.distributed starts): ``env``, and under
-    ``EMULATED_HOSTS_ENV`` the host identity ``RINGPG_HOSTID`` of the rank's emulated host."""
-    os.environ.update(env)
+    ``EMULATED_HOSTS_ENV`` the host identity ``RINGPG_HOSTID`` of the rank's emulated host.
+    A RINGPG_TUNING in ``env`` adds to the one the worker inherited (devkit.settings)."""
+    os.environ.update(merged_env(os.environ, env))
     layout = env.get(EMULATED_HOSTS_ENV)
     if layout:
         os.environ["RINGPG_HOSTID"] = f"emulated-host-{emulated_host(layout, rank)}"
@@ -185,14 +188,11 @@ def transport_expected(name: str, ranks: Union[int, Sequence[int]]) -> str:
     return name
 
 
-ONESHOT_BYTES_DEFAULT = 262144  # README: RINGPG_ONESHOT_BYTES
-
-
 def oneshot_limit_bytes(world_size: int) -> int:
     """A size (bytes) every allreduce past which runs the ring, not the one-shot exchange:
-    ``RINGPG_ONESHOT_BYTES`` x (world size - 1), at or above the documented limit (the knob
-    divided by world size - 1, and in groups across hosts by the ranks a host holds too)."""
-    per_peer = int(os.environ.get("RINGPG_ONESHOT_BYTES", ONESHOT_BYTES_DEFAULT))
+    tuning key ``oneshot_bytes`` x (world size - 1), at or above the documented limit (the
+    key divided by world size - 1, and in groups across hosts by the ranks a host holds too)."""
+    per_peer = int(tuning_value("oneshot_bytes"))
     return per_peer * (world_size - 1)
 
 
@@ -255,7 +255,7 @@ HIER_MAX_PIECES = 16
 def hier_pieces(nbytes: int, units: int, piece_bytes: int) -> tuple[int, int]:
     """(pieces, threads) of a hierarchical collective of ``nbytes`` (its whole buffer) of
     ``units`` elements per piece dimension (the allreduce's count, a reduce-scatter's or
-    all-gather's per-rank count) under RINGPG_HIER_PIECE_BYTES=``piece_bytes``, where the
+    all-gather's per-rank count) under tuning key hier_piece_bytes=``piece_bytes``, where the
     rings across hosts run on ringpg's TCP engine: one piece per ``piece_bytes``, at most
     HIER_MAX_PIECES and ``units``; two threads when there are several."""
     pieces = min(nbytes // piece_bytes, HIER_MAX_PIECES, units) if piece_bytes else 1
@@ -268,7 +268,7 @@ def traced_algorithms(trace_dir: str, op: str, group: Optional[str] = None) -> d
 
 
 def wait_spin_of(group: Any) -> Optional[int]:
-    """Microseconds ringpg's waits poll before sleeping (RINGPG_SPIN_US or auto's choice); None for others."""
+    """Microseconds ringpg's waits poll before sleeping (tuning key spin_us or auto's choice); None for others."""
     import ringpg
 
     b = ringpg.backend(group)

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from devkit.launch import free_port, rank_context
+from devkit.settings import merged_env
 
 from .backend import REFERENCE_BACKEND, apply_env, backend_under_test
 
@@ -85,7 +86,7 @@ def _init_child(rank: int, ws: int, rdv: _Rendezvous) -> Groups:
     torch.set_num_threads(1)
     apply_env(dict(rdv.spec.env), rank)
     if rank == 0:
-        os.environ.update(dict(rdv.spec.rank0_env))
+        os.environ.update(merged_env(os.environ, rdv.spec.rank0_env))
         if rdv.spec.rank0_setup is not None:
             rdv.spec.rank0_setup()
     if rdv.backend == "ringpg" or (rdv.spec.default_backend == "ringpg"):
