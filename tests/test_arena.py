@@ -7,7 +7,8 @@ algorithm (csrc/algorithms/choice.h).
   the arena where the group has one, the links' algorithms where it has none, the
   one-shot where what each member reads of the others is small.
 * Each host collective (allreduce one-shot and in two steps, reduce-scatter,
-  all-gather, broadcast from every root, reduce, gather and scatter, barrier) at 1 to 9
+  all-gather, broadcast from every root, reduce, gather and scatter, all-to-all even,
+  uneven, in place and as lists, barrier) at 1 to 9
   ranks on the host, against gloo in the same processes: every dtype and ReduceOp,
   sizes of 0, 1, fewer elements than ranks, odd, and across many pieces of a small
   buffer (``RINGPG_ARENA_BYTES=8192``, so that every buffer parity is reused many times).
@@ -53,6 +54,7 @@ from harness import (
     sentinel_like,
 )
 from harness.scenarios import KILL_DETECT_S, expect_error, init_ringpg
+from harness.transports import a2a_split
 
 from devkit.settings import tuning_value
 
@@ -64,7 +66,18 @@ except ModuleNotFoundError:
 needs_C = pytest.mark.skipif(_C is None, reason="could not import 'ringpg._C'")
 ringpg_only = harness.ringpg_only("ringpg's own arena")
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier", "gather", "scatter")
+COLLECTIVES = (
+    "allreduce",
+    "reduce_scatter",
+    "all_gather",
+    "broadcast",
+    "reduce",
+    "barrier",
+    "gather",
+    "scatter",
+    "all_to_all",
+)
+NO_BYTES = ("barrier", "all_to_all")  # chosen on the group alone: ranks' splits differ
 ARENA = ("arena", "arena_oneshot")
 
 
@@ -83,7 +96,7 @@ def test_the_arena_serves_every_op_of_a_group_on_one_host(size: int) -> None:
     volume = _C.arena_oneshot_volume()
     for nbytes in (4, 4096, 65536, 1 << 20, 1 << 26):
         for op in COLLECTIVES:
-            got = _choose(op, size, 0 if op == "barrier" else nbytes)
+            got = _choose(op, size, 0 if op in NO_BYTES else nbytes)
             if size == 1:
                 assert got == "local", (op, size, nbytes, got)
                 continue
@@ -97,12 +110,15 @@ def test_the_arena_serves_every_op_of_a_group_on_one_host(size: int) -> None:
                     assert got == "arena_oneshot", (op, size, nbytes, got)
                 else:
                     assert got == "arena", (op, size, nbytes, got)
+            elif op == "all_to_all":
+                # From three ranks; at two, every block over the one link between them.
+                assert got == ("arena" if size > 2 else "ring"), (op, size, nbytes, got)
             elif size > 2 or small or op == "barrier":
                 assert got == "arena", (op, size, nbytes, got)
             else:
                 assert got == "ring", (op, size, nbytes, got)
             # Asked for, the arena takes every size, two ranks too.
-            forced = _choose(op, size, 0 if op == "barrier" else nbytes, algo="arena")
+            forced = _choose(op, size, 0 if op in NO_BYTES else nbytes, algo="arena")
             assert forced in ARENA, (op, size, nbytes, forced)
 
 
@@ -127,7 +143,7 @@ def test_without_an_arena_the_links_algorithms_run_as_before(size: int) -> None:
             nbytes,
             fused,
         )
-        for op in ("reduce_scatter", "all_gather", "broadcast", "reduce", "barrier", "gather", "scatter"):
+        for op in COLLECTIVES[1:]:
             assert _choose(op, size, nbytes, arena=False) in ("ring", "local"), (op, size)
     # Hosts of equal numbers of ranks: the hierarchical algorithms, never the arena.
     if size >= 4 and size % 2 == 0:
@@ -315,6 +331,7 @@ def arena_battery(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
             dist.scatter(got, ins, src=root, group=test)
             dist.scatter(want, ins, src=root, group=ref)
             chk.equal(f"scatter root={root} {tag}", got, want)
+            _all_to_alls(chk, rank, ws, groups, dtype, n, tag)
     # Complex tensors reduce as pairs of reals.
     z = torch.complex(make_data(rank, "z re", (333,), torch.float32), make_data(rank, "z im", (333,), torch.float32))
     got = z.clone()
@@ -322,6 +339,32 @@ def arena_battery(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
     chk.equal(f"all_reduce complex64 ws={ws}", got, ref_all_reduce(z, "SUM", ref))
     dist.barrier(group=test)
     return chk.report()
+
+
+def _all_to_alls(chk: Checker, rank: int, ws: int, groups: Groups, dtype: torch.dtype, n: int, tag: str) -> None:
+    """all_to_all_single with even splits (n elements a rank; and in place, against gloo's
+    out-of-place result) and uneven ones (some empty), and the list form of the uneven
+    blocks, against gloo."""
+    test, ref = groups.test, groups.ref
+    x = make_data(rank, f"a2a {tag}", (n * ws,), dtype)
+    got, want = sentinel_like((n * ws,), dtype), sentinel_like((n * ws,), dtype)
+    dist.all_to_all_single(got, x, group=test)
+    dist.all_to_all_single(want, x, group=ref)
+    chk.equal(f"all_to_all_single {tag}", got, want)
+    inplace = x.clone()
+    dist.all_to_all_single(inplace, inplace, group=test)
+    chk.equal(f"all_to_all_single in place {tag}", inplace, want)
+    ins = [a2a_split(rank, q, ws, n) for q in range(ws)]
+    outs = [a2a_split(q, rank, ws, n) for q in range(ws)]
+    x = make_data(rank, f"a2a uneven {tag}", (sum(ins),), dtype)
+    got, want = sentinel_like((sum(outs),), dtype), sentinel_like((sum(outs),), dtype)
+    dist.all_to_all_single(got, x, outs, ins, group=test)
+    dist.all_to_all_single(want, x, outs, ins, group=ref)
+    chk.equal(f"all_to_all_single uneven {tag}", got, want)
+    # The list form, uneven (gloo's takes equal sizes only): the same blocks as tensors of their own.
+    got = [sentinel_like((outs[q],), dtype) for q in range(ws)]
+    dist.all_to_all(got, [b.clone() for b in x.split(ins)], group=test)
+    chk.equal(f"all_to_all list uneven {tag}", torch.cat(got), want)
 
 
 @ringpg_only
@@ -462,6 +505,7 @@ def _freeze_in_arena(rank: int, ws: int, port: int, args: Any) -> dict:
         "broadcast": lambda: dist.broadcast(x, src=0),
         "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.empty(x.numel() * ws), x),
         "barrier": lambda: dist.barrier(),
+        "all_to_all_single": lambda: dist.all_to_all_single(torch.empty(x.numel()), x),
     }
     calls[op]()
     if rank == ws - 1:
@@ -471,7 +515,7 @@ def _freeze_in_arena(rank: int, ws: int, port: int, args: Any) -> dict:
 
 
 @ringpg_only
-@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "all_gather_into_tensor", "barrier"])
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "all_gather_into_tensor", "barrier", "all_to_all_single"])
 def test_a_frozen_rank_in_a_host_collective_times_out_every_rank(op: str) -> None:
     ws = 4
     res = run_scenario(_freeze_in_arena, ws, (op,), expect={0, 1, 2})
@@ -493,6 +537,30 @@ def _mismatched_roots(rank: int, ws: int, port: int, args: Any) -> dict:
     x = torch.ones(64)
     kind, msg, took = expect_error(lambda: dist.broadcast(x, src=0 if rank == 0 else 1))
     return {"type": kind, "msg": msg, "took": took}
+
+
+def _mismatched_splits(rank: int, ws: int, port: int, args: Any) -> dict:
+    """Rank 1 expects two rows from rank 0, which sends one."""
+    init_ringpg(rank, ws, port, timeout_s=20.0)
+    import ringpg
+
+    outs = [2 if (rank, q) == (1, 0) else 1 for q in range(ws)]
+    out = torch.zeros(sum(outs))
+    kind, msg, took = expect_error(lambda: dist.all_to_all_single(out, torch.ones(ws), outs, [1] * ws))
+    return {"type": kind, "msg": msg, "took": took, "algo": ringpg.backend().algorithm_for("all_to_all", 0)}
+
+
+@ringpg_only
+def test_ranks_that_disagree_on_all_to_all_splits_all_fail_naming_the_pair() -> None:
+    """Every member reads every member's sizes in the first round, so every rank fails
+    alike, at once, naming the pair, where the links could tell only the receiver."""
+    res = run_scenario(_mismatched_splits, 3)
+    for r, v in res.items():
+        assert v["algo"] == "arena", v
+        assert v["type"] == "DistBackendError", (r, v)
+        assert "rank 1 expected 8 bytes from rank 0, which sent 4" in v["msg"], (r, v["msg"])
+        assert "disagree on the split sizes" in v["msg"] and f"rank {r}" in v["msg"], (r, v["msg"])
+        assert v["took"] < KILL_DETECT_S, v
 
 
 @ringpg_only

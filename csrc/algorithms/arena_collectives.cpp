@@ -3,10 +3,14 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "algorithms/ring_plan.h"
+#include "common/errors.h"
 #include "transport/arena.h"
 
 namespace ringpg {
@@ -305,6 +309,93 @@ void arenaScatter(OpContext& c, const std::vector<const char*>& inputs, char* ou
     }
     c.arenaStep(/*firstOfRound=*/true, root);
     std::memcpy(output + o, me == from ? inputs[me] + o : a.buffer(from) + me * piece, n);
+  }
+}
+
+void arenaAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
+                   const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
+  traceAs(c, false);
+  HostArena& a = *c.arena();
+  const int members = a.members();
+  const int me = a.me();
+  const size_t header = arenaAllToAllHeader(members);
+  const size_t slot = arenaAllToAllSlot(a.bufferBytes(), members);
+  TORCH_INTERNAL_ASSERT(slot > 0, "ringpg: all_to_all chose an arena too small for its header");
+  // An output over the input (an in-place call) would overwrite blocks before they are
+  // sent, the rounds writing received parts while later parts still wait: send from a
+  // copy of the input then.
+  const auto span = [members](const auto& ptrs, const std::vector<size_t>& sizes) {
+    std::pair<uintptr_t, uintptr_t> s{UINTPTR_MAX, 0};
+    for (const auto q : c10::irange(members)) {
+      if (sizes[q] > 0) {
+        const auto at = reinterpret_cast<uintptr_t>(ptrs[q]);
+        s = {std::min(s.first, at), std::max(s.second, at + sizes[q])};
+      }
+    }
+    return s;
+  };
+  const auto [sendLo, sendHi] = span(sendBuf, sendBytes);
+  const auto [recvLo, recvHi] = span(recvBuf, recvBytes);
+  std::vector<char> copied;
+  std::vector<const char*> send = sendBuf;
+  if (sendLo < recvHi && recvLo < sendHi) {
+    copied.resize(sendHi - sendLo);
+    std::memcpy(copied.data(), reinterpret_cast<const char*>(sendLo), copied.size());
+    for (const auto q : c10::irange(members)) {
+      send[q] = copied.data() + (reinterpret_cast<uintptr_t>(sendBuf[q]) - sendLo);
+    }
+  }
+  // A member's own block never enters the arena (the backend checked its sizes agree).
+  if (sendBytes[me] > 0 && recvBuf[me] != send[me]) {
+    std::memmove(recvBuf[me], send[me], sendBytes[me]);
+  }
+  // The part [r * slot, (r + 1) * slot) of a block of `total` bytes: its length, 0 past its end.
+  const auto partOf = [slot](size_t total, size_t r) {
+    return total > r * slot ? std::min(slot, total - r * slot) : 0;
+  };
+  size_t rounds = 1; // known after the first round's sizes
+  for (size_t r = 0; r < rounds; ++r) {
+    a.beginRound();
+    char* mine = a.buffer(me);
+    if (r == 0) {
+      auto* sizes = reinterpret_cast<uint64_t*>(mine); // [send to q..., receive from q...]
+      for (const auto q : c10::irange(members)) {
+        sizes[q] = sendBytes[q];
+        sizes[members + q] = recvBytes[q];
+      }
+    }
+    for (const auto q : c10::irange(members)) {
+      if (const size_t n = partOf(sendBytes[q], r); q != me && n > 0) {
+        std::memcpy(mine + header + q * slot, send[q] + r * slot, n);
+      }
+    }
+    c.arenaStep(/*firstOfRound=*/true);
+    if (r == 0) {
+      // Every member reads every member's sizes, so each reaches the same verdict.
+      uint64_t largest = 0;
+      for (const auto s : c10::irange(members)) {
+        const auto* sent = reinterpret_cast<const uint64_t*>(a.buffer(s));
+        for (const auto d : c10::irange(members)) {
+          const uint64_t expected = reinterpret_cast<const uint64_t*>(a.buffer(d))[members + s];
+          if (s != d && sent[d] != expected) {
+            const std::string why = c10::str(
+                "ringpg: collective mismatch between ranks: rank ", a.rankOf(d), " expected ", expected,
+                " bytes from rank ", a.rankOf(s), ", which sent ", sent[d],
+                ": the ranks disagree on the split sizes (a rank's output split for a peer must equal that peer's "
+                "input split for it)");
+            c.failGroup(why);
+            throwBackend(c10::str(describe(c.tag()), ": ", why));
+          }
+          largest = std::max(largest, s == d ? 0 : sent[d]);
+        }
+      }
+      rounds = std::max<size_t>(1, (static_cast<size_t>(largest) + slot - 1) / slot);
+    }
+    for (const auto q : c10::irange(members)) {
+      if (const size_t n = partOf(recvBytes[q], r); q != me && n > 0) {
+        std::memcpy(recvBuf[q] + r * slot, a.buffer(q) + header + me * slot, n);
+      }
+    }
   }
 }
 

@@ -17,6 +17,9 @@
 //   gather, scatter      each member copies in, the root out (or the reverse): one step
 //   reduce               as allreduce, the slices copied out by the root alone (or,
 //                        one shot, the root reducing every buffer)
+//   all_to_all           each member copies the next part of every block it sends into
+//                        a slot per receiver, every member reads its slot of every
+//                        buffer: one step a part (the first also carrying the sizes)
 //   barrier              one step, no data
 // Reductions run in member order over the members' buffers, so where every member
 // computes the same element (one shot) they hold the same bits; elsewhere one member
@@ -90,6 +93,14 @@ void arenaReduce(OpContext& c, const char* input, char* result, int64_t count, s
 // copied); scatter: member q's `output` = the root's `inputs[q]`.
 void arenaGather(OpContext& c, const char* input, size_t nbytes, const std::vector<char*>& outputs, int root);
 void arenaScatter(OpContext& c, const std::vector<const char*>& inputs, char* output, size_t nbytes, int root);
+// all_to_all: this member sends sendBuf[q] (sendBytes[q]) to member q and receives
+// recvBuf[q] (recvBytes[q]) from it, in rounds of arenaAllToAllSlot (ring_plan.h) bytes of every block.
+// A member knows only its own sizes, so the first round's buffers also carry every
+// member's send and receive sizes: from them each member counts the rounds the largest
+// block needs, and checks every pair's sizes, so that all fail alike where ranks
+// disagree on the splits (the group breaks, naming the first such pair).
+void arenaAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
+                   const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes);
 void arenaBarrier(OpContext& c);
 
 } // namespace ringpg

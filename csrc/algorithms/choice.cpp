@@ -91,6 +91,8 @@ const char* collectiveName(Collective op) {
       return "gather";
     case Collective::Scatter:
       return "scatter";
+    case Collective::AllToAll:
+      return "all_to_all";
   }
   return "?";
 }
@@ -98,7 +100,7 @@ const char* collectiveName(Collective op) {
 Collective collectiveNamed(const std::string& name) {
   constexpr Collective kAll[] = {Collective::Allreduce, Collective::ReduceScatter, Collective::AllGather,
                                  Collective::Broadcast, Collective::Reduce,        Collective::Barrier,
-                                 Collective::Gather,    Collective::Scatter};
+                                 Collective::Gather,    Collective::Scatter,       Collective::AllToAll};
   std::string names;
   for (const Collective op : kAll) {
     if (name == collectiveName(op)) {
@@ -110,7 +112,7 @@ Collective collectiveNamed(const std::string& name) {
 }
 
 Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
-  if (g.size <= 1 || (bytes == 0 && op != Collective::Barrier)) {
+  if (g.size <= 1 || (bytes == 0 && op != Collective::Barrier && op != Collective::AllToAll)) {
     return Algorithm::Local;
   }
   // The arena's one step beats any number of link steps while what each member reads
@@ -150,6 +152,15 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
       return arenaOneShot || arenaForLarge(g, cfg, deviceContiguous) ? Algorithm::Arena : Algorithm::Ring;
     case Collective::Barrier:
       return g.arena ? Algorithm::Arena : Algorithm::Ring;
+    case Collective::AllToAll:
+      // The arena from three ranks, where the links reach a non-neighbour only over TCP;
+      // at two, each block goes straight over the one link between them (single copy
+      // where it pays), where the arena copies every byte twice.  A set alltoall
+      // (direct, bruck) asks for the links' algorithm.
+      return g.arena && cfg.allToAll == Config::AllToAll::Auto && (g.size > 2 || cfg.algo == Config::Algo::Arena) &&
+                     arenaAllToAllSlot(cfg.arenaBytes, g.size) > 0
+                 ? Algorithm::Arena
+                 : Algorithm::Ring;
   }
   return Algorithm::Ring;
 }

@@ -13,7 +13,17 @@
 
 namespace ringpg {
 
-enum class Collective : uint8_t { Allreduce, ReduceScatter, AllGather, Broadcast, Reduce, Barrier, Gather, Scatter };
+enum class Collective : uint8_t {
+  Allreduce,
+  ReduceScatter,
+  AllGather,
+  Broadcast,
+  Reduce,
+  Barrier,
+  Gather,
+  Scatter,
+  AllToAll
+};
 
 enum class Algorithm : uint8_t {
   Local,        // one rank, or nothing to move: no peer is involved
@@ -51,7 +61,8 @@ constexpr size_t kArenaOneShotVolume = 64 * 1024;
 
 // The algorithm for `op` on `bytes` (allreduce, reduce, broadcast: the buffer;
 // reduce_scatter: its input, all_gather: its output; gather, scatter: one rank's
-// block; barrier: 0) in a group of
+// block; barrier and all_to_all: 0, the choice then depending on the group alone, since
+// ranks' all-to-all splits differ) in a group of
 // `shape` under `cfg`.  `deviceContiguous`: the op's tensors are contiguous CUDA
 // tensors (the staged ring's case: allreduce, reduce-scatter, all-gather); at two
 // ranks they take the arena where it reaches the device, else the staged ring.

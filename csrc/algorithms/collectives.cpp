@@ -474,6 +474,20 @@ void reduceScatterIntoCoalesced(OpContext& c, const std::vector<at::Tensor>& inp
 
 // ---- All-to-all ------------------------------------------------------------------
 
+namespace {
+
+// The blocks' exchange, over the arena or the links as choice.h says.
+void allToAllOf(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
+                const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
+  if (onArena(chooseFor(c, Collective::AllToAll, 0))) {
+    arenaAllToAll(c, sendBuf, sendBytes, recvBuf, recvBytes);
+  } else {
+    ringpg::allToAll(c, sendBuf, sendBytes, recvBuf, recvBytes);
+  }
+}
+
+} // namespace
+
 void allToAllSingle(OpContext& c, const at::Tensor& input, const at::Tensor& output,
                     const std::vector<int64_t>& inSplits, const std::vector<int64_t>& outSplits) {
   // Splits count rows of dim 0; a row holds numel / rows elements (a 0-dim tensor is one row).
@@ -498,7 +512,7 @@ void allToAllSingle(OpContext& c, const at::Tensor& input, const at::Tensor& out
     rb.push_back(outSplits[q] * outRow * es);
     ro += outSplits[q];
   }
-  ringpg::allToAll(c, sp, sb, rp, rb);
+  allToAllOf(c, sp, sb, rp, rb);
   writeBack(output, hout);
 }
 
@@ -515,7 +529,7 @@ void allToAll(OpContext& c, const std::vector<at::Tensor>& inputs, const std::ve
     rp.push_back(bytes(hout[q]));
     rb.push_back(nbytes(hout[q]));
   }
-  ringpg::allToAll(c, sp, sb, rp, rb);
+  allToAllOf(c, sp, sb, rp, rb);
   for (const auto q : c10::irange(c.size())) {
     writeBack(outputs[q], hout[q]);
   }
