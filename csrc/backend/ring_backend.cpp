@@ -101,9 +101,9 @@ std::unique_ptr<GroupLinks> connectForBackend(const c10::intrusive_ptr<c10d::Sto
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout, std::string groupName, const std::string& transportChoice,
                          const std::string& algoChoice)
-    : RingBackend(store, rank, size, timeout, std::move(groupName), configWithAlgo(algoChoice),
-                  transportChoice.empty() ? Config::get().transport
-                                          : Config::transportNamed(transportChoice, "transport ")) {}
+    : RingBackend(
+          store, rank, size, timeout, std::move(groupName), configWithAlgo(algoChoice),
+          transportChoice.empty() ? Config::get().transport : Config::transportNamed(transportChoice, "transport ")) {}
 
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout, std::string groupName, const Config& cfg,
@@ -119,9 +119,9 @@ RingBackend::RingBackend(std::unique_ptr<GroupLinks> net, int rank, int size, st
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "ringpg: invalid rank ", rank, " / size ", size);
   TORCH_CHECK(net_ && net_->engine, "ringpg: a group's links must come with their engine");
   const LinkTable& links = net_->links;
-  TORCH_CHECK(links.engine == net_->engine.get() && links.topology == &net_->topology && net_->topology.size() == size &&
-                  links.control != nullptr && links.to.size() == static_cast<size_t>(size) &&
-                  links.from.size() == static_cast<size_t>(size),
+  TORCH_CHECK(links.engine == net_->engine.get() && links.topology == &net_->topology &&
+                  net_->topology.size() == size && links.control != nullptr &&
+                  links.to.size() == static_cast<size_t>(size) && links.from.size() == static_cast<size_t>(size),
               "ringpg: a group's LinkTable must name its engine and topology, a control link and a link per peer "
               "each way, for ",
               size, " ranks");
