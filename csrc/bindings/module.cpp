@@ -523,7 +523,8 @@ void bindTestSeams(py::module_& m) {
   m.def(
       "run_in_process",
       [](const std::string& op, const std::vector<at::Tensor>& inputs, const std::string& reduceOp, int root,
-         const std::string& algo, int64_t oneShotBytes, int64_t segmentBytes, int repeat, int64_t timeoutMs) {
+         const std::string& algo, int64_t oneShotBytes, int64_t segmentBytes, int repeat, int absentRank,
+         int64_t timeoutMs) {
         ringpg::seams::InProcessOptions o;
         o.reduceOp = reduceOp;
         o.root = root;
@@ -531,6 +532,7 @@ void bindTestSeams(py::module_& m) {
         o.oneShotBytes = oneShotBytes;
         o.segmentBytes = segmentBytes;
         o.repeat = repeat;
+        o.absentRank = absentRank;
         o.timeout = std::chrono::milliseconds(timeoutMs);
         ringpg::seams::InProcessResult r;
         {
@@ -545,11 +547,12 @@ void bindTestSeams(py::module_& m) {
         return d;
       },
       py::arg("op"), py::arg("inputs"), py::arg("reduce_op") = "sum", py::arg("root") = 0, py::arg("algo") = "auto",
-      py::arg("oneshot_bytes") = -1, py::arg("segment_bytes") = -1, py::arg("repeat") = 1,
+      py::arg("oneshot_bytes") = -1, py::arg("segment_bytes") = -1, py::arg("repeat") = 1, py::arg("absent_rank") = -1,
       py::arg("timeout_ms") = 10000,
       "Runs `op` (allreduce, reduce_scatter, all_gather, broadcast, reduce) on len(inputs) ranks in this "
       "process, a thread each, rank r on inputs[r]: each rank a RingBackend over in-process loopback links "
-      "(transport/loopback_link.h), `repeat` times.  {'outputs': by rank (None where it failed), 'errors': by "
+      "(transport/loopback_link.h), `repeat` times; `absent_rank` calls nothing.  {'outputs': by rank (None where it "
+      "failed), 'errors': by "
       "rank ('' where it succeeded), 'algorithm': rank 0's choice for the op, 'seconds': the runs' wall time}; "
       "for the tests");
 

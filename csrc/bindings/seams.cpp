@@ -132,6 +132,9 @@ InProcessResult runInProcess(const std::string& op, const std::vector<at::Tensor
   const auto start = Clock::now();
   std::vector<std::thread> ranks;
   for (const auto r : c10::irange(size)) {
+    if (r == o.absentRank) {
+      continue;
+    }
     ranks.emplace_back([&, r] {
       try {
         for (int i = 0; i < o.repeat; ++i) {

@@ -29,12 +29,13 @@ struct InProcessOptions {
   int64_t oneShotBytes = -1;    // Config::oneShotBytes; -1 keeps the process's setting
   int64_t segmentBytes = -1;    // Config::segmentBytes; likewise
   int repeat = 1;               // runs of the op, one after another, each on the inputs
+  int absentRank = -1;          // a rank that calls nothing (its peers time out), -1: none
   std::chrono::milliseconds timeout{10000}; // the group's op timeout
 };
 
 struct InProcessResult {
   std::vector<at::Tensor> outputs;  // by rank: the last run's result (undefined where it failed)
-  std::vector<std::string> errors;  // by rank: "" where every run succeeded, else the first error
+  std::vector<std::string> errors;  // by rank: "" where every run succeeded (or it was absent), else the first error
   std::string algorithm;            // what rank 0's group chose for the op (RingBackend::algorithmFor)
   double seconds = 0;               // wall time of the runs, the groups' creation aside
 };
