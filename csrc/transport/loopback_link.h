@@ -18,6 +18,7 @@
 // to the rank's engine, which has no peer to dial (they fail the group).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
