@@ -82,22 +82,50 @@ void callHook(const char* kind, int64_t id, const Hook& hook, const Args&... arg
   }
 }
 
+// The checks that must fail a group's creation before it touches the network, then
+// connectGroup: what the Store constructor hands to the one over given links.
+std::unique_ptr<GroupLinks> connectForBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                              std::chrono::milliseconds timeout, const Config& cfg,
+                                              Config::Transport transportSetting) {
+  TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "ringpg: invalid rank ", rank, " / size ", size);
+  reduceIsa(); // a RINGPG_TUNING reduce_isa this CPU cannot run fails the group's creation, not its first op
+  if (!cfg.tcpCongestion.empty()) {
+    checkCongestionControl(cfg.tcpCongestion); // likewise, before any connection
+  }
+  return connectGroup(store, rank, size, timeout, cfg, transportSetting,
+                      [&](const Topology& t) { return ringPeers(t, rank, cfg.algo); });
+}
+
 } // namespace
 
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout, std::string groupName, const std::string& transportChoice,
                          const std::string& algoChoice)
-    : c10d::Backend(rank, size), cfg_(configWithAlgo(algoChoice)),
-      transportSetting_(transportChoice.empty() ? cfg_.transport
-                                                : Config::transportNamed(transportChoice, "transport ")),
-      timeout_(timeout), groupName_(std::move(groupName)), store_(store) {
+    : RingBackend(
+          store, rank, size, timeout, std::move(groupName), configWithAlgo(algoChoice),
+          transportChoice.empty() ? Config::get().transport : Config::transportNamed(transportChoice, "transport ")) {}
+
+RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                         std::chrono::milliseconds timeout, std::string groupName, const Config& cfg,
+                         Config::Transport transportSetting)
+    : RingBackend(connectForBackend(store, rank, size, timeout, cfg, transportSetting), rank, size, timeout,
+                  std::move(groupName), cfg, transportSetting, store) {}
+
+RingBackend::RingBackend(std::unique_ptr<GroupLinks> net, int rank, int size, std::chrono::milliseconds timeout,
+                         std::string groupName, Config cfg, Config::Transport transportSetting,
+                         c10::intrusive_ptr<c10d::Store> store)
+    : c10d::Backend(rank, size), cfg_(std::move(cfg)), transportSetting_(transportSetting), timeout_(timeout),
+      groupName_(std::move(groupName)), net_(std::move(net)), store_(std::move(store)) {
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "ringpg: invalid rank ", rank, " / size ", size);
-  reduceIsa(); // a RINGPG_TUNING reduce_isa this CPU cannot run fails the group's creation, not its first op
-  if (!cfg_.tcpCongestion.empty()) {
-    checkCongestionControl(cfg_.tcpCongestion); // likewise, before any connection
-  }
-  net_ = connectGroup(store, rank, size, timeout, cfg_, transportSetting_,
-                      [&](const Topology& t) { return ringPeers(t, rank, cfg_.algo); });
+  TORCH_CHECK(net_ && net_->engine, "ringpg: a group's links must come with their engine");
+  const LinkTable& links = net_->links;
+  TORCH_CHECK(links.engine == net_->engine.get() && links.topology == &net_->topology &&
+                  net_->topology.size() == size && links.control != nullptr &&
+                  links.to.size() == static_cast<size_t>(size) && links.from.size() == static_cast<size_t>(size),
+              "ringpg: a group's LinkTable must name its engine and topology, a control link and a link per peer "
+              "each way, for ",
+              size, " ranks");
+  reduceIsa(); // as connectForBackend: links made elsewhere fail here, not at the first op
   tracer_ = openTrace(*net_->engine, transport().c_str(), cfg_, groupName_, rank, size, Clock::now() + timeout);
   tracing_ = tracer_ != nullptr;
   worker_ = std::thread([this] {
@@ -380,6 +408,7 @@ c10::intrusive_ptr<c10d::Backend> RingBackend::shrink(const std::vector<int64_t>
   TORCH_CHECK_VALUE(shrinkFlags == 0 || shrinkFlags == kShrinkAbort, opName("shrink"),
                     ": shrink_flags must be SHRINK_DEFAULT (0) or SHRINK_ABORT (1), got ", shrinkFlags);
   TORCH_CHECK_VALUE(!ranksToExclude.empty(), opName("shrink"), ": no rank to exclude");
+  TORCH_CHECK(store_, opName("shrink"), ": this group was made over links it was given, with no Store to meet on");
   std::vector<bool> excluded(getSize(), false);
   for (const int64_t r : ranksToExclude) {
     TORCH_CHECK_VALUE(r >= 0 && r < getSize() && !excluded[r], opName("shrink"), ": rank ", r,

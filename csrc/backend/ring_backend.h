@@ -40,8 +40,20 @@ class RingBackend final : public c10d::Backend {
   // on a setting the group must share (gloo or shm on some ranks only, the algorithm,
   // the segment, one-shot or hierarchical piece size, tracing on or off) fail here,
   // every one of them, with a ValueError naming it and each rank's value.
+  // Connects the group (connectGroup, transport/connect.h), then runs it as the
+  // constructor below does.
   RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
               std::string groupName, const std::string& transportChoice = "", const std::string& algoChoice = "");
+  // A group over links it is given, connected already: what connectGroup returned (the
+  // constructor above), or links a test built in one process (transport/loopback_link.h).
+  // `net` must hold an engine (the group's failure state and control channel) and a
+  // LinkTable of `size` peers; `cfg`: the group's settings (its algorithm included);
+  // `transportSetting`: what the group was asked for (split and shrink pass it on);
+  // `store`: the Store shrink's children meet on, null where the group has none (shrink
+  // is then refused).  Starts the worker; the links must carry no op yet.
+  RingBackend(std::unique_ptr<GroupLinks> net, int rank, int size, std::chrono::milliseconds timeout,
+              std::string groupName, Config cfg, Config::Transport transportSetting,
+              c10::intrusive_ptr<c10d::Store> store = {});
   ~RingBackend() override;
 
   const std::string getBackendName() const override { return "ringpg"; }
@@ -205,6 +217,10 @@ class RingBackend final : public c10d::Backend {
   const std::string& localAddress() const { return net_->localAddress; }
 
  private:
+  // The first constructor's second step: `cfg` made once, for connectGroup and the group.
+  RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
+              std::string groupName, const Config& cfg, Config::Transport transportSetting);
+
   using OpFn = std::function<void(OpContext&)>;
   struct Queued {
     c10::intrusive_ptr<RingWork> work;

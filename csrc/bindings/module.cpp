@@ -15,6 +15,7 @@
 #include "algorithms/hierarchical.h"
 #include "algorithms/ring_plan.h"
 #include "backend/ring_backend.h"
+#include "bindings/seams.h"
 #include "common/config.h"
 #include "common/host.h"
 #include "common/interpreter.h"
@@ -528,6 +529,95 @@ void bindSettingsAndHost(py::module_& m) {
         "CPUs processes with these cpu_share_text values may run on together (union of masks, quota-capped)");
 }
 
+// The test seams (bindings/seams.h): collectives over in-process loopback links, and
+// an Engine whose peers a test plays over raw sockets.  For the tests only.
+void bindTestSeams(py::module_& m) {
+  m.def(
+      "run_in_process",
+      [](const std::string& op, const std::vector<at::Tensor>& inputs, const std::string& reduceOp, int root,
+         const std::string& algo, int64_t oneShotBytes, int64_t segmentBytes, int repeat, int absentRank,
+         int64_t timeoutMs) {
+        ringpg::seams::InProcessOptions o;
+        o.reduceOp = reduceOp;
+        o.root = root;
+        o.algo = algo;
+        o.oneShotBytes = oneShotBytes;
+        o.segmentBytes = segmentBytes;
+        o.repeat = repeat;
+        o.absentRank = absentRank;
+        o.timeout = std::chrono::milliseconds(timeoutMs);
+        ringpg::seams::InProcessResult r;
+        {
+          py::gil_scoped_release noGil; // the ranks' threads and workers never take it
+          r = ringpg::seams::runInProcess(op, inputs, o);
+        }
+        py::dict d;
+        d["outputs"] = r.outputs;
+        d["errors"] = r.errors;
+        d["algorithm"] = r.algorithm;
+        d["seconds"] = r.seconds;
+        return d;
+      },
+      py::arg("op"), py::arg("inputs"), py::arg("reduce_op") = "sum", py::arg("root") = 0, py::arg("algo") = "auto",
+      py::arg("oneshot_bytes") = -1, py::arg("segment_bytes") = -1, py::arg("repeat") = 1, py::arg("absent_rank") = -1,
+      py::arg("timeout_ms") = 10000,
+      "Runs `op` (allreduce, reduce_scatter, all_gather, broadcast, reduce) on len(inputs) ranks in this "
+      "process, a thread each, rank r on inputs[r]: each rank a RingBackend over in-process loopback links "
+      "(transport/loopback_link.h), `repeat` times; `absent_rank` calls nothing.  {'outputs': by rank (None where it "
+      "failed), 'errors': by "
+      "rank ('' where it succeeded), 'algorithm': rank 0's choice for the op, 'seconds': the runs' wall time}; "
+      "for the tests");
+
+  using Probe = ringpg::seams::EngineProbe;
+  py::class_<Probe>(m, "EngineProbe",
+                    "A real Engine (transport/engine.h) listening on 127.0.0.1, whose peers a test plays over raw "
+                    "sockets: the hello, dialling and the engine's matching; for the tests")
+      .def(py::init<int, int, const std::vector<std::string>&, const std::vector<uint64_t>&, uint64_t>(),
+           py::arg("rank"), py::arg("size"), py::arg("addrs"), py::arg("nonces"), py::arg("nonce"),
+           "rank `rank` of `size`; peer q listens at addrs[q] and its hellos quote nonces[q] (this rank's "
+           "entries are ignored: it listens on an ephemeral port of its own, quoting `nonce`)")
+      .def_property_readonly("address", &Probe::address, "where this engine listens ('127.0.0.1:PORT')")
+      .def("post_send", &Probe::postSend, py::arg("peer"), py::arg("header"), py::arg("payload"),
+           "posts a send of `payload` with the 32-byte `header` (its nbytes set to the payload's length); its id")
+      .def("post_recv", &Probe::postRecv, py::arg("peer"), py::arg("header"), py::arg("nbytes"),
+           "posts a receive of `nbytes` from `peer` (-1: any source, p2p only) expecting `header`; its id")
+      .def(
+          "wait",
+          [](Probe& p, int64_t id, int64_t timeoutMs) {
+            std::tuple<std::string, std::string, std::string, int> r;
+            {
+              py::gil_scoped_release noGil;
+              r = p.wait(id, std::chrono::milliseconds(timeoutMs));
+            }
+            return py::make_tuple(std::get<0>(r), std::get<1>(r), py::bytes(std::get<2>(r)), std::get<3>(r));
+          },
+          py::arg("id"), py::arg("timeout_ms"),
+          "waits up to `timeout_ms` for request `id`: (state 'pending'/'done'/'failed', error, payload, source rank)")
+      .def("set_current_collective", &Probe::setCurrentCollective, py::arg("header"),
+           "Engine::setCurrentCollective: the op running here (a 32-byte header)")
+      .def(
+          "connect_peers",
+          [](Probe& p, const std::vector<int>& peers, int64_t timeoutMs) {
+            p.connectPeers(peers, std::chrono::milliseconds(timeoutMs));
+          },
+          py::arg("peers"), py::arg("timeout_ms"), py::call_guard<py::gil_scoped_release>(),
+          "Engine::connectPeers: dials each and waits for each to dial back, within `timeout_ms`")
+      .def(
+          "broken_reason", [](Probe& p) { return p.engine().brokenReason(); }, "'' while the engine is healthy")
+      .def(
+          "connected_peers", [](Probe& p) { return p.engine().connectedPeers(); }, "the peers with a socket either way")
+      .def(
+          "goodbye_from", [](Probe& p, int peer) { return p.engine().goodbyeFrom(peer); }, py::arg("peer"),
+          "why nothing more comes from `peer` if it said goodbye (or answered a hello as leaving), else ''")
+      .def(
+          "shutdown",
+          [](Probe& p, int64_t timeoutMs) {
+            p.engine().shutdown(ringpg::Clock::now() + std::chrono::milliseconds(timeoutMs));
+          },
+          py::arg("timeout_ms"), py::call_guard<py::gil_scoped_release>(),
+          "Engine::shutdown: a goodbye to each connected peer, then stop");
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -538,4 +628,5 @@ PYBIND11_MODULE(_C, m) {
   bindBuildAndChoice(m);
   bindPlans(m);
   bindSettingsAndHost(m);
+  bindTestSeams(m);
 }

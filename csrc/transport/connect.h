@@ -37,6 +37,10 @@ struct GroupLinks {
   std::unique_ptr<Engine> engine; // the group's sockets, failure state and control channel
   Topology topology;              // who shares a host; the ring order
   std::unique_ptr<EngineLink> engineLink;
+  // A link made outside connectGroup and owned with the group: the in-process tests'
+  // (transport/loopback_link.h); null in a connected group.  Declared after the engine,
+  // so destroyed before it.
+  std::unique_ptr<Link> given;
   std::unique_ptr<ShmLink> shm; // this rank's shared-memory links, or null
   std::unique_ptr<HostArena> arena; // the group's host arena (one host), or null
   std::string arenaWhyNot;          // why a group on one host has none ("" where it has one)
