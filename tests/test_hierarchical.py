@@ -380,6 +380,7 @@ def group_info(g: Any) -> Optional[dict[str, Any]]:
         "ranks_per_host": b.ranks_per_host,
         "ring_order": list(b.ring_order),
         "transport": b.transport,
+        "host_arena": b.arena_bytes > 0,
         "group": g.group_name,
     }
 
@@ -487,6 +488,19 @@ def expected_algorithm(run: dict[str, Any], members: Any) -> str:
     return "hier" if hierarchical_expected(run["layout"], list(members), run["algo"]) else "ring"
 
 
+HOST_ARENA_MIN_RANKS = 3  # hierarchical.h, kHostArenaMinRanks
+
+
+def expected_host_arena(run: dict[str, Any], members: Any) -> bool:
+    """Whether each host's ranks of the group share an arena (hierarchical.h,
+    hostArenaApplies): under auto (not the gloo transport) on one host, or where the
+    hierarchical algorithms run with at least HOST_ARENA_MIN_RANKS ranks a host."""
+    if run["algo"] not in ("auto", "arena") or expected_transport(run, members) == "gloo" or len(members) < 2:
+        return False
+    hosts, per_host, _ = emulated_topology(run["layout"], members)
+    return hosts == 1 or (expected_algorithm(run, members) == "hier" and per_host >= HOST_ARENA_MIN_RANKS)
+
+
 def test_layout_is_what_the_test_means(run: dict[str, Any]) -> None:
     """The emulated layout itself: hosts and ranks per host as the layout's id says, and
     the world and each subgroup on the algorithm the table says (harness's rule)."""
@@ -496,6 +510,9 @@ def test_layout_is_what_the_test_means(run: dict[str, Any]) -> None:
     assert [expected_algorithm(run, ranks) for ranks, _ in run["subgroups"]] == [a for _, a in run["subgroups"]]
     # Among them, one of 2 hosts x 2 ranks (hierarchical) and one of 2 + 1 (the ring).
     assert [emulated_topology(run["layout"], ranks)[:2] for ranks, _ in run["subgroups"][:2]] == [(2, 2), (2, 0)]
+    # 2 x 3 runs its host phases over a host arena; 3 x 2 keeps the host rings.
+    if run["name"] in ("2x3", "3x2"):
+        assert expected_host_arena(run, range(WS)) == (run["name"] == "2x3")
 
 
 @pytest.mark.skipif(not RINGPG, reason="ringpg's topology")
@@ -507,6 +524,7 @@ def test_backend_reports_hosts_and_algorithm(run: dict[str, Any]) -> None:
         "ranks_per_host": per_host,
         "ring_order": ring,
         "transport": expected_transport(run, WS),
+        "host_arena": expected_host_arena(run, range(WS)),
         "group": "0",
     }
     assert result(run, "info") == [want] * WS
@@ -538,6 +556,7 @@ def test_subgroups_match_gloo(run: dict[str, Any]) -> None:
             "ranks_per_host": per_host,
             "ring_order": ring,
             "transport": expected_transport(run, ranks),
+            "host_arena": expected_host_arena(run, ranks),
         }
         for r in range(WS):
             info = got[r]["infos"][i]

@@ -399,6 +399,56 @@ void arenaAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const 
   }
 }
 
+void arenaHostReduceScatter(OpContext& c, const char* input, char* output, int64_t count, size_t es, RedOp op) {
+  HostArena& a = *c.arena();
+  const int members = a.members();
+  const int me = a.me();
+  const int64_t piece = arenaPieceFor(c, /*reduceScatter=*/true, es); // of each chunk, a block a member
+  const size_t block = static_cast<size_t>(piece) * es;
+  // Chunks differ by at most one element; the first is the longest (chunkRange).
+  const int64_t longest = chunkRange(count, members, 0).length;
+  // Elements [o, o + piece) of chunk q: how many there are (0 past its end).
+  const auto partOf = [&](int q, int64_t o) {
+    return std::clamp<int64_t>(chunkRange(count, members, q).length - o, 0, piece);
+  };
+  const Range mine = chunkRange(count, members, me);
+  for (int64_t o = 0; o < longest; o += piece) {
+    a.beginRound();
+    for (const auto q : c10::irange(members)) {
+      const int64_t n = partOf(q, o);
+      std::memcpy(a.buffer(me) + q * block, input + static_cast<size_t>(chunkRange(count, members, q).offset + o) * es,
+                  static_cast<size_t>(n) * es);
+    }
+    c.arenaStep(/*firstOfRound=*/true);
+    reduceMembers(c, op, output + static_cast<size_t>(mine.offset + o) * es, static_cast<size_t>(me) * block,
+                  partOf(me, o), es);
+  }
+}
+
+void arenaHostAllGather(OpContext& c, char* data, int64_t count, size_t es) {
+  HostArena& a = *c.arena();
+  const int members = a.members();
+  const int me = a.me();
+  const int64_t piece = arenaPieceFor(c, /*reduceScatter=*/false, es);
+  const int64_t longest = chunkRange(count, members, 0).length;
+  const auto partOf = [&](int q, int64_t o) {
+    return std::clamp<int64_t>(chunkRange(count, members, q).length - o, 0, piece);
+  };
+  for (int64_t o = 0; o < longest; o += piece) {
+    a.beginRound();
+    const Range mine = chunkRange(count, members, me);
+    std::memcpy(a.buffer(me), data + static_cast<size_t>(mine.offset + o) * es,
+                static_cast<size_t>(partOf(me, o)) * es);
+    c.arenaStep(/*firstOfRound=*/true);
+    for (const auto q : c10::irange(members)) {
+      if (q != me) {
+        std::memcpy(data + static_cast<size_t>(chunkRange(count, members, q).offset + o) * es, a.buffer(q),
+                    static_cast<size_t>(partOf(q, o)) * es);
+      }
+    }
+  }
+}
+
 void arenaBarrier(OpContext& c) {
   traceAs(c, false);
   c.arena()->beginRound();

@@ -103,4 +103,14 @@ void arenaAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const 
                    const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes);
 void arenaBarrier(OpContext& c);
 
+// The host phases of the hierarchical collectives (hierarchical.h) over a host's arena,
+// whose members are the host's ranks: `count` elements cut into members() balanced
+// chunks (ring_plan.h's chunkRange), chunk m member m's.
+//   reduce-scatter: member m's chunk of `output` = its chunk of every member's `input`,
+//                   reduced in member order (`output` may be `input`);
+//   all-gather:     every member's chunk of `data` = that member's chunk of its own.
+// In rounds of what a buffer holds of every chunk (reduce-scatter) or of one (all-gather).
+void arenaHostReduceScatter(OpContext& c, const char* input, char* output, int64_t count, size_t elemSize, RedOp op);
+void arenaHostAllGather(OpContext& c, char* data, int64_t count, size_t elemSize);
+
 } // namespace ringpg

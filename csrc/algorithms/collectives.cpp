@@ -244,7 +244,9 @@ GroupShape shapeOf(const LinkTable& links, const Config& cfg) {
   g.mostPerHost = t.mostRanksOnAHost();
   g.hierarchical = hierarchicalApplies(t, cfg.algo);
   g.ringFusedEverywhere = links.ringFusedEverywhere;
-  g.arena = links.arena != nullptr;
+  // The whole group's arena: one host's.  A group across hosts has one a host, which
+  // only its hierarchical collectives' host phases use.
+  g.arena = links.arena != nullptr && t.hosts == 1;
   return g;
 }
 

@@ -1,5 +1,6 @@
 #include "algorithms/hierarchical.h"
 
+#include "algorithms/arena_collectives.h"
 #include "algorithms/ring.h"
 #include "algorithms/ring_plan.h"
 #include "common/host.h"
@@ -63,6 +64,30 @@ struct HierRings {
     }
   }
 };
+
+// The host phases, on the op's thread: over the host's arena where the group has one
+// (hostArenaApplies: one step a round, where the host ring pays K - 1), else the host
+// ring.  Reduce-scatter: local rank j's chunk (chunkRange of `count` over the host's K
+// ranks) of `out` = that chunk of every host rank's `in`, reduced; all-gather: every
+// local rank's chunk of `data` to every host rank.
+void hostReduceScatter(OpContext& c, const HierRings& rings, const char* in, char* out, int64_t count, size_t es,
+                       RedOp op) {
+  if (c.arena() != nullptr) {
+    arenaHostReduceScatter(c, in, out, count, es, op);
+    return;
+  }
+  ringCollectiveOn(c, rings.host, RingJob{.count = count, .elemSize = es, .reduceScatter = true, .op = op},
+                   RingBuffers{in, out, nullptr});
+}
+
+void hostAllGather(OpContext& c, const HierRings& rings, char* data, int64_t count, size_t es) {
+  if (c.arena() != nullptr) {
+    arenaHostAllGather(c, data, count, es);
+    return;
+  }
+  ringCollectiveOn(c, rings.host, RingJob{.count = count, .elemSize = es, .allGather = true},
+                   RingBuffers{nullptr, data, nullptr});
+}
 
 // Pieces a collective of `bytes` (its full buffer) moves in: one per
 // Config::hierPieceBytes, at most kMaxPieces and `units` (so that none is empty).  One
@@ -258,6 +283,13 @@ bool hierarchicalApplies(const Topology& t, Config::Algo algo) {
   return algo == Config::Algo::Hier || (t.hosts > 1 && t.ranksPerHost() > 1);
 }
 
+bool hostArenaApplies(const Topology& t, Config::Algo algo) {
+  if (algo != Config::Algo::Auto && algo != Config::Algo::Arena) {
+    return false;
+  }
+  return t.hosts == 1 || (hierarchicalApplies(t, algo) && t.ranksPerHost() >= kHostArenaMinRanks);
+}
+
 std::vector<int> ringPeers(const Topology& t, int rank, Config::Algo algo) {
   std::vector<int> peers = {t.left(rank), t.right(rank)};
   if (hierarchicalApplies(t, algo)) {
@@ -285,8 +317,7 @@ void hierAllreduce(OpContext& c, char* data, int64_t count, size_t es, RedOp op,
         // 1. Reduce-scatter on the host: chunk j of K ends here, summed over the host.
         const Range P = piece(i);
         char* at = data + P.offset * static_cast<int64_t>(es);
-        ringCollectiveOn(c, rings.host, RingJob{.count = P.length, .elemSize = es, .reduceScatter = true, .op = op},
-                         RingBuffers{at, at, nullptr});
+        hostReduceScatter(c, rings, at, at, P.length, es, op);
       },
       [&](OpContext& ctx, int i) {
         // 2. Allreduce of chunk j over local rank j of every host (AVG divides here, once).
@@ -305,9 +336,7 @@ void hierAllreduce(OpContext& c, char* data, int64_t count, size_t es, RedOp op,
       [&](int i) {
         // 3. All-gather on the host: every chunk to every rank.
         const Range P = piece(i);
-        char* at = data + P.offset * static_cast<int64_t>(es);
-        ringCollectiveOn(c, rings.host, RingJob{.count = P.length, .elemSize = es, .allGather = true},
-                         RingBuffers{nullptr, at, nullptr});
+        hostAllGather(c, rings, data + P.offset * static_cast<int64_t>(es), P.length, es);
       });
 }
 
@@ -337,9 +366,7 @@ void hierReduceScatter(OpContext& c, const char* input, char* output, int64_t co
           }
         }
         // 1. Reduce-scatter on the host: slots [j*H, (j+1)*H) end here, summed over the host.
-        ringCollectiveOn(c, rings.host,
-                         RingJob{.count = t.size() * P.length, .elemSize = es, .reduceScatter = true, .op = op},
-                         RingBuffers{direct ? input : L, L, nullptr});
+        hostReduceScatter(c, rings, direct ? input : L, L, t.size() * P.length, es, op);
       },
       [&](OpContext& ctx, int i) {
         // 2. Reduce-scatter of those H chunks across the hosts: the member at position h
@@ -386,8 +413,7 @@ void hierAllGather(OpContext& c, const char* input, char* output, int64_t count,
         const Range P = piece(i);
         const size_t len = static_cast<size_t>(P.length) * es;
         char* L = slots(P);
-        ringCollectiveOn(c, rings.host, RingJob{.count = t.size() * P.length, .elemSize = es, .allGather = true},
-                         RingBuffers{nullptr, L, nullptr});
+        hostAllGather(c, rings, L, t.size() * P.length, es);
         if (layout != output) {
           for (int r = 0; r < t.size(); ++r) {
             std::memcpy(output + (r * n + P.offset) * static_cast<int64_t>(es), L + hierSlot(t, r) * len, len);

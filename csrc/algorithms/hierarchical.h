@@ -31,6 +31,15 @@ inline bool hierarchicalApplies(const OpContext& c) {
   return hierarchicalApplies(c.topology(), c.config().algo);
 }
 
+// Whether each host's ranks share a host arena (transport/arena.h) under setting `algo`
+// (Auto or Arena; Ring and Hier ask for the links): a group on one host runs its
+// collectives there (choice.h), and a hierarchical group with at least
+// kHostArenaMinRanks ranks a host its host phases, in one step a piece where the host
+// ring pays K - 1.  At two ranks a host the ring is one step already, over one link
+// that copies once where single copy pays.
+constexpr int kHostArenaMinRanks = 3;
+bool hostArenaApplies(const Topology& t, Config::Algo algo);
+
 // The peers rank `rank`'s rings exchange with under setting `algo`: its neighbours on
 // the group's ring and, where the hierarchical algorithms apply, on its host's ring and
 // on its local rank's ring across hosts (HierRings), without `rank` itself.  Symmetric

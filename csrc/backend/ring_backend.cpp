@@ -92,8 +92,10 @@ std::unique_ptr<GroupLinks> connectForBackend(const c10::intrusive_ptr<c10d::Sto
   if (!cfg.tcpCongestion.empty()) {
     checkCongestionControl(cfg.tcpCongestion); // likewise, before any connection
   }
-  return connectGroup(store, rank, size, timeout, cfg, transportSetting,
-                      [&](const Topology& t) { return ringPeers(t, rank, cfg.algo); });
+  GroupPlan plan;
+  plan.peers = [&](const Topology& t) { return ringPeers(t, rank, cfg.algo); };
+  plan.hostArena = [&](const Topology& t) { return hostArenaApplies(t, cfg.algo); };
+  return connectGroup(store, rank, size, timeout, cfg, transportSetting, plan);
 }
 
 } // namespace

@@ -297,15 +297,17 @@ void bindBackend(py::module_& m) {
           "rings across hosts) or 'ring' (the group's algo, RINGPG_ALGO or ringpg.use_algorithm, and its "
           "shape decide)")
       .def("algorithm_for", &ringpg::RingBackend::algorithmFor, py::arg("op"), py::arg("nbytes"),
-           "the algorithm `op` (allreduce, reduce_scatter, all_gather, broadcast, reduce, barrier) runs on "
+           "the algorithm `op` (allreduce, reduce_scatter, all_gather, broadcast, reduce, barrier, gather, scatter, "
+           "all_to_all) runs on "
            "`nbytes` of host memory in this group: local, oneshot, doubling, ring, staged_ring, hier, "
            "arena_oneshot or arena (algorithms/choice.h); nbytes: reduce_scatter's input, all_gather's output")
       .def_property_readonly("arena_bytes", &ringpg::RingBackend::arenaBufferBytes,
-                             "bytes of each of a rank's two buffers in the group's host arena "
-                             "(RINGPG_ARENA_BYTES, in whole pages); 0 where the group has none")
+                             "bytes of each of a rank's two buffers in the group's host arena (RINGPG_ARENA_BYTES, "
+                             "in whole pages; in a group across hosts, its host's, which the hierarchical host "
+                             "phases use); 0 where the group has none")
       .def_property_readonly("arena_why_not", &ringpg::RingBackend::arenaWhyNot,
-                             "why a group on one host has no host arena, as this rank saw it ('' where it has one "
-                             "or is not on one host)")
+                             "why a group whose algorithms would use a host arena has none, as this rank saw it "
+                             "('' where it has one or would not use one)")
       .def_property_readonly(
           "ring_order", [](const ringpg::RingBackend& b) { return b.topology().ring; },
           "the ranks in ring order: each host's ranks one after another")

@@ -160,10 +160,11 @@ std::unique_ptr<HostArena> HostArena::connect(c10d::Store& store, Engine& engine
   const int size = topo.size();
   // Facts every rank shares (the topology; the buffer size is an agreed setting), so
   // either every rank takes part in the agreement below or none does.
-  if (size < 2 || topo.hosts != 1 || bufferBytes == 0) {
+  if (size < 2 || bufferBytes == 0) {
     return nullptr;
   }
-  const std::vector<int>& ranks = topo.ranksOfHost(0);
+  // This rank's host's ranks: one arena a host, every group rank in one agreement.
+  const std::vector<int>& ranks = topo.ranksOfHost(topo.hostOf[rank]);
   const int me = topo.localIndex(rank);
   const int members = static_cast<int>(ranks.size());
   // Whole pages, and at least a line per member (a reduce-scatter piece has a block

@@ -1,12 +1,14 @@
 // The host arena: one shared-memory segment that every rank of a group on one host
 // maps, so that a collective reaches every same-host rank in one step instead of
-// 2(N-1) ring steps.  The idea of DeepSpeed's and vLLM's CPU shared-memory
+// 2(N-1) ring steps; in a group across hosts, one a host, for the host phases of the
+// hierarchical collectives (algorithms/hierarchical.h).  The idea of DeepSpeed's and vLLM's CPU shared-memory
 // collectives, Open MPI's coll/sm and MPICH's release/gather collectives, built here
 // on the group's agreed topology, so it serves every group shape it is made for and
 // none it is not (Gloo merged such an allreduce once and reverted it: it guessed a
 // host's ranks from LOCAL_WORLD_SIZE).
 //
-// Segment layout (one per group, created by the host's first rank, mapped by all):
+// Segment layout (one per group and host, created by the host's first rank, mapped by
+// the host's ranks):
 //   ArenaHeader    magic, a check of the nonce (mix(nonce)), members, buffer size
 //   ArenaBell      the futex word every sleeping member waits on, and how many sleep
 //   members x MemberLines
@@ -99,11 +101,11 @@ class HostArena {
  public:
   struct Segment; // the mapping (defined in arena.cpp)
 
-  // Collective over the group: every rank calls it alike.  Makes the arena of a group
-  // whose ranks all share one host (`topo.hosts == 1`, two ranks or more), with
+  // Collective over the group: every rank calls it alike.  Makes the arena of this
+  // rank's host's ranks (each host its own; the group of two ranks or more), with
   // buffers of `bufferBytes` (rounded up to whole pages) per member and parity; null,
-  // on every rank alike, where it cannot (`wanted` false on some rank, no room in
-  // /dev/shm, a refused mapping: `*why` says so on the rank that saw it).
+  // on every rank of every host alike, where it cannot (`wanted` false on some rank,
+  // no room in /dev/shm, a refused mapping: `*why` says so on the rank that saw it).
   // `spinMicros`, `spinYields`: as the shared-memory links' (ShmLink::connect).
   static std::unique_ptr<HostArena> connect(c10d::Store& store, Engine& engine, const std::string& prefix,
                                             const Topology& topo, int rank, bool wanted, size_t bufferBytes,

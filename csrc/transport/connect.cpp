@@ -122,7 +122,7 @@ void agreeOnSettings(c10d::Store& store, const std::string& prefix, int rank, in
 
 std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                          std::chrono::milliseconds timeout, const Config& cfg,
-                                         Config::Transport transport, const PeersOf& ringPeers) {
+                                         Config::Transport transport, const GroupPlan& plan) {
   auto g = std::make_unique<GroupLinks>();
   const Deadline deadline = Clock::now() + timeout;
   Rendezvous rv = rendezvous(*store, rank, size, cfg.ifname);
@@ -146,7 +146,7 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
       }
     }
   } else {
-    peers = ringPeers(g->topology);
+    peers = plan.peers(g->topology);
   }
   g->engine->connectPeers(peers, deadline);
   const size_t slotBytes = std::clamp<size_t>(cfg.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
@@ -167,13 +167,12 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   shmOptions.measureCopy = !cfg.cmaBytesSet;
   g->shm = ShmLink::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, shmOptions, Clock::now() + timeout,
                             &shmUsed);
-  // The host arena of a group on one host (arena.h), unless the links were asked for
-  // (RINGPG_TRANSPORT tcp or gloo, RINGPG_ALGO ring or hier) or RINGPG_ARENA_BYTES=0.
-  // The algorithm and gloo are agreed on every rank (agreeOnSettings), so a group that
-  // asked for either skips the arena's agreement altogether; tcp may be one rank's
-  // alone, and that rank's refusal reaches the others through the agreement.
-  const bool arenaAllowed =
-      transport != Config::Transport::Gloo && (cfg.algo == Config::Algo::Auto || cfg.algo == Config::Algo::Arena);
+  // The host arena of each host's ranks (arena.h), where the algorithms use one, unless
+  // the links were asked for (RINGPG_TRANSPORT tcp or gloo) or RINGPG_ARENA_BYTES=0.
+  // The plan's answer and gloo are agreed on every rank (the topology, agreeOnSettings),
+  // so a group that does not use one skips the arena's agreement altogether; tcp may be
+  // one rank's alone, and that rank's refusal reaches the others through the agreement.
+  const bool arenaAllowed = transport != Config::Transport::Gloo && plan.hostArena(g->topology);
   const bool arenaWanted = arenaAllowed && transport != Config::Transport::Tcp;
   if (arenaAllowed) {
     g->arena = HostArena::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, arenaWanted, cfg.arenaBytes,

@@ -51,17 +51,24 @@ struct GroupLinks {
   LinkTable links; // where each peer's collective frames go
 };
 
-// The peers a rank's algorithms exchange with in a group of this topology (symmetric:
-// q is in rank's iff rank is in q's): what connectGroup connects at creation.
-using PeersOf = std::function<std::vector<int>(const Topology&)>;
+// What the algorithms need of a group of this topology, which connectGroup sets up:
+//   peers:     the peers a rank's algorithms exchange with (symmetric: q is in rank's
+//              iff rank is in q's), connected at creation;
+//   hostArena: whether each host's ranks share a host arena (a function of facts every
+//              rank agrees on: the topology and the shared settings), so that every rank
+//              takes part in its making, or none does.
+struct GroupPlan {
+  std::function<std::vector<int>(const Topology&)> peers;
+  std::function<bool(const Topology&)> hostArena;
+};
 
 // Connects this rank's part of a group of `size` on `store` (collective: every rank
 // calls it alike), within `timeout`.  `cfg`: the process's settings with the group's
-// algorithm; `transport`: what the group was asked for; `ringPeers`: the algorithms'
-// peers of this rank, connected at creation (every peer under RINGPG_TUNING connect=all),
-// the others on first use.
+// algorithm; `transport`: what the group was asked for; `plan`: the algorithms' peers of
+// this rank, connected at creation (every peer under RINGPG_TUNING connect=all; the
+// others on first use), and whether hosts share an arena.
 std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                          std::chrono::milliseconds timeout, const Config& cfg,
-                                         Config::Transport transport, const PeersOf& ringPeers);
+                                         Config::Transport transport, const GroupPlan& plan);
 
 } // namespace ringpg
