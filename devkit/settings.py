@@ -32,7 +32,7 @@ def merged_env(base: Mapping[str, str], env: Env) -> dict[str, str]:
 
 def with_tuning(env: Env, **keys: object) -> tuple[tuple[str, str], ...]:
     """``env`` as pairs with ``keys`` added to its RINGPG_TUNING."""
-    return tuple(merged_env(dict(env.items() if isinstance(env, Mapping) else env), (tuning(**keys),)).items())
+    return tuple(merged_env(merged_env({}, env), (tuning(**keys),)).items())
 
 
 def tuning_value(key: str, env: Mapping[str, str] = os.environ) -> str:

@@ -56,7 +56,7 @@ from harness import (
 from harness.scenarios import KILL_DETECT_S, expect_error, init_ringpg
 from harness.transports import a2a_split
 
-from devkit.settings import tuning_value
+from devkit.settings import merged_env, tuning_value
 
 try:
     import ringpg._C as _C
@@ -446,7 +446,9 @@ def test_no_segment_is_left_in_dev_shm_once_the_group_is_up() -> None:
 def _small_dev_shm_on(rank: int, ws: int, port: int, args: Any) -> dict:
     (who,) = args
     # Room for the links' regions (64 KiB slots) but not for an arena of 4 MiB buffers.
-    os.environ.update(RINGPG_TUNING="segment_bytes=65536", RINGPG_ARENA_BYTES=str(4 << 20))
+    os.environ.update(
+        merged_env(os.environ, {"RINGPG_TUNING": "segment_bytes=65536", "RINGPG_ARENA_BYTES": str(4 << 20)})
+    )
     if rank == who:
         harness.private_dev_shm("2m")
     init_ringpg(rank, ws, port, timeout_s=20.0)

@@ -83,7 +83,7 @@ from harness import (
 )
 from ringpg import _features, _loader
 
-from devkit.settings import TUNING, tuning_value
+from devkit.settings import TUNING, merged_env, tuning_value
 
 ON_WS_4 = pytest.mark.parametrize("world_size", [4], ids=lambda ws: f"ws{ws}", scope="module")
 
@@ -653,10 +653,14 @@ ringpg_settings = pytest.mark.skipif(harness.backend_under_test() != "ringpg", r
 RANK1_TUNING = {"segment_bytes": "65536", "oneshot_bytes": "0", "hier_piece_bytes": "65536", "alltoall": "bruck"}
 RANK1_ENV = {"RINGPG_ALGO": "ring", TUNING: ",".join(f"{k}={v}" for k, v in RANK1_TUNING.items())}
 RANK1_VALUES = {"RINGPG_ALGO / ringpg.use_algorithm": "ring", **{f"{TUNING} {k}": v for k, v in RANK1_TUNING.items()}}
-DEFAULTS = {
-    "RINGPG_ALGO / ringpg.use_algorithm": "auto",
-    **{f"{TUNING} {k}": tuning_value(k, {}) for k in RANK1_TUNING},
-}
+
+
+def _defaults() -> dict[str, str]:
+    """What ranks 0 and 2 run each setting with (ringpg's parser, read when a test needs it)."""
+    return {
+        "RINGPG_ALGO / ringpg.use_algorithm": "auto",
+        **{f"{TUNING} {k}": tuning_value(k, {}) for k in RANK1_TUNING},
+    }
 
 
 def _rank1_differs(rank: int, ws: int, port: int, args: Any) -> dict:
@@ -675,7 +679,7 @@ def test_a_rank_that_differs_fails_every_rank_naming_each_setting(tmp_path: Any)
         assert v["type"] == "ValueError", (r, v)
         assert v["msg"].count("ringpg: the ranks of a group disagree on") == 1, v["msg"]
         for name, value in RANK1_VALUES.items():
-            dflt = DEFAULTS[name]
+            dflt = _defaults()[name]
             assert f"{name} (rank 0: {dflt}, rank 1: {value}, rank 2: {dflt})" in v["msg"], (name, v["msg"])
         assert "RINGPG_TRACE (rank 0: off, rank 1: on, rank 2: off)" in v["msg"], v["msg"]
         assert "RINGPG_TRANSPORT" not in v["msg"], v["msg"]  # equal: not named
@@ -689,7 +693,8 @@ def _local_settings_differ_then_algorithms(rank: int, ws: int, port: int, args: 
     import ringpg
 
     # segment_bytes equal on every rank, not the default; recv_window 16, 1 and (rank 2) the default
-    os.environ[TUNING] = "segment_bytes=65536" + {0: ",recv_window=16", 1: ",recv_window=1"}.get(rank, "")
+    mine = "segment_bytes=65536" + {0: ",recv_window=16", 1: ",recv_window=1"}.get(rank, "")
+    os.environ.update(merged_env(os.environ, {TUNING: mine}))
     # Set on rank 1 alone, to its default: the group takes single copy as asked rather
     # than measuring it (a measurement needs every rank).
     os.environ["RINGPG_CMA_BYTES"] = "65536" if rank == 1 else ""

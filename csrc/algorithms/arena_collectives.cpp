@@ -36,7 +36,9 @@ void traceAs(const OpContext& c, bool oneShot) {
   }
 }
 
-// Member m is group rank m: the arena is made for groups on one host (arena.h).
+// Member m is group rank m where the whole group shares one host, the only groups whose
+// rooted ops run in the arena (choice.h; a group across hosts has one a host, which
+// only the hierarchical host phases use).
 int memberOfRank(const HostArena& a, int rank) {
   TORCH_INTERNAL_ASSERT(rank >= 0 && rank < a.members() && a.rankOf(rank) == rank,
                         "ringpg: the host arena's members are the group's ranks in order");
@@ -321,33 +323,27 @@ void arenaAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const 
   const size_t header = arenaAllToAllHeader(members);
   const size_t slot = arenaAllToAllSlot(a.bufferBytes(), members);
   TORCH_INTERNAL_ASSERT(slot > 0, "ringpg: all_to_all chose an arena too small for its header");
-  // An output over the input (an in-place call) would overwrite blocks before they are
-  // sent, the rounds writing received parts while later parts still wait: send from a
-  // copy of the input then.
-  const auto span = [members](const auto& ptrs, const std::vector<size_t>& sizes) {
-    std::pair<uintptr_t, uintptr_t> s{UINTPTR_MAX, 0};
-    for (const auto q : c10::irange(members)) {
-      if (sizes[q] > 0) {
-        const auto at = reinterpret_cast<uintptr_t>(ptrs[q]);
-        s = {std::min(s.first, at), std::max(s.second, at + sizes[q])};
+  // A send block that an output block overlaps (an in-place call) would be overwritten
+  // before all of it is sent, the rounds writing received parts while later parts still
+  // wait: such blocks are sent from a copy.  Block by block: the blocks of the list
+  // form are tensors of their own, anywhere in memory.
+  const auto overlapsAnOutput = [&](int q) {
+    const auto lo = reinterpret_cast<uintptr_t>(sendBuf[q]);
+    for (const auto p : c10::irange(members)) {
+      const auto at = reinterpret_cast<uintptr_t>(recvBuf[p]);
+      if (recvBytes[p] > 0 && lo < at + recvBytes[p] && at < lo + sendBytes[q]) {
+        return true;
       }
     }
-    return s;
+    return false;
   };
-  const auto [sendLo, sendHi] = span(sendBuf, sendBytes);
-  const auto [recvLo, recvHi] = span(recvBuf, recvBytes);
-  std::vector<char> copied;
   std::vector<const char*> send = sendBuf;
-  if (sendLo < recvHi && recvLo < sendHi) {
-    copied.resize(sendHi - sendLo);
-    std::memcpy(copied.data(), reinterpret_cast<const char*>(sendLo), copied.size());
-    for (const auto q : c10::irange(members)) {
-      send[q] = copied.data() + (reinterpret_cast<uintptr_t>(sendBuf[q]) - sendLo);
+  std::vector<std::vector<char>> copies(members);
+  for (const auto q : c10::irange(members)) {
+    if (sendBytes[q] > 0 && overlapsAnOutput(q)) {
+      copies[q].assign(sendBuf[q], sendBuf[q] + sendBytes[q]);
+      send[q] = copies[q].data();
     }
-  }
-  // A member's own block never enters the arena (the backend checked its sizes agree).
-  if (sendBytes[me] > 0 && recvBuf[me] != send[me]) {
-    std::memmove(recvBuf[me], send[me], sendBytes[me]);
   }
   // The part [r * slot, (r + 1) * slot) of a block of `total` bytes: its length, 0 past its end.
   const auto partOf = [slot](size_t total, size_t r) {
@@ -396,6 +392,11 @@ void arenaAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const 
         std::memcpy(recvBuf[q] + r * slot, a.buffer(q) + header + me * slot, n);
       }
     }
+  }
+  // This member's own block, last: once the sizes agreed, and after the output blocks it
+  // may overlap were written (it went from a copy then).
+  if (sendBytes[me] > 0 && recvBuf[me] != send[me]) {
+    std::memmove(recvBuf[me], send[me], sendBytes[me]);
   }
 }
 

@@ -115,7 +115,9 @@ void hostAllreduce(OpContext& c, const at::Tensor& host, const Reduction& red) {
 Algorithm chooseFor(const OpContext& c, Collective op, size_t bytes, const c10::Device* device = nullptr) {
   GroupShape g = shapeOf(c.links(), c.config());
   const bool deviceContiguous = device != nullptr && !device->is_cpu();
-  g.arenaReachesDevice = deviceContiguous && arenaReachesDevice(c, *device);
+  // Asked only where the group's arena could serve the op: a host's arena in a group
+  // across hosts serves no device op, and registering it would pin memory for nothing.
+  g.arenaReachesDevice = deviceContiguous && g.arena && arenaReachesDevice(c, *device);
   return chooseAlgorithm(op, g, c.config(), bytes, deviceContiguous);
 }
 

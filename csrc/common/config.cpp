@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <initializer_list>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,8 @@ int64_t parseInt(const std::string& text, const std::string& what, int64_t lo, i
   size_t used = 0;
   try {
     x = std::stoll(text, &used);
+  } catch (const std::out_of_range&) {
+    TORCH_CHECK(false, "ringpg: ", what, "=", text, " is outside [", lo, ", ", hi, "]");
   } catch (const std::exception&) {
     used = 0;
   }
@@ -104,7 +107,7 @@ const std::vector<TuningKey>& tuningKeys() {
        }},
       {"socket_buffer", "RINGPG_SOCKET_BUFFER",
        [](Config& c, const std::string& v, const std::string& w) {
-         c.socketBuffer = static_cast<int>(parseInt(v, w, 0, 1LL << 30));
+         c.socketBuffer = v == "auto" ? 0 : static_cast<int>(parseInt(v, w, 0, 1LL << 30));
        },
        [](const Config& c) { return c.socketBuffer == 0 ? std::string("auto") : std::to_string(c.socketBuffer); }},
       {"work_cache_bytes", "RINGPG_WORK_CACHE_BYTES",
@@ -179,7 +182,7 @@ void applyTuning(Config& c, const std::string& text) {
       }
       TORCH_CHECK(false, "ringpg: RINGPG_TUNING has no key '", key, "' (its keys: ", listed, ")");
     }
-    if (!value.empty()) { // "key=" keeps the default, as an empty variable did
+    if (!value.empty()) { // "key=" leaves the key as it was (its default unless set before)
       k->set(c, value, c10::str("RINGPG_TUNING ", key));
     }
   }

@@ -84,7 +84,7 @@ class _Rendezvous:
 
 def _init_child(rank: int, ws: int, rdv: _Rendezvous) -> Groups:
     torch.set_num_threads(1)
-    apply_env(dict(rdv.spec.env), rank)
+    apply_env(merged_env({}, rdv.spec.env), rank)
     if rank == 0:
         os.environ.update(merged_env(os.environ, rdv.spec.rank0_env))
         if rdv.spec.rank0_setup is not None:
