@@ -72,6 +72,7 @@ from harness import (
     run_workers,
     sentinel_like,
     skip_case,
+    spin_yields_of,
     transport_expected,
     transport_of,
     wait_spin_of,
@@ -147,24 +148,23 @@ CONFIGS = [
 AUTO_SHM_SPIN_US = 100  # Config::kAutoShmSpinMicros
 
 
-def expected_spin_us(env: tuple[tuple[str, str], ...], transport: str, ws: int, rank: int) -> int:
-    """The documented rule for tuning key spin_us (docs/configuration.md): a set value everywhere; auto spins only on ranks
-    with a shared-memory link, and only when their host's ranks do not outnumber this
-    process's CPUs."""
+def expected_spin(env: tuple[tuple[str, str], ...], transport: str, ws: int, rank: int) -> tuple[int, bool]:
+    """The documented rule for tuning key spin_us (docs/configuration.md): (microseconds,
+    whether the spin yields).  A set value everywhere; auto spins on ranks with a
+    shared-memory link, TCP waits not at all; a shared-memory spin yields where its
+    host's ranks outnumber this process's CPUs."""
     given = tuning_value("spin_us", merged_env(os.environ, env))
-    if given != "auto":
-        return int(given)
-    if transport in ("tcp", "gloo"):
-        return 0
     local = ws
     layout = dict(env).get(EMULATED_HOSTS_ENV)
     if layout:  # emulated hosts: the ranks of this rank's
         local = len([q for q in range(ws) if emulated_host(layout, q) == emulated_host(layout, rank)])
-        if local == 1:
-            return 0  # no shared-memory link on this rank
+    shm = transport not in ("tcp", "gloo") and local > 1  # a shared-memory link on this rank
     import ringpg._C  # affinity mask lowered by a CFS quota (the CPU-count tests below)
 
-    return AUTO_SHM_SPIN_US if local <= ringpg._C.usable_cpus() else 0
+    yields = shm and local > ringpg._C.usable_cpus()
+    if given != "auto":
+        return int(given), yields
+    return (AUTO_SHM_SPIN_US if shm else 0), yields
 
 
 DTYPES = (torch.float32, torch.bfloat16, torch.int32, torch.int8)
@@ -199,6 +199,7 @@ def transport_state_worker(rank: int, ws: int, groups: Groups, args: Any) -> dic
         "transport": transport_of(groups.test),
         "leftover": leftover,
         "spin": wait_spin_of(groups.test),
+        "yields": spin_yields_of(groups.test),
         "isa": ringpg._C.reduce_isa(),
         "isas": ringpg._C.reduce_isas(),
         "cc": b.tcp_congestion if b is not None else None,
@@ -275,8 +276,8 @@ def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world
         layout = dict(config[1]).get(EMULATED_HOSTS_ENV)
         transport = transport_expected(config[2], world_size) if layout else config[2]
         assert [r["transport"] for r in results] == [transport] * len(results)
-        spin = [expected_spin_us(config[1], transport, world_size, r) for r in range(world_size)]
-        assert [r["spin"] for r in results] == spin
+        spin = [expected_spin(config[1], transport, world_size, r) for r in range(world_size)]
+        assert [(r["spin"], r["yields"]) for r in results] == spin
         run_env = merged_env(os.environ, config[1])
         isa = tuning_value("reduce_isa", run_env)
         isa = results[0]["isas"][0] if isa == "auto" else isa  # pinned, else the best
@@ -580,7 +581,8 @@ def pinned_group_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[s
         got, ref = x.clone(), x.clone()
         dist.all_reduce(got, group=g)
         dist.all_reduce(ref, group=groups.ref)
-        spin = ringpg.backend(g).wait_spin_us
+        b = ringpg.backend(g)
+        spin = (b.wait_spin_us, b.wait_spin_yields)
         dist.destroy_process_group(g)
         return {"spin": spin, "equal": torch.equal(got, ref)}
     finally:
@@ -590,16 +592,17 @@ def pinned_group_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[s
 @pytest.mark.parametrize("shared_cpu", [False, True], ids=["own-cpu", "one-cpu"])
 def test_ranks_pinned_to_cpus_of_their_own_spin(shared_cpu: bool) -> None:
     """Ranks pinned one to a CPU (taskset, numactl, an MPI launcher's binding) each see
-    one CPU in their own mask, yet the host's ranks have a CPU each: auto spins there, as
-    unpinned (sleeping instead made small ops 2-3x slower: RESULTS 2026-11-27 (5)).
-    Ranks pinned to one CPU together do not spin."""
+    one CPU in their own mask, yet the host's ranks have a CPU each: auto spins there,
+    pausing, as unpinned (sleeping instead made small ops 2-3x slower: RESULTS 2026-11-27
+    (5)).  Ranks pinned to one CPU together spin too, yielding it on every look
+    (sleeping at once was slower there as well: RESULTS 2026-11-28 (1))."""
     ws = 2
     if backend_under_test() != "ringpg":
         pytest.skip("ringpg's wait spin")
     if not shared_cpu and len(os.sched_getaffinity(0)) < ws:
         pytest.skip(f"needs {ws} CPUs")
     given = tuning_value("spin_us")
-    spin = int(given) if given != "auto" else (0 if shared_cpu else AUTO_SHM_SPIN_US)
+    spin = (int(given) if given != "auto" else AUTO_SHM_SPIN_US, shared_cpu)
     results = run_workers(pinned_group_worker, ws, shared_cpu, InitSpec(env=TRANSPORT_ENVS["shm"]))
     assert results == [{"spin": spin, "equal": True}] * ws, results
 

@@ -195,6 +195,8 @@ class RingBackend final : public c10d::Backend {
   // Microseconds the group's waits spin before sleeping (RINGPG_TUNING spin_us, or what
   // auto chose for this transport and host).
   int waitSpinMicros() const { return net_->shm ? net_->shmSpinMicros : cfg_.engineSpinMicros(); }
+  // Whether those spins yield the CPU on every look (this host's ranks outnumber its CPUs).
+  bool waitSpinYields() const { return net_->shm && net_->shmSpinYields; }
 
   // The TCP congestion control of the group's data sockets: RINGPG_TUNING tcp_congestion, or
   // the host's default; "" in a group of one (diagnostics and tests).

@@ -321,6 +321,9 @@ void bindBackend(py::module_& m) {
                     "whether this group's ops are traced (RINGPG_TRACE); switchable, from the next op")
       .def_property_readonly("wait_spin_us", &ringpg::RingBackend::waitSpinMicros,
                              "microseconds a wait polls before it sleeps (RINGPG_TUNING spin_us, or auto's choice)")
+      .def_property_readonly("wait_spin_yields", &ringpg::RingBackend::waitSpinYields,
+                             "whether those polls yield the CPU (this host's ranks outnumber the CPUs they may use "
+                             "together), rather than pause")
       .def(
           "_debug_send_raw",
           [](ringpg::RingBackend& b, int peer, py::bytes data) { b.debugSendRaw(peer, std::string(data)); },

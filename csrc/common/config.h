@@ -57,9 +57,10 @@ struct Config {
   int64_t streamBytes = kStreamAuto;
   // The output size from which all-gather streams; 0: never.
   size_t streamFrom() const;
-  // Microseconds a waiting thread spins (pausing) before it sleeps (tuning key spin_us);
-  // kSpinAuto: shared-memory groups spin kAutoShmSpinMicros when every rank can have
-  // a core, TCP waits do not spin (see shmSpinMicros()).
+  // Microseconds a waiting thread spins before it sleeps (tuning key spin_us); kSpinAuto:
+  // shared-memory waits spin kAutoShmSpinMicros, TCP waits do not spin (see
+  // shmSpinMicros(); where a host's ranks outnumber its CPUs the spin yields the CPU on
+  // every look: transport/connect.cpp).
   static constexpr int kSpinAuto = -1;
   static constexpr int kAutoShmSpinMicros = 100;
   int spinMicros = kSpinAuto;
@@ -88,7 +89,7 @@ struct Config {
   enum class Algo : uint8_t { Auto, Ring, Hier, Arena };
   Algo algo = Algo::Auto;
   static const char* algoName(Algo a);
-  // The Algo named `name` (auto, ring, hier); `what` names the setting in the error.
+  // The Algo named `name` (auto, ring, hier, arena); `what` names the setting in the error.
   static Algo algoNamed(const std::string& name, const char* what);
   // Which peers a group connects to at creation (tuning key connect): Lazy (the default)
   // only its rings' neighbours, every other peer on first use (transport/engine.h);
@@ -132,15 +133,12 @@ struct Config {
 
   // Spin of waits on the TCP engine: the setting, or none under kSpinAuto.
   int engineSpinMicros() const { return spinMicros == kSpinAuto ? 0 : spinMicros; }
-  // Spin of waits on the shared-memory ring of a `localRanks`-rank group on a host
-  // whose process may run on `cpus` CPUs.  With more ranks than CPUs a spinning
-  // rank would take the core its neighbour needs, so auto spins only when they fit.
-  int shmSpinMicros(int localRanks, int cpus) const {
-    if (spinMicros != kSpinAuto) {
-      return spinMicros;
-    }
-    return localRanks <= cpus ? kAutoShmSpinMicros : 0;
-  }
+  // Spin of waits on shared memory (the links and the arena): the setting, else
+  // kAutoShmSpinMicros.  On a host whose ranks outnumber its CPUs the spin yields on
+  // every look rather than pause, so a queued rank runs; sleeping at once instead cost
+  // a futex wake-up per wait, 1.1-1.3x the time (median) at 3-4 ranks on 2 vCPUs and
+  // two ranks on one CPU (docs/internals.md, "Why these constants").
+  int shmSpinMicros() const { return spinMicros == kSpinAuto ? kAutoShmSpinMicros : spinMicros; }
 
   // Which compiled copy of the reduction kernels runs (tuning key reduce_isa; reduce.h):
   // empty or "auto", the best this CPU runs.

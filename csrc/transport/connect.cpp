@@ -150,19 +150,20 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   }
   g->engine->connectPeers(peers, deadline);
   const size_t slotBytes = std::clamp<size_t>(cfg.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
-  // Spin only while this host's ranks can each have a core: counted over the CPUs they
-  // may use together, so that ranks pinned one to a core spin (a pinned rank's own mask
-  // holds one CPU).  A spin set by hand on more ranks than CPUs yields between looks
-  // (the rank it waits for may need this core).
+  // Waits spin, pausing while this host's ranks can each have a core, and yielding on
+  // every look where they outnumber the CPUs they may use together (counted over their
+  // masks, so that ranks pinned one to a core each have one): the rank waited for may
+  // need this very core.
   const int localRanks = g->topology.ranksOn(g->topology.hostOf[rank]);
   const int cpus = g->topology.hostCpus.at(g->topology.hostOf[rank]);
-  g->shmSpinMicros = cfg.shmSpinMicros(localRanks, cpus);
+  g->shmSpinMicros = cfg.shmSpinMicros();
+  g->shmSpinYields = localRanks > cpus;
   bool shmUsed = false;
   ShmOptions shmOptions;
   shmOptions.setting = transport;
   shmOptions.slotBytes = slotBytes;
   shmOptions.spinMicros = g->shmSpinMicros;
-  shmOptions.spinYields = localRanks > cpus;
+  shmOptions.spinYields = g->shmSpinYields;
   shmOptions.cmaBytes = cfg.cmaBytes;
   shmOptions.measureCopy = !cfg.cmaBytesSet;
   g->shm = ShmLink::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, shmOptions, Clock::now() + timeout,
@@ -176,7 +177,7 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   const bool arenaWanted = arenaAllowed && transport != Config::Transport::Tcp;
   if (arenaAllowed) {
     g->arena = HostArena::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, arenaWanted, cfg.arenaBytes,
-                                  g->shmSpinMicros, /*spinYields=*/localRanks > cpus, &g->arenaWhyNot);
+                                  g->shmSpinMicros, g->shmSpinYields, &g->arenaWhyNot);
   }
   if (!g->arena && rank == 0 && arenaWanted && !g->arenaWhyNot.empty()) {
     LOG(INFO) << "ringpg: no host arena, the collectives run on the links: " << g->arenaWhyNot;

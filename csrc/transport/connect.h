@@ -42,9 +42,12 @@ struct GroupLinks {
   // so destroyed before it.
   std::unique_ptr<Link> given;
   std::unique_ptr<ShmLink> shm; // this rank's shared-memory links, or null
-  std::unique_ptr<HostArena> arena; // the group's host arena (one host), or null
-  std::string arenaWhyNot;          // why a group on one host has none ("" where it has one)
+  // This rank's host's arena (the whole group's on one host; its host's, for the
+  // hierarchical host phases, in a group across hosts), or null.
+  std::unique_ptr<HostArena> arena;
+  std::string arenaWhyNot; // why a group whose algorithms would use one has none ("" otherwise)
   int shmSpinMicros = 0;        // how long waits on shm spin (Config::shmSpinMicros)
+  bool shmSpinYields = false;   // ...yielding the CPU on every look (more ranks than CPUs)
   // The links collectives move over, the same words on every rank: "gloo", "shm" (one
   // host), "shm+tcp" (shared memory within hosts, the engine between), "tcp".
   std::string transport;

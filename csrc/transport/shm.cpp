@@ -682,11 +682,11 @@ bool ShmLink::waitUntil(const RequestPtr& req, Deadline deadline) {
       return false;
     }
     if (now < spinEnd) {
-      // Pause, not yield, where this host's ranks each have a core (auto spins only
-      // then, Config::shmSpinMicros): the neighbour we wait for is running, and a yield
+      // Pause, not yield, where this host's ranks each have a core (spinYields_ false:
+      // transport/connect.cpp): the neighbour we wait for is running, and a yield
       // would hand the core to any other runnable thread (a compiler, a data loader)
       // for up to a scheduler tick — milliseconds for a wait of microseconds.  Where
-      // they do not (a spin set by hand), the neighbour may need this very core; and so
+      // they do not (spinYields_), the neighbour may need this very core; and so
       // it may where it last waited on this CPU: a busy host (other work on the other
       // cores) can queue both ranks on one, and each pausing spin then costs the other
       // its whole length (two ranks, 4-64 KiB, a CPU hog beside them: 180-300 us an op

@@ -62,6 +62,7 @@ from .backend import (
     oneshot_limit_bytes,
     private_dev_shm,
     ringpg_only,
+    spin_yields_of,
     tiny_private_dev_shm,
     traced_algorithms,
     traced_ops,

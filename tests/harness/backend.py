@@ -275,6 +275,14 @@ def wait_spin_of(group: Any) -> Optional[int]:
     return b.wait_spin_us if b is not None else None
 
 
+def spin_yields_of(group: Any) -> Optional[bool]:
+    """Whether ringpg's waits yield the CPU while they poll (more ranks than CPUs); None for others."""
+    import ringpg
+
+    b = ringpg.backend(group)
+    return b.wait_spin_yields if b is not None else None
+
+
 def entry_point_installed(name: str = "ringpg") -> bool:
     """Whether a ``torch.backends`` entry point named ``name`` is installed (pip install)."""
     from importlib.metadata import entry_points
