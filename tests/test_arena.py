@@ -401,6 +401,21 @@ def default_arena_worker(rank: int, ws: int, groups: Groups, args: Any) -> Check
         got = x.clone()
         dist.broadcast(got, src=ws - 1, group=groups.test)
         chk.equal(f"broadcast n={n}", got, ref_broadcast(x, ws - 1, groups.ref))
+    # The list form with blocks of their own, far apart in memory: those to and from rank
+    # 0 on the allocator's heap, the others in shared-memory mappings of their own (far
+    # from the heap), each output allocated right after its input, so outputs lie between
+    # inputs and no block overlaps another; against gloo's all_to_all_single of them.
+    size = lambda src, dst: 16 if 0 in (src, dst) else (1 << 16) + src  # noqa: E731
+    far = lambda t: t if t.numel() == 16 else t.share_memory_()  # noqa: E731
+    ins, outs = [], []
+    for q in range(ws):
+        ins.append(far(make_data(rank, f"far a2a to {q}", (size(rank, q),), torch.float32)))
+        outs.append(far(sentinel_like((size(q, rank),), torch.float32)))
+    dist.all_to_all(outs, ins, group=groups.test)
+    want = sentinel_like((sum(size(q, rank) for q in range(ws)),), torch.float32)
+    in_splits, out_splits = [size(rank, q) for q in range(ws)], [size(q, rank) for q in range(ws)]
+    dist.all_to_all_single(want, torch.cat(ins), out_splits, in_splits, group=groups.ref)
+    chk.equal("all_to_all list, blocks far apart", torch.cat(outs), want)
     return chk.report()
 
 
