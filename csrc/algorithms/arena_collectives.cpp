@@ -16,8 +16,6 @@
 namespace ringpg {
 namespace {
 
-constexpr size_t kLine = 64;
-
 // dst[0, n) = src[0] op src[1] op ... op src[last], in member order (reduceInOrder),
 // each operand `offset` bytes into its member's buffer of this round.
 void reduceMembers(const OpContext& c, RedOp op, char* dst, size_t offset, int64_t n, size_t es) {
@@ -45,13 +43,26 @@ int memberOfRank(const HostArena& a, int rank) {
   return rank;
 }
 
+// The host phases' rounds: chunks (chunkRange) differ by at most one element, the
+// first the longest, so its length counts the rounds on every member alike.
+int64_t longestChunk(int64_t count, int members) {
+  return chunkRange(count, members, 0).length;
+}
+
+// Elements [o, o + piece) of chunk q of `count` over `members`: where they start in the
+// whole, and how many there are (0 past the chunk's end).
+Range chunkPart(int64_t count, int members, int q, int64_t o, int64_t piece) {
+  const Range chunk = chunkRange(count, members, q);
+  return Range{chunk.offset + o, std::clamp<int64_t>(chunk.length - o, 0, piece)};
+}
+
 } // namespace
 
 int64_t arenaPieceElems(size_t bufferBytes, size_t elemSize, int parts) {
   int64_t n = static_cast<int64_t>(bufferBytes / (elemSize * static_cast<size_t>(std::max(parts, 1))));
   // Whole lines, so that pieces (and a member's blocks of one) start on a line.
-  if (kLine % elemSize == 0) {
-    const auto perLine = static_cast<int64_t>(kLine / elemSize);
+  if (kArenaLine % elemSize == 0) {
+    const auto perLine = static_cast<int64_t>(kArenaLine / elemSize);
     if (n >= perLine) {
       n = n / perLine * perLine;
     }
@@ -300,7 +311,7 @@ void arenaScatter(OpContext& c, const std::vector<const char*>& inputs, char* ou
   const int from = memberOfRank(a, root);
   const int me = a.me();
   // The root's buffer holds a block for every member; whole lines, at least one byte.
-  const size_t piece = std::max<size_t>(1, a.bufferBytes() / members / kLine * kLine);
+  const size_t piece = std::max<size_t>(1, a.bufferBytes() / members / kArenaLine * kArenaLine);
   for (size_t o = 0; o < nbytes; o += piece) {
     const size_t n = std::min(piece, nbytes - o);
     a.beginRound();
@@ -406,23 +417,17 @@ void arenaHostReduceScatter(OpContext& c, const char* input, char* output, int64
   const int me = a.me();
   const int64_t piece = arenaPieceFor(c, /*reduceScatter=*/true, es); // of each chunk, a block a member
   const size_t block = static_cast<size_t>(piece) * es;
-  // Chunks differ by at most one element; the first is the longest (chunkRange).
-  const int64_t longest = chunkRange(count, members, 0).length;
-  // Elements [o, o + piece) of chunk q: how many there are (0 past its end).
-  const auto partOf = [&](int q, int64_t o) {
-    return std::clamp<int64_t>(chunkRange(count, members, q).length - o, 0, piece);
-  };
-  const Range mine = chunkRange(count, members, me);
-  for (int64_t o = 0; o < longest; o += piece) {
+  for (int64_t o = 0; o < longestChunk(count, members); o += piece) {
     a.beginRound();
     for (const auto q : c10::irange(members)) {
-      const int64_t n = partOf(q, o);
-      std::memcpy(a.buffer(me) + q * block, input + static_cast<size_t>(chunkRange(count, members, q).offset + o) * es,
-                  static_cast<size_t>(n) * es);
+      const Range part = chunkPart(count, members, q, o, piece);
+      std::memcpy(a.buffer(me) + q * block, input + static_cast<size_t>(part.offset) * es,
+                  static_cast<size_t>(part.length) * es);
     }
     c.arenaStep(/*firstOfRound=*/true);
-    reduceMembers(c, op, output + static_cast<size_t>(mine.offset + o) * es, static_cast<size_t>(me) * block,
-                  partOf(me, o), es);
+    const Range mine = chunkPart(count, members, me, o, piece);
+    reduceMembers(c, op, output + static_cast<size_t>(mine.offset) * es, static_cast<size_t>(me) * block, mine.length,
+                  es);
   }
 }
 
@@ -431,20 +436,15 @@ void arenaHostAllGather(OpContext& c, char* data, int64_t count, size_t es) {
   const int members = a.members();
   const int me = a.me();
   const int64_t piece = arenaPieceFor(c, /*reduceScatter=*/false, es);
-  const int64_t longest = chunkRange(count, members, 0).length;
-  const auto partOf = [&](int q, int64_t o) {
-    return std::clamp<int64_t>(chunkRange(count, members, q).length - o, 0, piece);
-  };
-  for (int64_t o = 0; o < longest; o += piece) {
+  for (int64_t o = 0; o < longestChunk(count, members); o += piece) {
     a.beginRound();
-    const Range mine = chunkRange(count, members, me);
-    std::memcpy(a.buffer(me), data + static_cast<size_t>(mine.offset + o) * es,
-                static_cast<size_t>(partOf(me, o)) * es);
+    const Range mine = chunkPart(count, members, me, o, piece);
+    std::memcpy(a.buffer(me), data + static_cast<size_t>(mine.offset) * es, static_cast<size_t>(mine.length) * es);
     c.arenaStep(/*firstOfRound=*/true);
     for (const auto q : c10::irange(members)) {
       if (q != me) {
-        std::memcpy(data + static_cast<size_t>(chunkRange(count, members, q).offset + o) * es, a.buffer(q),
-                    static_cast<size_t>(partOf(q, o)) * es);
+        const Range part = chunkPart(count, members, q, o, piece);
+        std::memcpy(data + static_cast<size_t>(part.offset) * es, a.buffer(q), static_cast<size_t>(part.length) * es);
       }
     }
   }

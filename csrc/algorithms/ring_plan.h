@@ -151,26 +151,27 @@ struct Bruck {
   }
 };
 
+// A cache line: where the host arena's pieces, blocks and slots start (arena_collectives.h).
+constexpr size_t kArenaLine = 64;
+
 // The host arena's all-to-all round (arena_collectives.h): a member's buffer holds a
 // header of two 8-byte sizes a member (what it sends each member, what it expects from
-// each), in whole 64-byte lines, then one slot per receiver.
+// each), in whole cache lines, then one slot per receiver.
 inline size_t arenaAllToAllHeader(int members) {
-  constexpr size_t kLine = 64;
   const size_t raw = 2 * sizeof(uint64_t) * static_cast<size_t>(std::max(members, 1));
-  return (raw + kLine - 1) / kLine * kLine;
+  return (raw + kArenaLine - 1) / kArenaLine * kArenaLine;
 }
 
 // Bytes of each receiver's slot in a buffer of `bufferBytes`: an equal share of what the
 // header leaves, in whole lines where a line fits (so every slot starts on one); 0 where
 // the header leaves nothing, and the links run the op instead (choice.h).
 inline size_t arenaAllToAllSlot(size_t bufferBytes, int members) {
-  constexpr size_t kLine = 64;
   const size_t header = arenaAllToAllHeader(members);
   if (members < 1 || bufferBytes <= header) {
     return 0;
   }
   const size_t slot = (bufferBytes - header) / static_cast<size_t>(members);
-  return slot >= kLine ? slot / kLine * kLine : slot;
+  return slot >= kArenaLine ? slot / kArenaLine * kArenaLine : slot;
 }
 
 } // namespace ringpg
