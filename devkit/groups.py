@@ -42,12 +42,15 @@ def algorithm_of(group: Any, device: str = "cpu") -> Optional[str]:
 
 def copy_of(group: Any, device: str = "cpu") -> Optional[str]:
     """How a live ringpg group moves large same-host messages, with what it measured to
-    choose: "cma", "slots", or either followed by "(measured: cma X us, slots Y us)"
-    (``same_host_copy_probe``); None for other backends and groups with no same-host link."""
+    choose: "cma", "slots" or "slots+cma" (by op size class), followed by
+    "(measured:cma=X/Yus,slots=Z/Wus)" (warm/cold, ``same_host_copy_probe``) where it
+    measured; None for other backends and groups with no same-host link."""
     copy = _ringpg_says(group, device, "same_host_copy")
     if not copy:
         return None
     probe = _ringpg_says(group, device, "same_host_copy_probe")
     if probe is None:
         return copy
-    return f"{copy}(measured:cma={probe['cma_us']:.0f}us,slots={probe['slots_us']:.0f}us)"
+    cma = f"{probe['cma_us']:.0f}/{probe['cold_cma_us']:.0f}"
+    slots = f"{probe['slots_us']:.0f}/{probe['cold_slots_us']:.0f}"
+    return f"{copy}(measured:cma={cma}us,slots={slots}us)"

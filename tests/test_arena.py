@@ -180,6 +180,20 @@ def test_large_cuda_tensors_take_the_staged_ring_or_the_arena() -> None:
 
 
 @needs_C
+def test_single_copy_is_chosen_by_the_size_class_of_the_op() -> None:
+    # An op below streaming_op_bytes() lends where the cached class does, one from it on
+    # where the streaming class does: every combination, on both sides of the line.
+    line = _C.streaming_op_bytes()
+    assert line > 1 << 20
+    for cached in (False, True):
+        for streaming in (False, True):
+            for nbytes in (0, 4096, line // 2, line - 1):
+                assert _C.single_copy_for(cached, streaming, nbytes) == cached, (cached, streaming, nbytes)
+            for nbytes in (line, line + 1, 64 * line):
+                assert _C.single_copy_for(cached, streaming, nbytes) == streaming, (cached, streaming, nbytes)
+
+
+@needs_C
 @pytest.mark.parametrize("elem", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize("parts", [1, 2, 3, 7, 16, 64])
 def test_an_arena_piece_fills_the_buffer_in_whole_lines(elem: int, parts: int) -> None:

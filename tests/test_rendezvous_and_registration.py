@@ -303,6 +303,7 @@ def test_a_replaced_or_misspelt_setting_fails_group_creation_naming_the_fix(
         ("alltoall=ring", "RINGPG_TUNING alltoall=ring is not one of auto, direct, bruck"),
         ("spin_us", "RINGPG_TUNING item 'spin_us' is not key=value"),
         ("tcp_congestion=cu bic", "RINGPG_TUNING tcp_congestion=cu bic is not an algorithm name"),
+        ("cma_op_bytes=-1", "RINGPG_TUNING cma_op_bytes=-1 is outside [0,"),
     ],
 )
 def test_a_malformed_tuning_value_is_refused_naming_the_key(text: str, says: str) -> None:
@@ -320,12 +321,13 @@ def test_tuning_keys_read_back_as_set_the_last_one_winning() -> None:
     from ringpg import _C
 
     defaults = _C.tuning("")
-    got = _C.tuning(" segment_bytes=65536 , spin_us=7,alltoall=bruck,segment_bytes=131072,connect=all,")
+    got = _C.tuning(" segment_bytes=65536 , spin_us=7,alltoall=bruck,segment_bytes=131072,connect=all,cma_op_bytes=0")
     assert got["segment_bytes"] == "131072" and got["spin_us"] == "7", got
-    assert got["alltoall"] == "bruck" and got["connect"] == "all", got
-    changed = {"segment_bytes", "spin_us", "alltoall", "connect"}
+    assert got["alltoall"] == "bruck" and got["connect"] == "all" and got["cma_op_bytes"] == "0", got
+    changed = {"segment_bytes", "spin_us", "alltoall", "connect", "cma_op_bytes"}
     assert {k: v for k, v in got.items() if k not in changed} == {k: v for k, v in defaults.items() if k not in changed}
     assert defaults["segment_bytes"] == "524288" and defaults["spin_us"] == "auto", defaults
+    assert defaults["cma_op_bytes"] == "auto", defaults
 
 
 def leave_together_worker(rank: int, ws: int, groups: Groups, rounds: int) -> list[str]:

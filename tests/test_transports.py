@@ -302,12 +302,28 @@ def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world
     assert all(not r["leftover"] for r in results), results
 
 
+# Single copy is kept for a size class only where it measured this much faster than
+# the slots (docs/configuration.md, RINGPG_CMA_BYTES: "a clear win").
+CLEAR_WIN = 0.9
+
+
+def documented_copy(probe: dict[str, float]) -> str:
+    """``same_host_copy`` as docs/configuration.md derives it from ``same_host_copy_probe``:
+    each size class (buffers in the caches, buffers cold) single copy on a clear win, the
+    two joined by "+" where they differ."""
+    classes = [
+        "cma" if probe[cma] < CLEAR_WIN * probe[slots] else "slots"
+        for cma, slots in (("cma_us", "slots_us"), ("cold_cma_us", "cold_slots_us"))
+    ]
+    return classes[0] if classes[0] == classes[1] else "+".join(classes)
+
+
 def assert_copy_as_documented(env: tuple[tuple[str, str], ...], transport: str, results: list[dict[str, Any]]) -> None:
     """The documented rule for ``same_host_copy`` (docs/configuration.md, RINGPG_CMA_BYTES),
     checked on every rank's ``transport_state_worker`` result: none on a rank without a
     shared-memory link; the slots where RINGPG_CMA_BYTES=0 or the kernel refuses a read;
-    single copy where RINGPG_CMA_BYTES is set; unset, whichever the group measured faster,
-    the measurement the same on every rank that has a link."""
+    single copy where RINGPG_CMA_BYTES is set; unset, each size class as the group
+    measured it, the measurement the same on every rank that has a link."""
     settings = dict(env)
     ws = len(results)
     layout = settings.get(EMULATED_HOSTS_ENV)
@@ -325,9 +341,9 @@ def assert_copy_as_documented(env: tuple[tuple[str, str], ...], transport: str, 
         assert all(p == linked[0] for p in linked), probes
         p = linked[0] if linked else None
         assert p is not None or not measured, probes
-        want = "cma" if p is not None and p["cma_us"] < p["slots_us"] else "slots"
+        want = documented_copy(p) if p is not None else "slots"
         if p is not None:
-            assert p["cma_us"] > 0 and p["slots_us"] > 0 and p["bytes"] > 0, p
+            assert all(v > 0 for v in p.values()), p
     assert copies == [want if s else "" for s in shared], (copies, probes)
     assert [p is not None for p in probes] == [measured and s for s in shared], probes
 
@@ -376,6 +392,67 @@ def test_large_reduce_steps_match_gloo_with_and_without_single_copy(config: tupl
         assert_reports_ok(pool.run(large_reduce_worker, timeout=240))
     finally:
         pool.close()
+
+
+# ============================================= single copy by the op's size class
+
+# (id, environment): the group's measurement (each size class as measured, small ops
+# below streaming_op_bytes()); and tuning key cma_op_bytes, which lends from the size it
+# names and measures nothing.
+SIZE_CLASS_CONFIGS = [
+    ("measured", TRANSPORT_ENVS["shm"]),
+    ("cma_op_bytes", (tuning(cma_op_bytes=2 << 20),)),
+]
+
+
+def size_class_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
+    """all_gather_into_tensor and all_reduce on both sides of the size-class boundary
+    (``args``: the op bytes from which the second class applies), each against gloo; per
+    op, how many messages this rank lent (single copy) while it ran."""
+    import ringpg
+
+    chk = Checker(rank)
+    g, ref = groups.test, groups.ref
+    b = ringpg.backend(g)
+    lent: dict[str, int] = {}
+    for nbytes in (args // 2, args):
+        n = nbytes // 4
+        case = f"all_gather_into_tensor float32 output_bytes={nbytes}"
+        x = make_data(rank, case, (n // ws,), torch.float32)
+        out = sentinel_like((n // ws * ws,), torch.float32)
+        before = b.same_host_lent
+        dist.all_gather_into_tensor(out, x, group=g)
+        lent[case] = b.same_host_lent - before
+        chk.equal(case, out, ref_all_gather(x, ref))
+        case = f"all_reduce float32 bytes={nbytes}"
+        x = make_data(rank, case, (n,), torch.float32)
+        got = x.clone()
+        before = b.same_host_lent
+        dist.all_reduce(got, group=g)
+        lent[case] = b.same_host_lent - before
+        chk.equal(case, got, ref_all_reduce(x, "SUM", ref))
+    return {"report": chk.report(), "lent": lent, "copy": b.same_host_copy}
+
+
+@pytest.mark.parametrize("config", SIZE_CLASS_CONFIGS, ids=lambda c: c[0])
+def test_single_copy_follows_the_size_class_of_the_op(config: tuple[str, Any]) -> None:
+    """Two ranks: an op lends its same-host messages exactly where its size class says
+    (``same_host_copy``: below the boundary, then from it), and every op matches gloo."""
+    if backend_under_test() != "ringpg":
+        pytest.skip("ringpg's own copy choice")
+    name, env = config
+    boundary = 2 << 20 if name == "cma_op_bytes" else _C.streaming_op_bytes()
+    results = run_workers(size_class_worker, 2, boundary, InitSpec(env=env), timeout=240)
+    assert_reports_ok([r["report"] for r in results])
+    copy = results[0]["copy"]
+    assert [r["copy"] for r in results] == [copy] * 2
+    if name == "cma_op_bytes":
+        assert copy == "slots+cma"
+    classes = copy.split("+") * (2 if "+" not in copy else 1)
+    for r in results:
+        for case, count in r["lent"].items():
+            big = int(case.rsplit("=", 1)[1]) >= boundary
+            assert (count > 0) == (classes[big] == "cma"), (case, count, copy)
 
 
 # ============================================= all-gather written past the caches

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/config.h"
+#include "transport/link.h"
 
 namespace ringpg {
 
@@ -58,6 +59,13 @@ struct GroupShape {
 // arena allreduce or reduce reduces everything on every member in one step instead
 // of reduce-scatter and all-gather in two.
 constexpr size_t kArenaOneShotVolume = 64 * 1024;
+
+// Whether an op on `bytes` (as chooseAlgorithm counts them) lends its large same-host
+// messages (single copy) under the group's `plan` (transport/link.h): its size class's
+// choice, cold buffers' from plan.streamingFrom (kStreamingOpBytes unless set).
+inline bool singleCopyFor(const SameHostCopy& plan, size_t bytes) {
+  return bytes >= plan.streamingFrom ? plan.streaming : plan.cached;
+}
 
 // The algorithm for `op` on `bytes` (allreduce, reduce, broadcast: the buffer;
 // reduce_scatter: its input, all_gather: its output; gather, scatter: one rank's

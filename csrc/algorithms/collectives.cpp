@@ -112,7 +112,9 @@ void hostAllreduce(OpContext& c, const at::Tensor& host, const Reduction& red) {
 
 // The choice (choice.h) for an op on `bytes`, of contiguous tensors on `device` where
 // given (the arena asked then whether it reaches that device).
-Algorithm chooseFor(const OpContext& c, Collective op, size_t bytes, const c10::Device* device = nullptr) {
+// It also sizes the op's same-host copies (OpContext::sizeCopies).
+Algorithm chooseFor(OpContext& c, Collective op, size_t bytes, const c10::Device* device = nullptr) {
+  c.sizeCopies(bytes);
   GroupShape g = shapeOf(c.links(), c.config());
   const bool deviceContiguous = device != nullptr && !device->is_cpu();
   // Asked only where the group's arena could serve the op: a host's arena in a group
@@ -145,7 +147,7 @@ Staging stagingOf(Algorithm algo, const at::Tensor& t) {
 
 // The staging of a reduce-scatter or all-gather of `input` into `output`: in pieces
 // where both are contiguous device tensors, apart, and the ring or the arena runs.
-Staging stagingOf(const OpContext& c, Collective op, const at::Tensor& input, const at::Tensor& output) {
+Staging stagingOf(OpContext& c, Collective op, const at::Tensor& input, const at::Tensor& output) {
   const size_t bytes = op == Collective::AllGather ? nbytes(output) : nbytes(input);
   if (input.device().is_cpu() || output.device().is_cpu() || !input.is_contiguous() || !output.is_contiguous() ||
       bytes < kStagedMinBytes) {
@@ -252,7 +254,7 @@ GroupShape shapeOf(const LinkTable& links, const Config& cfg) {
   return g;
 }
 
-Algorithm chooseAllreduce(const OpContext& c, size_t bytes, const c10::Device& device, bool contiguous) {
+Algorithm chooseAllreduce(OpContext& c, size_t bytes, const c10::Device& device, bool contiguous) {
   return chooseFor(c, Collective::Allreduce, bytes, contiguous ? &device : nullptr);
 }
 

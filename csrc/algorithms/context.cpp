@@ -1,5 +1,7 @@
 #include "algorithms/context.h"
 
+#include "algorithms/choice.h"
+
 #include <c10/util/StringUtil.h>
 
 #include <c10/util/irange.h>
@@ -19,7 +21,12 @@ FrameHeader OpContext::header() const {
 }
 
 RequestPtr OpContext::send(int peer, const void* data, size_t nbytes) {
-  return links_.to[peer]->postSend(peer, header(), data, nbytes);
+  Link& link = *links_.to[peer];
+  return lends_ ? link.postSend(peer, header(), data, nbytes) : link.postSendCopied(peer, header(), data, nbytes);
+}
+
+void OpContext::sizeCopies(size_t bytes) {
+  lends_ = singleCopyFor(links_.sameHostCopy, bytes);
 }
 
 RequestPtr OpContext::sendCopied(int peer, const void* data, size_t nbytes) {
@@ -203,6 +210,7 @@ OpContext OpContext::onThread(const LinkTable& links, std::vector<char>& scratch
   OpContext other(links, cfg_, tag_, size_, sig_, deadline_, scratch, workspace);
   other.timeout_ = timeout_; // the op's, not what is left of it
   other.trace_ = trace;
+  other.lends_ = lends_;
   return other;
 }
 

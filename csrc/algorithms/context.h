@@ -43,7 +43,7 @@ class OpContext {
         // The op's timeout, for messages: the deadline was set to now + timeout just
         // before, so rounding the time left to whole ms gives the timeout back.
         timeout_(std::chrono::round<std::chrono::milliseconds>(deadline - Clock::now())), scratch_(scratch),
-        workspace_(workspace) {}
+        workspace_(workspace), lends_(links.sameHostCopy.cached) {}
 
   int rank() const { return tag_.rank; }
   int size() const { return size_; }
@@ -62,9 +62,15 @@ class OpContext {
   // Receives a ring posts ahead on its link from `peer` (Config::recvWindowFor).
   int recvWindowFrom(int peer) const { return cfg_.recvWindowFor(links_.from[peer]->sendWaitsForReceive()); }
   const OpTag& tag() const { return tag_; }
+  // Sizes this op for its same-host sends (`bytes`: the op's, as choice.h counts them):
+  // whether send() lends them is its size class's measured choice (singleCopyFor).
+  // Until called, an op lends as the group's small ops do.
+  void sizeCopies(size_t bytes);
 
   // Collective frames of this op: same key/op/dtype/numel on both sides, on the link
-  // the group routes that peer to (LinkTable; both ends of a link decide alike).
+  // the group routes that peer to (LinkTable; both ends of a link decide alike).  A
+  // same-host send is lent to the receiver (single copy) where the link takes it and
+  // this op's size class lends (sizeCopies), and copied otherwise.
   RequestPtr send(int peer, const void* data, size_t nbytes);
   // A send the link copies rather than lends (Link::postSendCopied): one `peer` reduces
   // as it arrives, or one that measured faster copied.
@@ -153,6 +159,7 @@ class OpContext {
   std::vector<char>& scratch_;
   std::vector<char>& workspace_;
   OpTrace* trace_ = nullptr;
+  bool lends_; // send() lends where the link takes it (sizeCopies)
 };
 
 } // namespace ringpg

@@ -42,8 +42,9 @@ std::string copyProbeText(const ShmLink::CopyProbe& p) {
   if (!p.measured) {
     return "";
   }
-  return c10::str("(measured: ", p.bytes / 1024, " KiB each way in ", p.lentMicros, " us by single copy, ",
-                  p.copiedMicros, " us through the slots, summed over the ranks)");
+  return c10::str("(measured: ", p.bytes / 1024, " KiB each way, summed over the ranks: ", p.lentMicros,
+                  " us by single copy and ", p.copiedMicros, " us through the slots warm, ", p.coldLentMicros, " and ",
+                  p.coldCopiedMicros, " us cold, for ops from ", kStreamingOpBytes >> 20, " MiB)");
 }
 
 // A copy of `table` with `hook` added under `id` (TORCH_CHECK: a new id, a callable hook).
@@ -148,6 +149,15 @@ RingBackend::RingBackend(std::unique_ptr<GroupLinks> net, int rank, int size, st
               << " arena_bytes=" << arenaBufferBytes() << " wait_spin_us=" << waitSpinMicros()
               << " reduce_isa=" << reduceIsa() << " tcp_congestion_in_use=" << tcpCongestion();
   }
+}
+
+std::string RingBackend::sameHostCopy() const {
+  if (!net_->shm) {
+    return "";
+  }
+  const SameHostCopy plan = net_->shm->copyPlan();
+  const auto name = [](bool lends) { return lends ? "cma" : "slots"; };
+  return plan.cached == plan.streaming ? name(plan.cached) : c10::str(name(plan.cached), "+", name(plan.streaming));
 }
 
 RingBackend::~RingBackend() {

@@ -187,8 +187,12 @@ class RingBackend final : public c10d::Backend {
   const Topology& topology() const { return net_->topology; }
   // How same-host messages of at least RINGPG_CMA_BYTES move, the same on every rank:
   // "cma" (single copy, cross-memory attach), "slots" (two copies through shared
-  // memory), "" where the group has no shared-memory link on this rank.
-  const char* sameHostCopy() const { return !net_->shm ? "" : net_->shm->singleCopy() ? "cma" : "slots"; }
+  // memory), or the two joined by "+" where the size classes differ (ops below
+  // kStreamingOpBytes, then from it: "slots+cma"); "" where the group has no
+  // shared-memory link on this rank.
+  std::string sameHostCopy() const;
+  // Messages this rank has lent to its right same-host neighbour (single copy) so far.
+  uint64_t sameHostLent() const { return net_->shm ? net_->shm->lentMessages() : 0; }
   // What the group measured to choose it (ShmLink::CopyProbe); not `measured` where it
   // did not (no shared-memory link here, RINGPG_CMA_BYTES set, single copy refused).
   ShmLink::CopyProbe sameHostCopyProbe() const { return net_->shm ? net_->shm->copyProbe() : ShmLink::CopyProbe{}; }

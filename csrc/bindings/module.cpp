@@ -263,7 +263,12 @@ void bindBackend(py::module_& m) {
                              "'cma' (one copy, straight from the sender's buffer: cross-memory attach), 'slots' (two "
                              "copies through shared memory: the kernel refused the probe somewhere, "
                              "RINGPG_CMA_BYTES=0, or, with it unset, single copy measured slower: "
-                             "same_host_copy_probe), '' (no shared-memory link on this rank)")
+                             "same_host_copy_probe), or the two joined by '+' where they differ by the op's size "
+                             "class: ops below streaming_op_bytes() first, from it second ('slots+cma'); '' (no "
+                             "shared-memory link on this rank)")
+      .def_property_readonly("same_host_lent", &ringpg::RingBackend::sameHostLent,
+                             "messages this rank has lent to its right same-host neighbour so far (single copy: "
+                             "the neighbour read them straight from the caller's buffer)")
       .def_property_readonly(
           "same_host_copy_probe",
           [](const ringpg::RingBackend& b) -> py::object {
@@ -275,12 +280,16 @@ void bindBackend(py::module_& m) {
             d["bytes"] = p.bytes;
             d["cma_us"] = p.lentMicros;
             d["slots_us"] = p.copiedMicros;
+            d["cold_cma_us"] = p.coldLentMicros;
+            d["cold_slots_us"] = p.coldCopiedMicros;
             return d;
           },
           "what the group measured at creation to choose same_host_copy, the same on every rank: "
-          "{'bytes', 'cma_us', 'slots_us'}, microseconds to move `bytes` each way around the host rings by "
-          "single copy and through the slots (each rank's best of three, summed over the ranks); 'cma' "
-          "where single copy was the faster; None where nothing was measured (RINGPG_CMA_BYTES set, single "
+          "{'bytes', 'cma_us', 'slots_us', 'cold_cma_us', 'cold_slots_us'}, microseconds to move `bytes` "
+          "each way around the host rings by single copy and through the slots (each rank's best of three, "
+          "summed over the ranks), with the buffers in the caches and (cold_) evicted from them; single "
+          "copy for ops below streaming_op_bytes() where cma_us < 0.9 x slots_us, for ops from it where "
+          "cold_cma_us < 0.9 x cold_slots_us; None where nothing was measured (RINGPG_CMA_BYTES set, single "
           "copy refused, no shared-memory link on this rank)")
       .def_property_readonly(
           "hosts", [](const ringpg::RingBackend& b) { return b.topology().hosts; },
@@ -370,6 +379,18 @@ void bindBuildAndChoice(py::module_& m) {
       "algorithms/choice.h's decision for a group of this shape (default settings but `algo` and "
       "`oneshot_bytes`, -1: the default); for the tests");
   m.def("arena_oneshot_volume", [] { return ringpg::kArenaOneShotVolume; });
+  m.def(
+      "streaming_op_bytes", [] { return ringpg::kStreamingOpBytes; },
+      "the op size (bytes, as choose_algorithm counts them) from which same-host messages move as the group "
+      "measured for buffers the caches do not hold (same_host_copy's second class)");
+  m.def(
+      "single_copy_for",
+      [](bool cached, bool streaming, size_t nbytes) {
+        return ringpg::singleCopyFor(ringpg::SameHostCopy{cached, streaming}, nbytes);
+      },
+      py::arg("cached"), py::arg("streaming"), py::arg("nbytes"),
+      "algorithms/choice.h's singleCopyFor: whether an op on `nbytes` lends its same-host messages under "
+      "a group whose size classes lend as given; for the tests");
   m.def("refuse_device_registration", &ringpg::refuseHostRegistration, py::arg("refuse"),
         "From now on this process's host arenas refuse to register with a device (cuda/host_register.h), "
         "so device tensors stage through pinned copies; for the tests");

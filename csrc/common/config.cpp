@@ -58,7 +58,7 @@ E choiceNamed(const std::string& name, std::initializer_list<E> choices, const c
 // effective value reads back (Config::tuningValues, the INFO line).
 struct TuningKey {
   const char* key;
-  const char* replaced;
+  const char* replaced; // nullptr: a key that replaced no variable
   void (*set)(Config& c, const std::string& value, const std::string& what);
   std::string (*get)(const Config& c);
 };
@@ -115,6 +115,11 @@ const std::vector<TuningKey>& tuningKeys() {
          c.workCacheBytes = static_cast<size_t>(parseInt(v, w, 0, 1LL << 40));
        },
        [](const Config& c) { return std::to_string(c.workCacheBytes); }},
+      {"cma_op_bytes", nullptr,
+       [](Config& c, const std::string& v, const std::string& w) {
+         c.cmaOpBytes = v == "auto" ? Config::kCmaOpAuto : parseInt(v, w, 0, 1LL << 50);
+       },
+       [](const Config& c) { return autoOr(c.cmaOpBytes, Config::kCmaOpAuto); }},
       {"stream_bytes", "RINGPG_STREAM_BYTES",
        [](Config& c, const std::string& v, const std::string& w) {
          c.streamBytes = v == "auto" ? Config::kStreamAuto : parseInt(v, w, 0, 1LL << 50);
@@ -192,7 +197,7 @@ Config load() {
   // The variables RINGPG_TUNING replaced are refused rather than ignored: a job that set
   // one would otherwise run with another value than it asked for, and not know.
   for (const auto& k : tuningKeys()) {
-    if (auto v = c10::utils::get_env(k.replaced); v && !v->empty()) {
+    if (auto v = k.replaced ? c10::utils::get_env(k.replaced) : std::nullopt; v && !v->empty()) {
       TORCH_CHECK(false, "ringpg: ", k.replaced, " is no longer read; set RINGPG_TUNING=", k.key, "=", *v,
                   " instead (several keys: comma-separated; docs/configuration.md, \"Expert tuning\")");
     }

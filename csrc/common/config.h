@@ -49,6 +49,13 @@ struct Config {
   // keeps the slots where it does not (ShmLink::connect); set, it is taken as asked.
   size_t cmaBytes = 64 * 1024;
   bool cmaBytesSet = false;
+  // Which ops lend those messages, by the op's bytes (tuning key cma_op_bytes): ops
+  // from this size by single copy, smaller ones through the slots; this rank's sends
+  // only, and nothing is measured.  kCmaOpAuto (unset, "auto"): each size class of op
+  // as the group measured it (transport/link.h, SameHostCopy), or every op where
+  // RINGPG_CMA_BYTES is set.  RINGPG_CMA_BYTES=0 turns single copy off whatever this says.
+  static constexpr int64_t kCmaOpAuto = -1;
+  int64_t cmaOpBytes = kCmaOpAuto;
   // An all-gather whose output holds at least this many bytes writes its chunks into it
   // with streaming stores, past the caches (reduce.h, copyStreaming): tuning key
   // stream_bytes (0: never); unset or "auto" (kStreamAuto), half this host's last-level cache, and

@@ -1,5 +1,9 @@
 #include "common/host.h"
 
+#if defined(__x86_64__)
+#include <emmintrin.h> // _mm_clflush, _mm_mfence: SSE2, in every x86-64
+#endif
+
 #include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
@@ -125,6 +129,30 @@ std::optional<int> quotaCpusAlong(const std::string& mount, const std::string& p
     }
     rel.erase(rel.rfind('/') == std::string::npos ? 0 : rel.rfind('/'));
   }
+}
+
+bool evictFromCaches(const void* p, size_t n) {
+  // 64-byte lines on every x86-64 and Arm core ringpg runs on; a larger line is
+  // evicted whole by the first address in it, so the stride only has to be no larger.
+  constexpr size_t kLine = 64;
+  const auto* bytes = static_cast<const char*>(p);
+#if defined(__x86_64__)
+  for (size_t o = 0; o < n; o += kLine) {
+    _mm_clflush(bytes + o);
+  }
+  _mm_mfence(); // the flushes are done before anything timed after them
+  return true;
+#elif defined(__aarch64__)
+  for (size_t o = 0; o < n; o += kLine) {
+    asm volatile("dc civac, %0" ::"r"(bytes + o) : "memory");
+  }
+  asm volatile("dsb ish" ::: "memory");
+  return true;
+#else
+  (void)bytes;
+  (void)n;
+  return false;
+#endif
 }
 
 void nameThisThread(const char* name) {

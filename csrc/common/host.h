@@ -37,6 +37,13 @@ inline void cpuRelax() {
 #endif
 }
 
+// Writes back and evicts [p, p + n) from every cache level of this core and its
+// coherent peers (x86 clflush, Arm `dc civac`), so that the next access goes to
+// memory, as a large op's buffers do: the shared-memory links' creation-time
+// measurement of buffers the caches do not hold (ShmLink::chooseCopyByMeasuring).
+// Returns false and evicts nothing on other architectures.
+bool evictFromCaches(const void* p, size_t n);
+
 // Names the calling thread (at most 15 characters: the kernel's limit), so that top -H,
 // perf, py-spy and /proc/PID/task/*/comm tell ringpg's threads from the caller's.
 void nameThisThread(const char* name);

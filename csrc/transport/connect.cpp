@@ -165,7 +165,8 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   shmOptions.spinMicros = g->shmSpinMicros;
   shmOptions.spinYields = g->shmSpinYields;
   shmOptions.cmaBytes = cfg.cmaBytes;
-  shmOptions.measureCopy = !cfg.cmaBytesSet;
+  shmOptions.measureCopy = !cfg.cmaBytesSet && cfg.cmaOpBytes == Config::kCmaOpAuto;
+  shmOptions.cmaOpBytes = cfg.cmaOpBytes;
   g->shm = ShmLink::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, shmOptions, Clock::now() + timeout,
                             &shmUsed);
   // The host arena of each host's ranks (arena.h), where the algorithms use one, unless
@@ -199,6 +200,7 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
       g->links.from[g->shm->left()] = g->shm.get();
     }
     g->links.driven = g->shm.get();
+    g->links.sameHostCopy = g->shm->copyPlan();
   }
   if (transport == Config::Transport::Gloo && size > 1) {
     // Gloo's rendezvous on a prefix of this group's keys, after ringpg's own, where

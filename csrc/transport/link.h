@@ -102,6 +102,25 @@ class EngineLink final : public Link {
   Engine& engine_;
 };
 
+// From this many bytes (the op's, as algorithms/choice.h counts them) an op's buffers
+// are taken to stream from memory rather than sit in the caches.  docs/internals.md
+// ("Single copy or the slots") says why here.
+constexpr size_t kStreamingOpBytes = 8 * 1024 * 1024;
+
+// Which ops' large same-host messages move by single copy (cross-memory attach: the
+// receiver reads the sender's buffer, one copy) rather than through the slots (two),
+// by the op's size class: below `streamingFrom` an op's buffers are mostly in the
+// caches, from it on they stream from memory, and which way is faster can differ
+// between the two on one host.  Measured by the group at creation (ShmLink::connect),
+// the same on every rank; single copy nowhere where it is refused or off, everywhere
+// where RINGPG_CMA_BYTES is set, from a rank's own size where tuning key cma_op_bytes is.
+struct SameHostCopy {
+  bool cached = false;    // ops below streamingFrom
+  bool streaming = false; // ops from it on
+  size_t streamingFrom = kStreamingOpBytes;
+  bool any() const { return cached || streaming; }
+};
+
 // The links of one group: the one collective frames to peer q take (`to[q]`), the one
 // frames from q come by (`from[q]`), and the Engine, which is the group's failure state
 // and control channel (`control`, its Link: announcements; aborts; point-to-point);
@@ -121,6 +140,9 @@ struct LinkTable {
   // host): the same on all ranks, so plans that depend on it (the ring's segment
   // count) agree at both ends of every link.
   bool ringFusedEverywhere = false;
+  // Which ops lend their large same-host messages (ShmLink::copyPlan): none where the
+  // group has no shared-memory link.
+  SameHostCopy sameHostCopy;
 
   // Waits for `req` on the link that posted it (Link::waitUntil).  A wait on another
   // link keeps `driven` moving meanwhile, in slices of kDriveSlice: a rank whose ring

@@ -236,8 +236,12 @@ std::unique_ptr<ShmLink> ShmLink::connect(c10d::Store& store, Engine& engine, co
   self->sendsRight_ = self->right_ != rank;
   self->receivesLeft_ = self->left_ != rank;
   self->cmaBytes_ = allSay(1) ? opt.cmaBytes : 0;
+  self->copy_ = SameHostCopy{self->cmaBytes_ > 0, self->cmaBytes_ > 0};
   if (self->cmaBytes_ > 0 && allSay(2)) {
     self->chooseCopyByMeasuring(store, prefix, size, deadline);
+  } else if (self->cmaBytes_ > 0 && opt.cmaOpBytes >= 0) {
+    // This rank's sends from the size it asked (no rank measured: it said so above).
+    self->copy_ = SameHostCopy{false, true, static_cast<size_t>(opt.cmaOpBytes)};
   }
   // A rank alone on its host has no shared-memory link.
   return self->sendsRight_ || self->receivesLeft_ ? std::move(self) : nullptr;
@@ -325,25 +329,40 @@ void ShmLink::giveUp(c10d::Store& store, const std::string& prefix, int rank, in
 }
 
 void ShmLink::chooseCopyByMeasuring(c10d::Store& store, const std::string& prefix, int size, Deadline deadline) {
-  // Single copy only where it measured faster than the slots (shm.h): each rank with
-  // a link times one segment each way (the host rings' links all run at once, as in
-  // a ring step), and every rank sums the same figures, so all choose alike.
-  const std::pair<double, double> mine = receivesLeft_ ? probeCopies(slotBytes_, deadline) : std::pair{0.0, 0.0};
+  // Single copy only where it measured faster than the slots (shm.h), for each size
+  // class of op on its own: each rank with a link times one segment each way (the host
+  // rings' links all run at once, as in a ring step), warm and cold, and every rank
+  // sums the same figures, so all choose alike.  Keys no op reaches (an op's key is its
+  // sequence number, counted from 1), so no probe frame is taken for an op's.
+  constexpr uint64_t kLastKeys = ~uint64_t{0} - 8 * kProbeRounds;
+  std::pair<double, double> warm{0.0, 0.0};
+  std::pair<double, double> cold{0.0, 0.0};
+  if (receivesLeft_) {
+    warm = probeCopies(slotBytes_, /*cold=*/false, kLastKeys, deadline);
+    cold = probeCopies(slotBytes_, /*cold=*/true, kLastKeys + 4 * kProbeRounds, deadline);
+  }
   const std::vector<std::string> times =
-      allGatherValues(store, prefix + "shm/copy", rank_, size, c10::str(mine.first, " ", mine.second));
+      allGatherValues(store, prefix + "shm/copy", rank_, size,
+                      c10::str(warm.first, " ", warm.second, " ", cold.first, " ", cold.second));
   CopyProbe& p = copyProbe_;
   p.measured = true;
   p.bytes = slotBytes_;
   for (const std::string& t : times) {
     std::istringstream in(t);
-    double lent = 0;
-    double copied = 0;
-    in >> lent >> copied;
-    p.lentMicros += lent;
-    p.copiedMicros += copied;
+    std::array<double, 4> v{};
+    in >> v[0] >> v[1] >> v[2] >> v[3];
+    p.lentMicros += v[0];
+    p.copiedMicros += v[1];
+    p.coldLentMicros += v[2];
+    p.coldCopiedMicros += v[3];
   }
-  if (!(p.lentMicros < p.copiedMicros)) {
-    cmaBytes_ = 0;
+  // Single copy pins the peer's pages on every read, and a measurement of a few
+  // exchanges on a busy host can tip either way by a few percent: it must win clearly.
+  constexpr double kClearWin = 0.9;
+  copy_.cached = p.lentMicros < kClearWin * p.copiedMicros;
+  copy_.streaming = p.coldLentMicros < kClearWin * p.coldCopiedMicros;
+  if (!copy_.any()) {
+    cmaBytes_ = 0; // the receivers then refuse a descriptor as corrupt
   }
 }
 
@@ -435,6 +454,7 @@ bool ShmLink::pushSends() {
     if (req->progress == req->len) {
       if (lend) {
         lent_.push_back(Lent{req, head});
+        lentMessages_.fetch_add(1, std::memory_order_relaxed);
       } else {
         finish(req);
       }
@@ -558,10 +578,8 @@ bool ShmLink::readLeftInto(const FragmentConsumer& consume, uint64_t remote, siz
   return true;
 }
 
-std::pair<double, double> ShmLink::probeCopies(size_t bytes, Deadline deadline) {
-  // Keys no op reaches (an op's key is its sequence number, counted from 1), so a
-  // probe frame can never be taken for an op's.
-  uint64_t key = ~uint64_t{0} - 4 * kProbeRounds; // per round, two ways, each a start and a timed exchange
+std::pair<double, double> ShmLink::probeCopies(size_t bytes, bool cold, uint64_t firstKey, Deadline deadline) {
+  uint64_t key = firstKey; // per round, two ways, each a start and a timed exchange
   std::vector<char> out(bytes);
   std::vector<char> in(bytes);
   std::array<char, 8> tick{};
@@ -592,8 +610,14 @@ std::pair<double, double> ShmLink::probeCopies(size_t bytes, Deadline deadline) 
   for (const auto round : c10::irange(kProbeRounds)) {
     for (const auto k : c10::irange(2)) {
       const bool lend = (round + k) % 2 == 0; // which goes first alternates between rounds
-      // Written just now, as a buffer an op sends usually is: in the sender's cache.
+      // Written just now, as a buffer an op sends usually is: in the sender's cache.  Cold:
+      // in memory, as a large op's are; each end evicts both of its buffers (the left
+      // neighbour's single copy reads our `out`).
       std::memset(out.data(), 2 * round + k + 1, bytes);
+      if (cold) {
+        evictFromCaches(out.data(), bytes);
+        evictFromCaches(in.data(), bytes);
+      }
       exchange(tick.data(), tock.data(), tick.size(), /*lend=*/false); // start together
       const auto t0 = Clock::now();
       exchange(out.data(), in.data(), bytes, lend);

@@ -31,13 +31,13 @@
 // allreduce's smaller gather segments, still go through the slots (postSendCopied),
 // which measured faster at 2 ranks; a two-rank ring's large reduce steps are lent
 // (algorithms/ring.cpp).  Where the probe fails anywhere, every link keeps the slots.
-// Whether single copy pays depends on the host: on a 2-vCPU Intel Xeon guest a 1 MiB
-// all-gather took 77 us by single copy and 111-118 through the slots, on a 2-vCPU AMD
-// EPYC (Zen 5) guest process_vm_readv moved 14 GB/s where a copy out of a slot moved
-// 40-120, and the slots were 9-41% faster from 256 KiB to 4 MiB, even at 16-64 MiB.
-// So where RINGPG_CMA_BYTES is left unset
-// the group measures it at creation (probeCopies: one segment each way around the
-// host rings, lent and copied) and keeps single copy only where it was the faster.
+// Whether single copy pays depends on the host, and on whether the op's buffers are in
+// the caches (docs/internals.md, "Single copy or the slots"): process_vm_readv pins the
+// peer's pages and copies once, the slots copy twice at memcpy's speed.  So where
+// RINGPG_CMA_BYTES is left unset the group measures both at creation (probeCopies:
+// one segment each way around the host rings, lent and copied, with its buffers warm
+// and again evicted from the caches) and keeps single copy for each size class of op
+// (SameHostCopy, link.h) only where it was the faster.
 // When the group breaks (a timeout, a dead peer, abort) a lent send fails at once and
 // its buffer goes back to the caller while the receiver may be reading it; the
 // receiver's group is breaking too, and its op fails once the news arrives (the
@@ -90,6 +90,8 @@ struct ShmOptions {
   // measures where every rank does, and else takes single copy wherever the kernel
   // allows it.
   bool measureCopy = false;
+  // Ops from this many bytes lend, smaller ones copy (Config::cmaOpBytes); negative: as measured.
+  int64_t cmaOpBytes = -1;
   // Whether this rank's setting lets it use shared memory at all.
   bool wanted() const { return setting == Config::Transport::Auto || setting == Config::Transport::Shm; }
 };
@@ -125,17 +127,23 @@ class ShmLink final : public Link {
   // is shared memory.
   bool sendsRight() const { return sendsRight_; }
   bool receivesLeft() const { return receivesLeft_; }
-  // Whether large messages go by single copy (cross-memory attach) on this group's
-  // links: the same on every rank.
-  bool singleCopy() const { return cmaBytes_ > 0; }
+  // Which ops' large messages go by single copy (cross-memory attach) on this group's
+  // links, by size class: the same on every rank.
+  SameHostCopy copyPlan() const { return copy_; }
+  // Messages this rank has lent to its right neighbour (single copy) so far.
+  uint64_t lentMessages() const { return lentMessages_.load(std::memory_order_relaxed); }
   // What the group measured at creation to choose between single copy and the slots,
   // the same on every rank: microseconds summed over the ranks with a shared-memory
-  // link, each rank's best of kProbeRounds exchanges of `bytes` each way.
+  // link, each rank's best of kProbeRounds exchanges of `bytes` each way; with the
+  // buffers in the caches (as an op's below kStreamingOpBytes mostly are) and evicted
+  // from them before each exchange (cold: as an op's from there on are).
   struct CopyProbe {
     bool measured = false; // false: no measurement (RINGPG_CMA_BYTES set, or single copy refused)
     size_t bytes = 0;
-    double lentMicros = 0;   // single copy
-    double copiedMicros = 0; // through the slots
+    double lentMicros = 0;       // single copy
+    double copiedMicros = 0;     // through the slots
+    double coldLentMicros = 0;   // single copy, cold
+    double coldCopiedMicros = 0; // through the slots, cold
   };
   const CopyProbe& copyProbe() const { return copyProbe_; }
 
@@ -190,7 +198,10 @@ class ShmLink final : public Link {
   // receiving as many from the left one, as a ring step does, lent and then copied:
   // collective over the group's shared-memory ranks (all of them run it at once, after
   // the agreement).  {lent, copied}; throws if a neighbour fails to take part.
-  std::pair<double, double> probeCopies(size_t bytes, Deadline deadline);
+  // The best of kProbeRounds exchanges of `bytes` each way (single copy, the slots),
+  // microseconds; `cold`: with both buffers evicted from the caches before each.  Its
+  // frames' keys are `firstKey` and the 4 * kProbeRounds - 1 after it.
+  std::pair<double, double> probeCopies(size_t bytes, bool cold, uint64_t firstKey, Deadline deadline);
   // connect's steps.  publishRegion: creates our region (where we have a same-host
   // neighbour; `*createWhy` says why it could not) and gathers every rank's address
   // of theirs; mapNeighbours: maps the neighbours' regions and probes that we may read
@@ -229,6 +240,8 @@ class ShmLink final : public Link {
   bool sendsRight_ = false;   // the right neighbour shares this host: own_'s slots carry to it
   bool receivesLeft_ = false; // the left one does: fromLeft_'s slots carry from it
   size_t cmaBytes_ = 0;  // single copy from this size on (0: never; agreed at connect)
+  SameHostCopy copy_;    // which ops lend (copyPlan); none where cmaBytes_ is 0
+  std::atomic<uint64_t> lentMessages_{0}; // written by the waiting thread, read by any
   CopyProbe copyProbe_;
   int leftPid_ = 0;      // the left neighbour's process, which readLeft() reads
   // Our link's tail as last read: the slots the right neighbour had released then.  A
