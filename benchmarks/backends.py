@@ -49,25 +49,33 @@ def ensure_registered(name: str) -> bool:
 
 
 class Spec(NamedTuple):
-    """A ``--backends`` entry ``name[@transport][/algo]``: ``ringpg@gloo`` is ringpg with
-    its ring on Gloo's pairs (``ringpg.use_transport``), ``ringpg/ring`` ringpg on the flat
-    ring where it would run the hierarchical algorithms (``ringpg.use_algorithm``),
-    ``ringpg@tcp/hier`` both kinds of choice."""
+    """A ``--backends`` entry ``name[@transport][/algo][%copy]``: ``ringpg@gloo`` is ringpg
+    with its ring on Gloo's pairs (``ringpg.use_transport``), ``ringpg/ring`` ringpg on the
+    flat ring where it would run the hierarchical algorithms (``ringpg.use_algorithm``),
+    ``ringpg%cma`` ringpg moving large same-host messages by single copy whatever it
+    would measure (``ringpg.use_copy``), ``ringpg@tcp/hier`` two kinds of choice."""
 
     name: str
     transport: Optional[str]
     algo: Optional[str]
+    copy: Optional[str] = None
 
     def text(self) -> str:
-        """The entry as written: ``name[@transport][/algo]``."""
-        return self.name + (f"@{self.transport}" if self.transport else "") + (f"/{self.algo}" if self.algo else "")
+        """The entry as written: ``name[@transport][/algo][%copy]``."""
+        return (
+            self.name
+            + (f"@{self.transport}" if self.transport else "")
+            + (f"/{self.algo}" if self.algo else "")
+            + (f"%{self.copy}" if self.copy else "")
+        )
 
 
 def split_spec(spec: str) -> Spec:
     """A ``--backends`` entry's parts (see :class:`Spec`); None for a part not given."""
-    head, _, algo = spec.partition("/")
+    rest, _, copy = spec.partition("%")
+    head, _, algo = rest.partition("/")
     name, _, transport = head.partition("@")
-    return Spec(name, transport or None, algo or None)
+    return Spec(name, transport or None, algo or None, copy or None)
 
 
 def expand_specs(specs: Sequence[str], transports: Sequence[str] = (), algos: Sequence[str] = ()) -> List[str]:
@@ -125,10 +133,10 @@ def floor_group(timeout: Any) -> Any:
 
 def new_group_of(spec: str, timeout: Any) -> Any:
     """A group of every rank for a ``--backends`` entry (see :class:`Spec`)."""
-    name, transport, algo = split_spec(spec)
+    name, transport, algo, copy = split_spec(spec)
     if name == FLOOR:
         return floor_group(timeout)
-    if transport is None and algo is None:
+    if transport is None and algo is None and copy is None:
         return dist.new_group(backend=name, timeout=timeout)
     import ringpg  # type: ignore[import-not-found]
 
@@ -137,15 +145,18 @@ def new_group_of(spec: str, timeout: Any) -> Any:
             choices.enter_context(ringpg.use_transport(transport))
         if algo is not None:
             choices.enter_context(ringpg.use_algorithm(algo))
+        if copy is not None:
+            choices.enter_context(ringpg.use_copy(copy))
         return dist.new_group(backend=name, timeout=timeout)
 
 
 def backend_status(spec: str, device: str) -> Tuple[bool, str]:
     """(usable, description) for a ``--backends`` entry on this machine, without creating a group."""
-    name, transport, algo = split_spec(spec)
-    if (transport is not None or algo is not None) and name != "ringpg":
+    name, transport, algo, copy = split_spec(spec)
+    if (transport is not None or algo is not None or copy is not None) and name != "ringpg":
         return False, (
-            f"{spec!r}: only ringpg takes a transport or an algorithm (ringpg@tcp, ringpg/ring, ringpg@tcp/hier)"
+            f"{spec!r}: only ringpg takes a transport, an algorithm or a copy"
+            " (ringpg@tcp, ringpg/ring, ringpg@tcp/hier, ringpg%cma)"
         )
     try:
         if name == FLOOR:
@@ -165,12 +176,14 @@ def backend_status(spec: str, device: str) -> Tuple[bool, str]:
 
             load_extension()  # imports ringpg._C after its torch-version check
             import ringpg  # type: ignore[import-not-found]
-            from ringpg._registration import ALGORITHMS, TRANSPORTS  # type: ignore[import-not-found]
+            from ringpg._registration import ALGORITHMS, COPIES, TRANSPORTS  # type: ignore[import-not-found]
 
             if transport is not None and transport not in TRANSPORTS:
                 return False, f"{spec!r}: ringpg's transports are {', '.join(TRANSPORTS)}"
             if algo is not None and algo not in ALGORITHMS:
                 return False, f"{spec!r}: ringpg's algorithms are {', '.join(ALGORITHMS)}"
+            if copy is not None and copy not in COPIES:
+                return False, f"{spec!r}: ringpg's same-host copies are {', '.join(COPIES)}"
             return True, f"ringpg {getattr(ringpg, '__version__', '?')} ({how}, _C loaded)"
         return True, how
     except Exception as e:  # noqa: BLE001 - described to the user

@@ -797,8 +797,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default="ringpg,gloo",
         help="comma list of backends measured side by side (default ringpg,gloo; nccl is added "
         "with --device cuda where there is a GPU per rank). Use gloo,gloo to validate the tool without ringpg; "
-        "ringpg[@transport][/algo] pins ringpg's transport (ringpg.use_transport) and "
-        "algorithm (ringpg.use_algorithm) per column: ringpg@gloo, ringpg/ring, ringpg@tcp/hier; "
+        "ringpg[@transport][/algo][%copy] pins ringpg's transport (ringpg.use_transport), "
+        "algorithm (ringpg.use_algorithm) and same-host copy (ringpg.use_copy: auto, cma, slots) per column: "
+        "ringpg@gloo, ringpg/ring, ringpg@tcp/hier, ringpg%cma; "
         "floor: torch's own cost of an op; vllm: vLLM's CPU shm allreduce and all-gather "
         "(scripts/install_peers.sh DIR vllm; a skipped column where missing)",
     )

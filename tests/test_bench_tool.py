@@ -189,7 +189,7 @@ def test_emulated_hosts_compare_hierarchical_flat_ring_and_gloo_in_one_run(tmp_p
 
 
 def test_backend_specs_name_transport_and_algorithm() -> None:
-    """``ringpg[@transport][/algo]`` and the --transports/--algos axes, parsed without ranks."""
+    """``ringpg[@transport][/algo][%copy]`` and the --transports/--algos axes, parsed without ranks."""
     sys.path.insert(0, str(REPO))
     from benchmarks.backends import Spec, backend_status, expand_specs, split_spec
     from benchmarks.bench import parse_args
@@ -199,7 +199,17 @@ def test_backend_specs_name_transport_and_algorithm() -> None:
     assert split_spec("ringpg@tcp/hier") == Spec("ringpg", "tcp", "hier")
     assert split_spec("ringpg/ring") == Spec("ringpg", None, "ring")
     assert split_spec("ringpg@gloo") == Spec("ringpg", "gloo", None)
-    for spec in ("ringpg", "ringpg@tcp/hier", "ringpg/ring", "ringpg@gloo", "gloo"):
+    assert split_spec("ringpg%cma") == Spec("ringpg", None, None, "cma")
+    assert split_spec("ringpg@shm/ring%slots") == Spec("ringpg", "shm", "ring", "slots")
+    for spec in (
+        "ringpg",
+        "ringpg@tcp/hier",
+        "ringpg/ring",
+        "ringpg@gloo",
+        "gloo",
+        "ringpg%cma",
+        "ringpg@shm/ring%slots",
+    ):
         assert split_spec(spec).text() == spec
     # Each axis multiplies the ringpg entries that do not name that part already.
     assert expand_specs(["ringpg", "gloo"], algos=["hier", "ring"]) == ["ringpg/hier", "ringpg/ring", "gloo"]
@@ -213,12 +223,14 @@ def test_backend_specs_name_transport_and_algorithm() -> None:
     ]
     assert parse_args(["--algos", "hier,ring"]).backends == ["ringpg/hier", "ringpg/ring", "gloo"]
     assert parse_args(["--backends", "ringpg@tcp,gloo", "--algos", "ring"]).backends == ["ringpg@tcp/ring", "gloo"]
-    # Only ringpg takes a transport or an algorithm, and only one it knows.
-    for spec in ("gloo/ring", "gloo@tcp", "nccl/hier"):
+    # Only ringpg takes a transport, an algorithm or a copy, and only one it knows.
+    for spec in ("gloo/ring", "gloo@tcp", "nccl/hier", "gloo%cma"):
         ok, why = backend_status(spec, "cpu")
-        assert not ok and "only ringpg takes a transport or an algorithm" in why, (spec, why)
+        assert not ok and "only ringpg takes a transport, an algorithm or a copy" in why, (spec, why)
     ok, why = backend_status("ringpg/tree", "cpu")
     assert not ok and "ringpg's algorithms are auto, ring, hier" in why, why
+    ok, why = backend_status("ringpg%twice", "cpu")
+    assert not ok and "ringpg's same-host copies are auto, cma, slots" in why, why
     # The ratio columns name each side unambiguously.
     header = TableFormatter(["ringpg/hier", "ringpg@tcp/ring", "gloo"], "gloo").header()
     assert "(ringpg/hier)/gloo" in header and "(ringpg@tcp/ring)/gloo" in header, header

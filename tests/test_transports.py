@@ -455,6 +455,43 @@ def test_single_copy_follows_the_size_class_of_the_op(config: tuple[str, Any]) -
             assert (count > 0) == (classes[big] == "cma"), (case, count, copy)
 
 
+def use_copy_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
+    """A group under each ringpg.use_copy choice: what it reports, and whether a 1 MiB
+    all-gather (512 KiB messages) lent any, its result against gloo."""
+    import ringpg
+
+    chk = Checker(rank)
+    out: dict[str, Any] = {"default": ringpg.backend(groups.test).same_host_copy}
+    for choice in ("cma", "slots", "auto"):
+        with ringpg.use_copy(choice):
+            g = dist.new_group(backend="ringpg")
+        b = ringpg.backend(g)
+        case = f"all_gather_into_tensor float32 copy={choice}"
+        x = make_data(rank, case, ((1 << 18) // ws,), torch.float32)
+        got = sentinel_like((x.numel() * ws,), torch.float32)
+        before = b.same_host_lent
+        dist.all_gather_into_tensor(got, x, group=g)
+        out[choice] = (b.same_host_copy, b.same_host_lent - before)
+        chk.equal(case, got, ref_all_gather(x, groups.ref))
+        dist.destroy_process_group(g)
+    out["report"] = chk.report()
+    return out
+
+
+def test_use_copy_picks_a_groups_same_host_copy() -> None:
+    """ringpg.use_copy: "cma" lends every op's large messages, "slots" none, "auto" does
+    what the group measures (as a group made outside the block); each matches gloo."""
+    if backend_under_test() != "ringpg":
+        pytest.skip("ringpg's own copy choice")
+    results = run_workers(use_copy_worker, 2, None, InitSpec(env=TRANSPORT_ENVS["shm"]), timeout=240)
+    assert_reports_ok([r["report"] for r in results])
+    for r in results:
+        assert r["cma"][0] == "cma" and r["cma"][1] > 0, r
+        assert r["slots"] == ("slots", 0), r
+        assert r["auto"][0] == r["default"], r
+        assert (r["auto"][1] > 0) == (r["default"].split("+")[0] == "cma"), r
+
+
 # ============================================= all-gather written past the caches
 
 # An all-gather whose output reaches tuning key stream_bytes writes it with streaming stores

@@ -28,11 +28,21 @@ using c10d::OpType;
 
 namespace {
 
-// The process's Config with `algoChoice` (a Config::Algo name; "" keeps RINGPG_ALGO's).
-Config configWithAlgo(const std::string& algoChoice) {
+// The process's Config with `algoChoice` (a Config::Algo name; "" keeps RINGPG_ALGO's)
+// and `copyChoice` ("cma", "slots" or "auto", as RINGPG_CMA_BYTES set, 0 or unset; ""
+// keeps RINGPG_CMA_BYTES's).
+Config configWithChoices(const std::string& algoChoice, const std::string& copyChoice) {
   Config c = Config::get();
   if (!algoChoice.empty()) {
     c.algo = Config::algoNamed(algoChoice, "algo ");
+  }
+  if (!copyChoice.empty()) {
+    TORCH_CHECK(copyChoice == "auto" || copyChoice == "cma" || copyChoice == "slots", "ringpg: copy ", copyChoice,
+                " is not one of auto, cma, slots");
+    const size_t asSet = c.cmaBytes > 0 ? c.cmaBytes : Config().cmaBytes; // a size for "cma" under RINGPG_CMA_BYTES=0
+    c.cmaBytes = copyChoice == "slots" ? 0 : asSet;
+    c.cmaBytesSet = copyChoice != "auto";
+    c.cmaOpBytes = Config::kCmaOpAuto; // every op (cma), none (slots), or as measured (auto)
   }
   return c;
 }
@@ -103,9 +113,9 @@ std::unique_ptr<GroupLinks> connectForBackend(const c10::intrusive_ptr<c10d::Sto
 
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout, std::string groupName, const std::string& transportChoice,
-                         const std::string& algoChoice)
+                         const std::string& algoChoice, const std::string& copyChoice)
     : RingBackend(
-          store, rank, size, timeout, std::move(groupName), configWithAlgo(algoChoice),
+          store, rank, size, timeout, std::move(groupName), configWithChoices(algoChoice, copyChoice),
           transportChoice.empty() ? Config::get().transport : Config::transportNamed(transportChoice, "transport ")) {}
 
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -36,14 +36,17 @@ namespace ringpg {
 class RingBackend final : public c10d::Backend {
  public:
   // `transportChoice`: this group's Config::Transport ("" = RINGPG_TRANSPORT's).
-  // `algoChoice`: this group's Config::Algo ("" = RINGPG_ALGO's).  Ranks that disagree
+  // `algoChoice`: this group's Config::Algo ("" = RINGPG_ALGO's).  `copyChoice`: how
+  // its large same-host messages move ("cma", "slots", "auto"; "" = RINGPG_CMA_BYTES's,
+  // ringpg.use_copy).  Ranks that disagree
   // on a setting the group must share (gloo or shm on some ranks only, the algorithm,
   // the segment, one-shot or hierarchical piece size, tracing on or off) fail here,
   // every one of them, with a ValueError naming it and each rank's value.
   // Connects the group (connectGroup, transport/connect.h), then runs it as the
   // constructor below does.
   RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
-              std::string groupName, const std::string& transportChoice = "", const std::string& algoChoice = "");
+              std::string groupName, const std::string& transportChoice = "", const std::string& algoChoice = "",
+              const std::string& copyChoice = "");
   // A group over links it is given, connected already: what connectGroup returned (the
   // constructor above), or links a test built in one process (transport/loopback_link.h).
   // `net` must hold an engine (the group's failure state and control channel) and a

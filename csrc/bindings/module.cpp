@@ -236,7 +236,7 @@ void bindBackend(py::module_& m) {
   backend
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, std::string groupName, const std::string& transport,
-                       const std::string& algo) {
+                       const std::string& algo, const std::string& copy) {
              // The GIL is released for the group's set-up (it waits on the Store and on
              // peers) inside the factory, not by a call_guard: with a call_guard pybind11
              // would register the new instance with the GIL still released, racing other
@@ -245,12 +245,13 @@ void bindBackend(py::module_& m) {
              // when two ranks created groups at once.
              py::gil_scoped_release noGil;
              return c10::make_intrusive<ringpg::RingBackend>(store, rank, size, timeout, std::move(groupName),
-                                                             transport, algo);
+                                                             transport, algo, copy);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name") = "",
-           py::arg("transport") = "", py::arg("algo") = "",
-           "`transport` (auto, shm, tcp, gloo; \"\": RINGPG_TRANSPORT's) and `algo` (auto, ring, hier; \"\": "
-           "RINGPG_ALGO's) pick this group's links and algorithm; every rank must pass the same")
+           py::arg("transport") = "", py::arg("algo") = "", py::arg("copy") = "",
+           "`transport` (auto, shm, tcp, gloo; \"\": RINGPG_TRANSPORT's), `algo` (auto, ring, hier; \"\": "
+           "RINGPG_ALGO's) and `copy` (auto, cma, slots; \"\": RINGPG_CMA_BYTES's) pick this group's links, "
+           "algorithm and same-host copy; every rank must pass the same")
       .def_property_readonly("local_address", &ringpg::RingBackend::localAddress)
       .def_property_readonly("_key_prefix", &ringpg::RingBackend::keyPrefix,
                              "this group's namespace in its Store (links made beside it key below it)")

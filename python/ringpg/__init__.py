@@ -10,7 +10,8 @@ for the cpu and cuda devices; after that (or with no import at all, through the
 its spin), see :mod:`ringpg._introspect`; ``with ringpg.use_transport("gloo"):`` makes
 the groups created inside it move their data over Gloo's pairs, and
 ``with ringpg.use_algorithm("ring"):`` run the flat ring where ``RINGPG_ALGO`` would
-pick the hierarchical algorithms.
+pick the hierarchical algorithms, and ``with ringpg.use_copy("cma"):`` move large
+same-host messages by single copy whatever the group would measure.
 
 ringpg builds against torch 2.6 and newer; ``ringpg.features()`` says which of its
 torch-dependent features this build carries (:mod:`ringpg._features`).
@@ -29,9 +30,18 @@ import torch  # noqa: F401
 from ._features import FeatureUnavailable
 from ._introspect import backend
 from ._loader import features
-from ._registration import BACKEND_NAME, register, use_algorithm, use_transport
+from ._registration import BACKEND_NAME, register, use_algorithm, use_copy, use_transport
 
-__all__ = ["BACKEND_NAME", "FeatureUnavailable", "backend", "features", "register", "use_algorithm", "use_transport"]
+__all__ = [
+    "BACKEND_NAME",
+    "FeatureUnavailable",
+    "backend",
+    "features",
+    "register",
+    "use_algorithm",
+    "use_copy",
+    "use_transport",
+]
 __version__ = "0.1.0"
 
 register()

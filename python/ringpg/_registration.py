@@ -38,8 +38,10 @@ class _GroupChoice:
 
 TRANSPORTS = ("auto", "shm", "tcp", "gloo")
 ALGORITHMS = ("auto", "ring", "hier", "arena")
+COPIES = ("auto", "cma", "slots")
 _transport = _GroupChoice("transport", TRANSPORTS)
 _algorithm = _GroupChoice("algorithm", ALGORITHMS)
+_copy = _GroupChoice("same-host copy", COPIES)
 
 
 def use_transport(name: str) -> ContextManager[None]:
@@ -68,6 +70,20 @@ def use_algorithm(name: str) -> ContextManager[None]:
     return _algorithm.use(name)
 
 
+def use_copy(name: str) -> ContextManager[None]:
+    """Groups of ringpg created inside the block move their large same-host messages as
+    ``name`` says, whatever ``RINGPG_CMA_BYTES`` does: ``cma`` by single copy for every op
+    (as ``RINGPG_CMA_BYTES`` set), ``slots`` through the shared-memory slots (as ``0``),
+    ``auto`` as the group measures per size class of op (as unset).  Single copy still
+    needs every rank to ask for it and the kernel to allow it.  For comparing the two
+    paths with the group's own choice in one job (the benchmark's ``ringpg%cma``)::
+
+        with ringpg.use_copy("slots"):
+            g = dist.new_group(backend="ringpg")
+    """
+    return _copy.use(name)
+
+
 def new_ring_backend(
     store: Any,
     rank: int,
@@ -76,6 +92,7 @@ def new_ring_backend(
     group_name: str,
     transport: Optional[str] = None,
     algo: Optional[str] = None,
+    copy: Optional[str] = None,
 ) -> Any:
     """One C++ ``RingBackend`` of ``size`` ranks on ``store`` (every rank calls it alike).
 
@@ -83,15 +100,23 @@ def new_ring_backend(
     over Gloo's TCP pairs: the C++ backend makes a ProcessGroupGloo of the same ranks
     on its own prefix of the group's store (it honours ``GLOO_SOCKET_IFNAME``) as part
     of its set-up (transport/connect.h).  ``transport`` overrides both.  ``algo``
-    likewise overrides :func:`use_algorithm` and ``RINGPG_ALGO`` (the C++ backend's own
-    default when neither is given).
+    likewise overrides :func:`use_algorithm` and ``RINGPG_ALGO``, ``copy``
+    :func:`use_copy` and ``RINGPG_CMA_BYTES`` (the C++ backend's own default when
+    neither is given).
     """
     from ._loader import load_extension
 
     _C = load_extension()
     choice = transport or _transport.current or _C.transport_setting()
     return _C.RingBackend(
-        store, rank, size, timeout, group_name, transport=choice, algo=algo or _algorithm.current or ""
+        store,
+        rank,
+        size,
+        timeout,
+        group_name,
+        transport=choice,
+        algo=algo or _algorithm.current or "",
+        copy=copy or _copy.current or "",
     )
 
 
