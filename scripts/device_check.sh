@@ -6,7 +6,8 @@
 # a GPU per rank) and against the same cases on CPU tensors; a DDP and an FSDP2 training
 # step on CUDA, ringpg beside gloo; where MPI wheels were carried (.whl) the peer table at 2, 4, 8 and 16 ranks
 # (ringpg, its links alone, torch's floor, MPICH, Open MPI), else the CPU bench at 4 and
-# 8 ranks beside gloo; two emulated hosts of 8 ranks where namespaces are allowed; then
+# 8 ranks beside gloo; two ranks' copy paths (the group's choice beside single copy and
+# the slots forced); two emulated hosts of 8 ranks where namespaces are allowed; then
 # one summary table.
 #
 #   bash scripts/device_check.sh [--quick]
@@ -163,6 +164,14 @@ else
   else
     skip peer_bench "no MPI wheels in $WHEELS"
   fi
+  # 6b. Two ranks' large same-host messages (issue 48 item 4): the group's own choice per op
+  # size class beside single copy and the slots forced, interleaved in one run; the
+  # summary sets the default's time against the faster forced path's.
+  if [ $QUICK = 0 ]; then
+    stage copy_paths 60 "$PY" -m benchmarks.bench --backends ringpg,ringpg%cma,ringpg%slots --world-sizes 2 \
+      --ops ar,rs,ag --dtypes float32 --min-bytes 256KiB --max-bytes 64MiB --no-probe --warmup 1 --iters-max 10 \
+      --case-time 0.1 --timeout 55 --quiet --json "$OUTDIR/copy_paths.json" --csv "$OUTDIR/copy_paths.csv"
+  fi
   # 7. Two emulated hosts of eight ranks (network namespaces, a 10 Gbit link each), the
   # hierarchical allreduce beside the flat ring, where the machine allows namespaces.
   if [ $QUICK = 0 ] && ! { command -v ip && command -v tc; } > /dev/null 2>&1; then
@@ -224,6 +233,19 @@ if os.path.exists(cuda_p) and os.path.exists(ref_p):
         vs_gloo = f"{c['busbw_GBps'] / g['busbw_GBps']:.2f}x" if g and not g.get("error") else "-"
         print(f"  {key[0]:>3} {key[1]:<24} {mib(key[2]):>9} {c['busbw_GBps']:8.3f} {h['busbw_GBps']:8.3f}"
               f" {c['busbw_GBps'] / h['busbw_GBps']:8.2f}x {vs_gloo:>7}")
+
+cp = os.path.join(out, "copy_paths.json")
+if os.path.exists(cp):
+    chose = {c.get("ringpg", "?") for c in (json.load(open(cp)).get("copies") or {}).values() if c}
+    print("\n  copy_paths (two ranks; issue 48 item 4: default / faster forced path <= 1; the group chose "
+          + (", ".join(sorted(chose)) or "?") + "):")
+    print(f"  {'op':<24} {'size':>9} {'default us':>10} {'cma us':>9} {'slots us':>9} {'ratio':>7}")
+    for (ws, op, size), by in sorted(cases_of(cp).items()):
+        t = {k: (by.get(k) or {}).get("time_us") for k in ("ringpg", "ringpg%cma", "ringpg%slots")}
+        if all(t.values()):
+            best = min(t["ringpg%cma"], t["ringpg%slots"])
+            print(f"  {op:<24} {mib(size):>9} {t['ringpg']:10.1f} {t['ringpg%cma']:9.1f} {t['ringpg%slots']:9.1f}"
+                  f" {t['ringpg'] / best:6.2f}x")
 
 for bench in ("cuda_bench", "cpu_bench", "peer_bench", "emulated_2x8"):
     path = os.path.join(out, bench + ".json")
