@@ -440,6 +440,34 @@ def test_large_buffers_in_pieces_of_the_default_arena(ws: int) -> None:
         assert_reports_ok(pool.run(default_arena_worker, timeout=600), min_checks_per_rank=10)
 
 
+def every_member_says_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
+    """The agreement round the first device op runs (arenaEveryMemberSays): all say
+    yes; one says no (the first rank, then the last); all again. Then an allreduce in
+    the arena, against gloo: the extra rounds leave every member's round count in step."""
+    import ringpg
+
+    chk = Checker(rank)
+    b = ringpg.backend(groups.test)
+    said = [b._every_member_says(rank != liar) for liar in (None, 0, ws - 1, None)]
+    case = f"all_reduce after the agreement rounds ws={ws}"
+    x = make_data(rank, case, (4099,), torch.float32)
+    got = x.clone()
+    dist.all_reduce(got, group=groups.test)
+    chk.equal(case, got, ref_all_reduce(x, "SUM", groups.ref))
+    return {"said": said, "report": chk.report()}
+
+
+@ringpg_only
+@pytest.mark.parametrize("ws", [2, 3])
+def test_every_member_learns_whether_all_said_yes(ws: int) -> None:
+    """Whether the arena reaches the device must be the same on every rank (two ranks
+    choose the arena or the staged ring by it): the round that agrees on it answers
+    yes only where every rank said yes, the same on all."""
+    results = harness.run_workers(every_member_says_worker, ws)
+    assert_reports_ok([r["report"] for r in results])
+    assert [r["said"] for r in results] == [[True, False, False, True]] * ws, results
+
+
 # ============================================= set-up: what /dev/shm holds, and a full one
 
 

@@ -456,4 +456,17 @@ void arenaBarrier(OpContext& c) {
   c.arenaStep(/*firstOfRound=*/true);
 }
 
+bool arenaEveryMemberSays(OpContext& c, bool mine) {
+  HostArena& a = *c.arena();
+  a.beginRound();
+  *a.buffer(a.me()) = mine ? 1 : 0;
+  c.arenaStep(/*firstOfRound=*/true);
+  for (const auto m : c10::irange(a.members())) {
+    if (*a.buffer(m) != 1) {
+      return false;
+    }
+  }
+  return true;
+}
+
 } // namespace ringpg

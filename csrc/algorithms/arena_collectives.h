@@ -102,6 +102,10 @@ void arenaScatter(OpContext& c, const std::vector<const char*>& inputs, char* ou
 void arenaAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
                    const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes);
 void arenaBarrier(OpContext& c);
+// One round in which every member says `mine`: true where every member of the arena
+// said true.  For a fact each member finds out alone that all must act on alike
+// (arenaReachesDevice).
+bool arenaEveryMemberSays(OpContext& c, bool mine);
 
 // The host phases of the hierarchical collectives (hierarchical.h) over a host's arena,
 // whose members are the host's ranks: `count` elements cut into members() balanced

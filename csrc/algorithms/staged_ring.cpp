@@ -201,7 +201,7 @@ at::Tensor hostView(const char* p, int64_t n, const at::Tensor& like) {
 
 } // namespace
 
-bool arenaReachesDevice(const OpContext& c, const c10::Device& device) {
+bool arenaReachesDevice(OpContext& c, const c10::Device& device) {
   if (c.arena() == nullptr) {
     return false;
   }
@@ -210,12 +210,29 @@ bool arenaReachesDevice(const OpContext& c, const c10::Device& device) {
     std::string why;
     const c10::DeviceGuard onDevice(device); // the runtime registers on the current device
     void* base = a.segmentBase();
-    if (registerHostMemory(base, a.segmentBytes(), &why)) {
+    const bool mine = registerHostMemory(base, a.segmentBytes(), &why);
+    // Agreed before anyone acts on it: a member whose registration was refused while
+    // another's held would otherwise take the staged ring at two ranks while the other
+    // waited in the arena, each until the op's deadline.
+    bool all = false;
+    try {
+      all = arenaEveryMemberSays(c, mine);
+    } catch (...) { // the group broke meanwhile: nothing stays pinned for it
+      if (mine) {
+        unregisterHostMemory(base);
+      }
+      throw;
+    }
+    if (all) {
       a.setDevicePin(HostArena::DevicePin::Pinned, [base] { unregisterHostMemory(base); });
     } else {
+      if (mine) {
+        unregisterHostMemory(base); // pinned for nothing: another member's was refused
+      }
       a.setDevicePin(HostArena::DevicePin::Refused);
-      TORCH_WARN_ONCE("ringpg: the host arena's buffers could not be registered with the device (", why,
-                      "): device tensors are staged through pinned host copies instead");
+      TORCH_WARN_ONCE("ringpg: the host arena's buffers could not be registered with the device ",
+                      mine ? "on another rank of the group" : c10::str("(", why, ")"),
+                      ": device tensors are staged through pinned host copies instead");
     }
   }
   return a.devicePin() == HostArena::DevicePin::Pinned;

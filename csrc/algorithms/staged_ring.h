@@ -39,9 +39,12 @@ void stagedRingReduceScatter(OpContext& c, const at::Tensor& input, const at::Te
 void stagedRingAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output);
 
 // Whether device copies reach `c`'s arena buffers directly: its segment registered with
-// `device`'s runtime (cuda/host_register.h), asked on this member's first call and
-// remembered (a refusal warns once).  False without an arena.
-bool arenaReachesDevice(const OpContext& c, const c10::Device& device);
+// `device`'s runtime (cuda/host_register.h) on every member, asked on the first call
+// and remembered (a refusal anywhere warns once).  The first call is collective: every
+// member registers, then one arena round (arenaEveryMemberSays) makes the answer the
+// same on all, since two ranks choose between the arena and the staged ring by it
+// (choice.h).  False without an arena.
+bool arenaReachesDevice(OpContext& c, const c10::Device& device);
 
 // The same three over a single-host group's arena (arena_collectives.h): the input goes
 // to pinned memory in stages of a few pieces, each awaited before the arena's round

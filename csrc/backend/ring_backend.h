@@ -100,6 +100,10 @@ class RingBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // One op of the host arena's agreement round (arenaEveryMemberSays, which the first
+  // device op runs and no CPU op reaches): true where every rank said true.  Collective;
+  // a group on one host with an arena.  For the tests.
+  bool everyMemberSays(bool mine);
 
   uint64_t getSequenceNumberForGroup() override;
   void setSequenceNumberForGroup() override {}

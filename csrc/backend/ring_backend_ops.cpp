@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "algorithms/arena_collectives.h"
 #include "algorithms/collectives.h"
 #include "algorithms/host_buffer.h"
 #include "backend/validation.h"
@@ -254,6 +255,17 @@ c10::intrusive_ptr<c10d::Work> RingBackend::alltoall(std::vector<at::Tensor>& ou
 c10::intrusive_ptr<c10d::Work> RingBackend::barrier(const c10d::BarrierOptions& opts) {
   return enqueue("barrier", "ringpg:barrier", OpSignature(OpType::BARRIER, at::kByte, getSize()), opts.timeout,
                  compat::asyncOp(opts), {}, {}, [](OpContext& c) { collectives::barrier(c); });
+}
+
+bool RingBackend::everyMemberSays(bool mine) {
+  TORCH_CHECK(net_->arena != nullptr && net_->topology.hosts == 1, opName("every_member_says"),
+              ": the group has no host arena");
+  auto all = std::make_shared<bool>(false);
+  enqueue("barrier", "ringpg:every_member_says", OpSignature(OpType::BARRIER, at::kByte, getSize()),
+          c10d::kUnsetTimeout, /*asyncOp=*/false, {}, {},
+          [all, mine](OpContext& c) { *all = arenaEveryMemberSays(c, mine); })
+      ->wait();
+  return *all;
 }
 
 // ---- Point-to-point ----------------------------------------------------------------

@@ -267,6 +267,10 @@ void bindBackend(py::module_& m) {
                              "same_host_copy_probe), or the two joined by '+' where they differ by the op's size "
                              "class: ops below streaming_op_bytes() first, from it second ('slots+cma'); '' (no "
                              "shared-memory link on this rank)")
+      .def("_every_member_says", &ringpg::RingBackend::everyMemberSays, py::arg("mine"),
+           py::call_guard<py::gil_scoped_release>(),
+           "one host-arena round in which every rank says `mine`: True where all said True (the agreement "
+           "the first device op runs on whether the arena reaches the device); collective, for the tests")
       .def_property_readonly("same_host_lent", &ringpg::RingBackend::sameHostLent,
                              "messages this rank has lent to its right same-host neighbour so far (single copy: "
                              "the neighbour read them straight from the caller's buffer)")
