@@ -541,6 +541,46 @@ def test_a_dev_shm_without_room_for_the_arena_leaves_every_rank_on_its_links(who
             assert "shm_open" in v["why"], v
 
 
+def _small_dev_shm_on_one_host(rank: int, ws: int, port: int, args: Any) -> dict:
+    """Two emulated hosts of three ranks (rank r on host r % 2), one rank with a /dev/shm
+    of its own too small for its host's arena: the hierarchical host phases' arenas."""
+    (who,) = args
+    os.environ["RINGPG_HOSTID"] = f"emulated-host-{rank % 2}"
+    os.environ.update(
+        merged_env(os.environ, {"RINGPG_TUNING": "segment_bytes=65536", "RINGPG_ARENA_BYTES": str(4 << 20)})
+    )
+    if rank == who:
+        harness.private_dev_shm("2m")
+    init_ringpg(rank, ws, port, timeout_s=20.0)
+    import ringpg
+
+    b = ringpg.backend()
+    x = torch.full((1 << 20,), float(rank + 1))  # 4 MiB: past the one-shot, the host phases run
+    dist.all_reduce(x)
+    return {
+        "arena_bytes": b.arena_bytes,
+        "sum": x[0].item(),
+        "hosts": b.hosts,
+        "algo": b.allreduce_algorithm,
+    }
+
+
+@ringpg_only
+@pytest.mark.skipif(not harness.can_make_mount_namespaces(), reason="needs root and mount namespaces")
+@pytest.mark.parametrize("who", [-1, 1, 4])
+def test_a_host_that_cannot_make_its_arena_leaves_every_host_on_its_rings(who: int) -> None:
+    """Across hosts each host maps an arena of its own, agreed by the whole group: where
+    one host's cannot be made (rank 1 creates host 1's, rank 4 maps host 0's), no host
+    keeps one, every rank alike, and the hierarchical allreduce runs on the host rings;
+    with room everywhere (-1) every host has one."""
+    ws = 6
+    res = run_scenario(_small_dev_shm_on_one_host, ws, (who,))
+    for r, v in res.items():
+        assert v["hosts"] == 2 and v["algo"] == "hier", (r, v)
+        assert (v["arena_bytes"] > 0) == (who < 0), (r, v)
+        assert v["sum"] == sum(range(1, ws + 1)), (r, v)
+
+
 # ============================================= failures inside a host collective
 
 
