@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -48,9 +49,10 @@ std::string copyProbeText(const ShmLink::CopyProbe& p) {
   if (!p.measured) {
     return "";
   }
-  return c10::str("(measured: ", p.bytes / 1024, " KiB each way, summed over the ranks: ", p.lentMicros,
-                  " us by single copy and ", p.copiedMicros, " us through the slots warm, ", p.coldLentMicros, " and ",
-                  p.coldCopiedMicros, " us cold, for ops from ", kStreamingOpBytes >> 20, " MiB)");
+  const auto us = [](double v) { return std::round(v * 10) / 10; }; // 0.1 us is all a probe resolves
+  return c10::str("(measured, ", p.bytes / 1024, " KiB each way summed over the ranks, single copy / slots: ops below ",
+                  kStreamingOpBytes >> 20, " MiB ", us(p.lentMicros), " / ", us(p.copiedMicros), " us warm, from it ",
+                  us(p.coldLentMicros), " / ", us(p.coldCopiedMicros), " us cold)");
 }
 
 // A copy of `table` with `hook` added under `id` (TORCH_CHECK: a new id, a callable hook).
