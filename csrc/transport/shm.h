@@ -37,7 +37,7 @@
 // RINGPG_CMA_BYTES is left unset the group measures both at creation (probeCopies:
 // one segment each way around the host rings, lent and copied, with its buffers warm
 // and again evicted from the caches) and keeps single copy for each size class of op
-// (SameHostCopy, link.h) only where it was the faster.
+// (SameHostCopy, link.h) only where it was clearly the faster.
 // When the group breaks (a timeout, a dead peer, abort) a lent send fails at once and
 // its buffer goes back to the caller while the receiver may be reading it; the
 // receiver's group is breaking too, and its op fails once the news arrives (the
