@@ -500,15 +500,20 @@ def test_no_segment_is_left_in_dev_shm_once_the_group_is_up() -> None:
         assert v["left"] == [], (r, v)  # unlinked as soon as every rank had mapped it
 
 
-def _small_dev_shm_on(rank: int, ws: int, port: int, args: Any) -> dict:
-    (who,) = args
-    # Room for the links' regions (64 KiB slots) but not for an arena of 4 MiB buffers.
+def _start_with_small_dev_shm_on(rank: int, ws: int, port: int, who: int) -> None:
+    """Starts the world group with arena buffers of 4 MiB, rank ``who`` with a /dev/shm of
+    its own with room for the links' regions (64 KiB slots) but not for such an arena."""
     os.environ.update(
         merged_env(os.environ, {"RINGPG_TUNING": "segment_bytes=65536", "RINGPG_ARENA_BYTES": str(4 << 20)})
     )
     if rank == who:
         harness.private_dev_shm("2m")
     init_ringpg(rank, ws, port, timeout_s=20.0)
+
+
+def _small_dev_shm_on(rank: int, ws: int, port: int, args: Any) -> dict:
+    (who,) = args
+    _start_with_small_dev_shm_on(rank, ws, port, who)
     import ringpg
 
     b = ringpg.backend()
@@ -546,12 +551,7 @@ def _small_dev_shm_on_one_host(rank: int, ws: int, port: int, args: Any) -> dict
     of its own too small for its host's arena: the hierarchical host phases' arenas."""
     (who,) = args
     os.environ["RINGPG_HOSTID"] = f"emulated-host-{rank % 2}"
-    os.environ.update(
-        merged_env(os.environ, {"RINGPG_TUNING": "segment_bytes=65536", "RINGPG_ARENA_BYTES": str(4 << 20)})
-    )
-    if rank == who:
-        harness.private_dev_shm("2m")
-    init_ringpg(rank, ws, port, timeout_s=20.0)
+    _start_with_small_dev_shm_on(rank, ws, port, who)
     import ringpg
 
     b = ringpg.backend()
