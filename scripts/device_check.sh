@@ -168,9 +168,9 @@ else
   # size class beside single copy and the slots forced, interleaved in one run; the
   # summary sets the default's time against the faster forced path's.
   if [ $QUICK = 0 ]; then
-    stage copy_paths 60 "$PY" -m benchmarks.bench --backends ringpg,ringpg%cma,ringpg%slots --world-sizes 2 \
-      --ops ar,rs,ag --dtypes float32 --min-bytes 256KiB --max-bytes 64MiB --no-probe --warmup 1 --iters-max 10 \
-      --case-time 0.1 --timeout 55 --quiet --json "$OUTDIR/copy_paths.json" --csv "$OUTDIR/copy_paths.csv"
+    stage copy_paths 90 "$PY" -m benchmarks.bench --backends ringpg,ringpg%cma,ringpg%slots --world-sizes 2 \
+      --ops ar,rs,ag --dtypes float32 --min-bytes 256KiB --max-bytes 64MiB --no-probe --warmup 1 --iters-max 20 \
+      --case-time 0.2 --timeout 85 --quiet --json "$OUTDIR/copy_paths.json" --csv "$OUTDIR/copy_paths.csv"
   fi
   # 7. Two emulated hosts of eight ranks (network namespaces, a 10 Gbit link each), the
   # hierarchical allreduce beside the flat ring, where the machine allows namespaces.
@@ -238,7 +238,8 @@ cp = os.path.join(out, "copy_paths.json")
 if os.path.exists(cp):
     chose = {c.get("ringpg", "?") for c in (json.load(open(cp)).get("copies") or {}).values() if c}
     print("\n  copy_paths (two ranks; issue 48 item 4: default / faster forced path <= 1; the group chose "
-          + (", ".join(sorted(chose)) or "?") + "):")
+          + (", ".join(sorted(chose)) or "?") + "; where the default takes a forced path's way, their ratio"
+          " is this run's noise):")
     print(f"  {'op':<24} {'size':>9} {'default us':>10} {'cma us':>9} {'slots us':>9} {'ratio':>7}")
     for (ws, op, size), by in sorted(cases_of(cp).items()):
         t = {k: (by.get(k) or {}).get("time_us") for k in ("ringpg", "ringpg%cma", "ringpg%slots")}
