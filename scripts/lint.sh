@@ -14,7 +14,8 @@ if [ ! -x "$TOOLS/bin/ruff" ] || [ ! -x "$TOOLS/bin/clang-format" ]; then
 fi
 ruff() { PYTHONPATH="$TOOLS" "$TOOLS/bin/ruff" "$@"; }
 clang_format() { PYTHONPATH="$TOOLS" "$TOOLS/bin/clang-format" "$@"; }
-mapfile -t CXX < <(git ls-files 'csrc/*.cpp' 'csrc/*.h' 'csrc/*.inc')
+# Tracked files and new ones not yet added (but not what .gitignore leaves out).
+mapfile -t CXX < <(git ls-files --cached --others --exclude-standard 'csrc/*.cpp' 'csrc/*.h' 'csrc/*.inc')
 if [ "${1:-}" = "--fix" ]; then
   ruff check --fix .
   ruff format .
