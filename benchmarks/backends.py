@@ -111,6 +111,20 @@ def _flight_recorder_entries() -> int:
     return 2000
 
 
+def flight_recorder_note() -> str:
+    """What torch's flight recorder does to the groups of an out-of-tree backend (ringpg's)
+    in this process: from torch 2.15 its hook records every op, a per-op cost that grows
+    where ranks share cores; "" before 2.15, which records none."""
+    try:
+        from torch._C._distributed_c10d import FlightRecorderHook  # type: ignore[attr-defined]  # noqa: F401
+    except ImportError:
+        return ""
+    entries = _flight_recorder_entries()
+    if entries <= 0:
+        return "torch's flight recorder off"
+    return f"torch's flight recorder hook on ({entries} entries)"
+
+
 def floor_group(timeout: Any) -> Any:
     """A group of every rank that measures torch's floor: each op goes through torch's
     Python API, the dispatcher and a Work, and sends nothing (torch's fake process group;
@@ -162,7 +176,8 @@ def backend_status(spec: str, device: str) -> Tuple[bool, str]:
         if name == FLOOR:
             import torch.testing._internal.distributed.fake_pg  # noqa: F401
 
-            return True, "torch's dispatch through a fake group (nothing moves), with its flight recorder hook"
+            note = flight_recorder_note()
+            return True, "torch's dispatch through a fake group (nothing moves)" + (f", {note}" if note else "")
         if name == "gloo":
             return dist.is_gloo_available(), "built into torch"
         if name == "nccl":
@@ -184,7 +199,10 @@ def backend_status(spec: str, device: str) -> Tuple[bool, str]:
                 return False, f"{spec!r}: ringpg's algorithms are {', '.join(ALGORITHMS)}"
             if copy is not None and copy not in COPIES:
                 return False, f"{spec!r}: ringpg's same-host copies are {', '.join(COPIES)}"
-            return True, f"ringpg {getattr(ringpg, '__version__', '?')} ({how}, _C loaded)"
+            note = flight_recorder_note()
+            return True, f"ringpg {getattr(ringpg, '__version__', '?')} ({how}, _C loaded" + (
+                f"; {note})" if note else ")"
+            )
         return True, how
     except Exception as e:  # noqa: BLE001 - described to the user
         return False, one_line(e)

@@ -236,6 +236,31 @@ def test_backend_specs_name_transport_and_algorithm() -> None:
     assert "(ringpg/hier)/gloo" in header and "(ringpg@tcp/ring)/gloo" in header, header
 
 
+def test_header_says_whether_torch_records_each_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backends line says whether torch's flight recorder hook (from torch 2.15, on every
+    ringpg group: a per-op cost) is on, as torch reads TORCH_FR_BUFFER_SIZE; before 2.15
+    it says nothing of it."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.backends import backend_status
+
+    try:
+        from torch._C._distributed_c10d import FlightRecorderHook  # noqa: F401
+    except ImportError:
+        hooked = False
+    else:
+        hooked = True
+    for value, want in (
+        ("", "flight recorder hook on (2000 entries)"),
+        ("0", "flight recorder off"),
+        ("64", "(64 entries)"),
+    ):
+        monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", value)
+        for spec in ("ringpg", "floor"):
+            ok, why = backend_status(spec, "cpu")
+            assert ok, why
+            assert (want in why) == hooked and ("flight recorder" in why) == hooked, (value, spec, why)
+
+
 def test_emulated_links_deliver_each_flow_in_order() -> None:
     """Every veth of the emulated cluster (each rank's end and each bridge port) steers
     received packets by flow hash over all CPUs (RPS), so one flow is never spread over
