@@ -1,7 +1,7 @@
 """ringpg: a PyTorch process-group backend with hand-written, pipelined ring collectives.
 
 ``import ringpg`` registers the backend name ``"ringpg"`` with torch.distributed
-for the cpu and cuda devices; after that (or with no import at all, through the
+for the cpu device, and cuda where the process sees a GPU; after that (or with no import at all, through the
 ``torch.backends`` entry point) a script only needs::
 
     torch.distributed.init_process_group(backend="ringpg")

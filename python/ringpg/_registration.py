@@ -121,7 +121,7 @@ def new_ring_backend(
 
 
 def _create_backend(dist_backend_opts: Any, pg_options: Any = None) -> Any:
-    """Extended-API creator: build one RingBackend serving cpu and cuda tensors."""
+    """Extended-API creator: build one RingBackend serving the tensors of ``served_devices()``."""
     o = dist_backend_opts
     return new_ring_backend(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id))
 
@@ -130,8 +130,20 @@ def is_registered() -> bool:
     return hasattr(dist.Backend, BACKEND_NAME.upper())
 
 
+def served_devices() -> list[str]:
+    """The device types ringpg's groups serve in this process: cpu, and cuda where the
+    process sees a GPU.  Not cuda on a host without one: torch's flight recorder hook asks
+    the stream of every device a group serves for an op with no tensors (barrier), and
+    there the CUDA query throws and is caught on every barrier (17 us against 4 at two
+    ranks; benchmarks/RESULTS.md 2026-11-28 (3)).  ``torch.cuda.device_count`` asks NVML
+    first, so it leaves a GPU host's processes free to fork."""
+    import torch
+
+    return ["cpu", "cuda"] if torch.cuda.device_count() > 0 else ["cpu"]
+
+
 def register() -> None:
     """Register "ringpg" once per process; repeated calls are no-ops."""
     if is_registered():
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=served_devices())
