@@ -139,7 +139,11 @@ def served_devices() -> list[str]:
     first, so it leaves a GPU host's processes free to fork."""
     import torch
 
-    return ["cpu", "cuda"] if torch.cuda.device_count() > 0 else ["cpu"]
+    try:
+        seen = torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - runs inside `import torch` (the entry point): never fail it
+        seen = 1  # unknown: serve cuda, as before this was asked
+    return ["cpu", "cuda"] if seen > 0 else ["cpu"]
 
 
 def register() -> None:
