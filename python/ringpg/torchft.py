@@ -51,7 +51,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         f"(or pip install torchft==0.2.0); importing it failed with: {e}"
     ) from e
 
-from ._registration import new_ring_backend
+from ._registration import new_ring_backend, served_devices
 
 __all__ = ["ProcessGroupRingpg"]
 
@@ -91,8 +91,7 @@ class ProcessGroupRingpg(ProcessGroupWrapper):
         backend = new_ring_backend(store, rank, world_size, self._timeout, self._backend_group_name())
         pg = dist.ProcessGroup(store, rank, world_size)
         pg._set_default_backend(_CUSTOM)
-        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-        for device in devices:
+        for device in served_devices():
             pg._register_backend(torch.device(device), _CUSTOM, backend)
         return pg
 
