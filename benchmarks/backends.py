@@ -111,13 +111,21 @@ def _flight_recorder_entries() -> int:
     return 2000
 
 
+def _flight_recorder_hook() -> Any:
+    """torch's FlightRecorderHook class, which torch attaches to every group of an
+    out-of-tree backend from 2.15; None before, when torch records no such backend's ops."""
+    try:
+        from torch._C._distributed_c10d import FlightRecorderHook  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return FlightRecorderHook
+
+
 def flight_recorder_note() -> str:
     """What torch's flight recorder does to the groups of an out-of-tree backend (ringpg's)
     in this process: from torch 2.15 its hook records every op, a per-op cost that grows
     where ranks share cores; "" before 2.15, which records none."""
-    try:
-        from torch._C._distributed_c10d import FlightRecorderHook  # type: ignore[attr-defined]  # noqa: F401
-    except ImportError:
+    if _flight_recorder_hook() is None:
         return ""
     entries = _flight_recorder_entries()
     if entries <= 0:
@@ -136,12 +144,9 @@ def floor_group(timeout: Any) -> Any:
     import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers "fake"
 
     group = dist.new_group(backend="fake", timeout=timeout)
-    try:
-        from torch._C._distributed_c10d import FlightRecorderHook  # type: ignore[attr-defined]
-    except ImportError:  # before 2.15: torch records no out-of-tree backend's ops
-        return group
-    if _flight_recorder_entries() > 0:
-        _floor_hooks[group] = FlightRecorderHook.attach(group, list(range(dist.get_world_size())))
+    hook = _flight_recorder_hook()
+    if hook is not None and _flight_recorder_entries() > 0:
+        _floor_hooks[group] = hook.attach(group, list(range(dist.get_world_size())))
     return group
 
 

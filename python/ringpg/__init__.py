@@ -1,8 +1,8 @@
 """ringpg: a PyTorch process-group backend with hand-written, pipelined ring collectives.
 
 ``import ringpg`` registers the backend name ``"ringpg"`` with torch.distributed
-for the cpu device, and cuda where the process sees a GPU; after that (or with no import at all, through the
-``torch.backends`` entry point) a script only needs::
+for the cpu device, and cuda where the process sees a GPU; after that (or with no
+import at all, through the ``torch.backends`` entry point) a script only needs::
 
     torch.distributed.init_process_group(backend="ringpg")
 
