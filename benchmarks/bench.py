@@ -789,7 +789,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         prog="python -m benchmarks.bench",
         description=__doc__.split("\n\n")[0],
         epilog="Columns: size(B) count(elements) type op redop, then per backend time(us) algbw(GB/s) "
-        "busbw(GB/s) #wrong [%%link %%probe], then baseline-time/backend-time per non-baseline backend.",
+        "busbw(GB/s) #wrong [%link %probe], then baseline-time/backend-time per non-baseline backend.",
     )
     g = ap.add_argument_group("what to measure")
     g.add_argument(
@@ -797,9 +797,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default="ringpg,gloo",
         help="comma list of backends measured side by side (default ringpg,gloo; nccl is added "
         "with --device cuda where there is a GPU per rank). Use gloo,gloo to validate the tool without ringpg; "
-        "ringpg[@transport][/algo][%copy] pins ringpg's transport (ringpg.use_transport), "
+        "ringpg[@transport][/algo][%%copy] pins ringpg's transport (ringpg.use_transport), "
         "algorithm (ringpg.use_algorithm) and same-host copy (ringpg.use_copy: auto, cma, slots) per column: "
-        "ringpg@gloo, ringpg/ring, ringpg@tcp/hier, ringpg%cma; "
+        "ringpg@gloo, ringpg/ring, ringpg@tcp/hier, ringpg%%cma; "
         "floor: torch's own cost of an op; vllm: vLLM's CPU shm allreduce and all-gather "
         "(scripts/install_peers.sh DIR vllm; a skipped column where missing)",
     )

@@ -23,6 +23,7 @@ all_gather_into_tensor -> ``MPI_Allgather``, all_to_all_single -> ``MPI_Alltoall
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -34,9 +35,12 @@ if __package__ in (None, ""):  # `python benchmarks/mpi_peer.py`: make the packa
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
 
 from benchmarks.protocol import BROADCAST_ROOT, IterationPolicy, assemble, clock_identity, layout  # noqa: E402
+
+# mpi4py's MPI module, imported by main() once the command line is parsed: ``--help``
+# answers without mpi4py (importing MPI initializes MPI, outside mpiexec too).
+MPI: Any = None
 
 
 class PeerBuffers:
@@ -169,7 +173,17 @@ def use_hugepages(choice: str) -> None:
 
 
 def main(argv: List[str]) -> int:
-    with open(argv[0]) as f:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.mpi_peer",
+        description="An MPI peer of benchmarks.bench, run by benchmarks.peers under an MPI's "
+        "own launcher: mpiexec -n N python -m benchmarks.mpi_peer CONFIG.json (needs numpy and mpi4py).",
+    )
+    ap.add_argument("config", help="the JSON file benchmarks.peers writes: cases, iteration policy, control directory")
+    args = ap.parse_args(argv)
+    global MPI
+    from mpi4py import MPI
+
+    with open(args.config) as f:
         cfg = json.load(f)
     use_hugepages(cfg.get("hugepages", "native"))
     comm = MPI.COMM_WORLD

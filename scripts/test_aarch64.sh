@@ -4,6 +4,7 @@
 #   bash scripts/test_aarch64.sh                         # everything below
 #   bash scripts/test_aarch64.sh --build-only            # stop after the cross-build
 #   bash scripts/test_aarch64.sh --compile-only-kernels  # CI: only csrc/reduce/*.cpp (seconds)
+#   bash scripts/test_aarch64.sh --print-copied          # the paths stage 4 copies into the rootfs
 #
 # 1. tools: the cross compiler (g++-aarch64-linux-gnu), qemu-user-static and mmdebstrap,
 #    installed with apt-get when missing and this runs as root.
@@ -14,7 +15,10 @@
 #    cp311 and installed into a site-packages for the rootfs by this machine's pip.
 # 4. build: every csrc/**/*.cpp compiled by aarch64-linux-gnu-g++ with the flags
 #    setup.py and torch's cpp_extension use, against the wheel's headers, linked
-#    against its libraries (ninja, incremental): ringpg/_C.cpython-311-aarch64-linux-gnu.so.
+#    against its libraries (ninja, incremental): ringpg/_C.cpython-311-aarch64-linux-gnu.so;
+#    then the Python tree the emulated processes run (COPIED below) copied into the
+#    rootfs's /opt/ringpg beside it.  tests/test_aarch64_tree.py (CI) checks that COPIED
+#    holds every repository module that stages 5 and 6 import.
 # 5. kernels: the kernel tests of tests/test_reduce_ops_and_dtypes.py under qemu-user,
 #    once per emulated CPU: `max` (SVE at its default 512-bit vectors) and cortex-a57
 #    (no SVE): every kernel copy each CPU offers, compared with torch, and the copies
@@ -42,11 +46,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 
+# What stage 4 copies into the rootfs (/opt/ringpg), paths of the repository: the one
+# list (--print-copied prints it for tests/test_aarch64_tree.py).
+COPIED=(python tests benchmarks scripts devkit)
+
 MODE=full
 case "${1:-}" in
   "") ;;
   --build-only) MODE=build ;;
   --compile-only-kernels) MODE=kernels ;;
+  --print-copied) printf '%s\n' "${COPIED[@]}"; exit 0 ;;
   -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
   *) echo "test_aarch64: unknown argument $1 (see --help)" >&2; exit 2 ;;
 esac
@@ -256,7 +265,7 @@ end "$(ls "$BUILD"/obj/csrc/*/*.o | wc -l) objects"
 DEST=$ROOTFS/opt/ringpg
 rm -rf "$DEST"
 mkdir -p "$DEST"
-cp -a python tests benchmarks scripts "$DEST/"
+cp -a "${COPIED[@]}" "$DEST/"
 rm -f "$DEST"/python/ringpg/_C*.so "$DEST"/python/ringpg/.C.so.tmp
 find "$DEST" -name __pycache__ -prune -exec rm -rf {} +
 cp "$BUILD/$EXT" "$DEST/python/ringpg/"
