@@ -3,11 +3,11 @@
 # virtual environment of its own (never the system's packages):
 #
 #   bash scripts/test_torch.sh 2.8.0            # full suite
-#   bash scripts/test_torch.sh --quick 2.6.0    # the quick subset (QUICK_TESTS below)
+#   bash scripts/test_torch.sh --quick 2.6.0    # the quick subset (pytest -m quick: tests/conftest.py QUICK)
 #   bash scripts/test_torch.sh --rm 2.9.1 -x    # delete the venv afterwards; options go to pytest
 #   bash scripts/test_torch.sh --build-only 2.7.1   # venv and build, no tests
-#   bash scripts/test_torch.sh 2.8.0 tests/test_faults.py   # test paths replace the selection
-#                                   (so give option values joined: -kEXPR, --opt=value)
+#   bash scripts/test_torch.sh 2.8.0 tests/test_faults.py   # test paths replace tests/ (with
+#                                   --quick: its quick tests); give option values joined: -kEXPR
 #
 # The venv lives in $RINGPG_VENV_DIR (default ~/.cache/ringpg-venvs)/torch-VERSION and
 # is kept for the next run (torch's CUDA wheels pull some GB of nvidia-* packages: keep
@@ -36,33 +36,6 @@ while [ $# -gt 0 ]; do
 done
 VERSION=${1:?usage: scripts/test_torch.sh [--quick] [--rm] TORCH_VERSION [pytest args...]}
 shift
-
-# The quick subset: the ring collectives against gloo (3 ranks: an odd ring), PREMUL_SUM
-# (a renamed c10d type), point-to-point, async work, a killed rank, abort and shutdown
-# (c10d virtuals since 2.7), and registration with the import-time version check.
-QUICK_TESTS=(
-  "tests/test_collectives.py::test_matches_gloo[flat-all_reduce-ws3]"
-  "tests/test_collectives.py::test_matches_gloo[flat-reduce_scatter_tensor-ws3]"
-  "tests/test_collectives.py::test_matches_gloo[flat-all_gather_into_tensor-ws3]"
-  "tests/test_reduce_ops_and_dtypes.py::test_premul_sum[ws2]"
-  "tests/test_collectives.py::test_p2p_tags_out_of_order[ws2]"
-  "tests/test_collectives.py::test_batch_isend_irecv_ring[ws2]"
-  "tests/test_collectives.py::test_futures_then_and_wait_all[n262144-ws3]"
-  "tests/test_faults.py::test_killed_rank_every_survivor_raises_fast[2-sigkill-shm]"
-  "tests/test_faults.py::test_abort_fails_the_peers_pending_op_at_once"
-  "tests/test_faults.py::test_shutdown_is_orderly_and_later_ops_are_refused"
-)
-# Registration's tests, by name: the rest of their file (rendezvous, shared settings,
-# torchrun) is not in the quick subset.
-for t in test_version_mismatch_raises_with_rebuild_command test_matching_versions_pass \
-  test_extension_exports_no_copy_of_the_cxx_runtime test_backend_name_registered \
-  test_register_twice_is_harmless test_entry_point_registers_cleanly test_get_backend_of_group \
-  test_backend_returns_the_groups_ringbackend_and_none_for_others test_features_follow_the_torch_release \
-  test_unavailable_feature_message_names_the_release \
-  test_backend_methods_of_a_newer_torch_are_present_or_raise_a_clear_error \
-  test_use_algorithm_picks_the_algorithm_of_groups_made_inside_it; do
-  QUICK_TESTS+=("tests/test_rendezvous_and_registration.py::$t")
-done
 
 VENV_ROOT=${RINGPG_VENV_DIR:-$HOME/.cache/ringpg-venvs}
 VENV=$VENV_ROOT/torch-$VERSION
@@ -104,12 +77,12 @@ log "built in $(( $(date +%s) - start )) s: $("$PY" -c 'import ringpg._C as c, r
 # The venv's python (and torchrun) first; nothing from this checkout's python/ on the path.
 export PATH="$VENV/bin:$PATH"
 unset PYTHONPATH
-# Test paths among the arguments replace the default selection; options add to it.
+# Test paths among the arguments replace tests/; options add to it.  --quick selects the
+# tests marked quick (tests/conftest.py lists them) among those.
 paths=0
 for a in "$@"; do case "$a" in -*) ;; *) paths=1 ;; esac; done
-if [ "$paths" = 0 ]; then
-  if [ "$quick" = 1 ]; then set -- "${QUICK_TESTS[@]}" "$@"; else set -- tests "$@"; fi
-fi
+if [ "$paths" = 0 ]; then set -- tests "$@"; fi
+if [ "$quick" = 1 ]; then set -- -m quick "$@"; fi
 rc=0
 (cd "$SRC" && "$PY" -m pytest -q --timeout=300 -p no:cacheprovider "$@") || rc=$?
 if [ "$remove" = 1 ]; then

@@ -90,6 +90,7 @@ def _choose(op: str, size: int, nbytes: int, arena: bool = True, algo: str = "au
     return _C.choose_algorithm(op, size, nbytes=nbytes, arena=arena, algo=algo, **kw)
 
 
+@pytest.mark.inprocess
 @needs_C
 @pytest.mark.parametrize("size", range(1, 65))
 def test_the_arena_serves_every_op_of_a_group_on_one_host(size: int) -> None:
@@ -122,6 +123,7 @@ def test_the_arena_serves_every_op_of_a_group_on_one_host(size: int) -> None:
             assert forced in ARENA, (op, size, nbytes, forced)
 
 
+@pytest.mark.inprocess
 @needs_C
 @pytest.mark.parametrize("size", range(1, 65))
 def test_without_an_arena_the_links_algorithms_run_as_before(size: int) -> None:
@@ -153,32 +155,30 @@ def test_without_an_arena_the_links_algorithms_run_as_before(size: int) -> None:
         assert _choose("all_gather", size, 1 << 26, arena=False, **shape) == "hier"
 
 
+@pytest.mark.inprocess
 @needs_C
 def test_large_cuda_tensors_take_the_staged_ring_or_the_arena() -> None:
-    # With an arena (from three ranks) the large allreduce runs there (staged in pieces);
-    # without, the staged ring.
-    assert _C.choose_algorithm("allreduce", 4, 1, 4, False, True, True, 1 << 26, device_contiguous=True) == "arena"
-    assert _C.choose_algorithm("allreduce", 4, 1, 4, False, True, False, 1 << 26, device_contiguous=True) == (
-        "staged_ring"
-    )
-    assert _C.choose_algorithm("allreduce", 2, 1, 2, False, True, True, 1 << 26, device_contiguous=True) == (
-        "staged_ring"
-    )
+    # One host of 4 or 2 ranks (_choose's shape).  With an arena (from three ranks) the large
+    # allreduce runs there (staged in pieces); without, the staged ring.
+    assert _choose("allreduce", 4, 1 << 26, device_contiguous=True) == "arena"
+    assert _choose("allreduce", 4, 1 << 26, arena=False, device_contiguous=True) == "staged_ring"
+    assert _choose("allreduce", 2, 1 << 26, device_contiguous=True) == "staged_ring"
     # So do large reduce-scatters and all-gathers of CUDA tensors on the ring (two ranks).
     for op in ("reduce_scatter", "all_gather"):
-        assert _C.choose_algorithm(op, 2, 1, 2, False, True, True, 1 << 26, device_contiguous=True) == "staged_ring"
-        assert _C.choose_algorithm(op, 2, 1, 2, False, True, True, 1 << 26) == "ring"
+        assert _choose(op, 2, 1 << 26, device_contiguous=True) == "staged_ring"
+        assert _choose(op, 2, 1 << 26) == "ring"
     # Unless device copies reach the arena's buffers directly (its segment registered with
     # the device): then two ranks' large device ops run there too, host tensors not.
     for op in ("allreduce", "reduce_scatter", "all_gather"):
         direct = {"device_contiguous": True, "arena_reaches_device": True}
-        assert _C.choose_algorithm(op, 2, 1, 2, False, True, True, 1 << 26, **direct) == "arena"
-        assert _C.choose_algorithm(op, 2, 1, 2, False, True, True, 1 << 26, arena_reaches_device=True) == "ring"
-        assert _C.choose_algorithm(op, 2, 1, 2, False, True, False, 1 << 26, **direct) == "staged_ring"
+        assert _choose(op, 2, 1 << 26, **direct) == "arena"
+        assert _choose(op, 2, 1 << 26, arena_reaches_device=True) == "ring"
+        assert _choose(op, 2, 1 << 26, arena=False, **direct) == "staged_ring"
     # A small one is staged whole and runs in the arena's one step.
-    assert _C.choose_algorithm("allreduce", 4, 1, 4, False, True, True, 64, device_contiguous=True) == ("arena_oneshot")
+    assert _choose("allreduce", 4, 64, device_contiguous=True) == "arena_oneshot"
 
 
+@pytest.mark.inprocess
 @needs_C
 def test_single_copy_is_chosen_by_the_size_class_of_the_op() -> None:
     # An op below streaming_op_bytes() lends where the cached class does, one from it on
@@ -193,6 +193,7 @@ def test_single_copy_is_chosen_by_the_size_class_of_the_op() -> None:
                 assert _C.single_copy_for(cached, streaming, nbytes) == streaming, (cached, streaming, nbytes)
 
 
+@pytest.mark.inprocess
 @needs_C
 @pytest.mark.parametrize("elem", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize("parts", [1, 2, 3, 7, 16, 64])
@@ -210,6 +211,7 @@ def test_an_arena_piece_fills_the_buffer_in_whole_lines(elem: int, parts: int) -
 # ============================================= segment names and what a crash leaves
 
 
+@pytest.mark.inprocess
 @needs_C
 def test_segment_names_carry_their_creators_pid() -> None:
     name = _C.arena_segment_name(4242, 0xABCDEF)
@@ -226,6 +228,7 @@ def _dead_pid() -> int:
     return p.pid
 
 
+@pytest.mark.multiprocess  # a child process, for the pid of a dead one
 @needs_C
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
 def test_a_segment_left_by_a_dead_creator_is_reclaimed() -> None:
@@ -381,8 +384,10 @@ def _all_to_alls(chk: Checker, rank: int, ws: int, groups: Groups, dtype: torch.
     chk.equal(f"all_to_all list uneven {tag}", torch.cat(got), want)
 
 
+@pytest.mark.multiprocess
 @ringpg_only
-@pytest.mark.parametrize("ws", range(1, 10))
+# From 4 ranks, more than 5 s each on 2 cores, and longer with every rank.
+@pytest.mark.parametrize("ws", [*range(1, 4), *(pytest.param(ws, marks=pytest.mark.slow) for ws in range(4, 10))])
 def test_every_host_collective_against_gloo(ws: int) -> None:
     with WorkerPool(ws, InitSpec(env=SMALL_ARENA)) as pool:
         assert_reports_ok(pool.run(arena_battery, timeout=600), min_checks_per_rank=50)
@@ -433,6 +438,7 @@ def default_arena_worker(rank: int, ws: int, groups: Groups, args: Any) -> Check
     return chk.report()
 
 
+@pytest.mark.multiprocess
 @ringpg_only
 @pytest.mark.parametrize("ws", [3, 4])
 def test_large_buffers_in_pieces_of_the_default_arena(ws: int) -> None:
@@ -457,6 +463,7 @@ def every_member_says_worker(rank: int, ws: int, groups: Groups, args: Any) -> d
     return {"said": said, "report": chk.report()}
 
 
+@pytest.mark.multiprocess
 @ringpg_only
 @pytest.mark.parametrize("ws", [2, 3])
 def test_every_member_learns_whether_all_said_yes(ws: int) -> None:
@@ -490,6 +497,7 @@ def _arena_and_segments(rank: int, ws: int, port: int, args: Any) -> dict:
     return {"arena_bytes": b.arena_bytes, "sum": x[0].item(), "left": left, "algo": b.algorithm_for("allreduce", 400)}
 
 
+@pytest.mark.multiprocess
 @ringpg_only
 def test_no_segment_is_left_in_dev_shm_once_the_group_is_up() -> None:
     ws = 3
@@ -527,6 +535,7 @@ def _small_dev_shm_on(rank: int, ws: int, port: int, args: Any) -> dict:
     }
 
 
+@pytest.mark.multiprocess
 @ringpg_only
 @pytest.mark.skipif(not harness.can_make_mount_namespaces(), reason="needs root and mount namespaces")
 @pytest.mark.parametrize("who", [0, 1])
@@ -565,6 +574,7 @@ def _small_dev_shm_on_one_host(rank: int, ws: int, port: int, args: Any) -> dict
     }
 
 
+@pytest.mark.multiprocess
 @ringpg_only
 @pytest.mark.skipif(not harness.can_make_mount_namespaces(), reason="needs root and mount namespaces")
 @pytest.mark.parametrize("who", [-1, 1, 4])
@@ -584,6 +594,7 @@ def test_a_host_that_cannot_make_its_arena_leaves_every_host_on_its_rings(who: i
 # ============================================= failures inside a host collective
 
 
+@pytest.mark.multiprocess
 @ringpg_only
 @pytest.mark.parametrize("op", ["broadcast", "reduce", "barrier", "all_reduce"])
 def test_a_rank_dying_in_a_host_collective_fails_every_rank_fast(tmp_path: Any, op: str) -> None:
@@ -613,6 +624,7 @@ def _freeze_in_arena(rank: int, ws: int, port: int, args: Any) -> dict:
     return {"type": kind, "msg": msg, "took": took, "algo": ringpg.backend().algorithm_for("allreduce", 1 << 16)}
 
 
+@pytest.mark.multiprocess
 @ringpg_only
 @pytest.mark.parametrize("op", ["all_reduce", "broadcast", "all_gather_into_tensor", "barrier", "all_to_all_single"])
 def test_a_frozen_rank_in_a_host_collective_times_out_every_rank(op: str) -> None:
@@ -649,6 +661,7 @@ def _mismatched_splits(rank: int, ws: int, port: int, args: Any) -> dict:
     return {"type": kind, "msg": msg, "took": took, "algo": ringpg.backend().algorithm_for("all_to_all", 0)}
 
 
+@pytest.mark.multiprocess
 @ringpg_only
 def test_ranks_that_disagree_on_all_to_all_splits_all_fail_naming_the_pair() -> None:
     """Every member reads every member's sizes in the first round, so every rank fails
@@ -662,6 +675,7 @@ def test_ranks_that_disagree_on_all_to_all_splits_all_fail_naming_the_pair() -> 
         assert v["took"] < KILL_DETECT_S, v
 
 
+@pytest.mark.multiprocess
 @ringpg_only
 def test_ranks_broadcasting_from_different_roots_get_a_clear_error() -> None:
     res = run_scenario(_mismatched_roots, 3)
@@ -685,6 +699,7 @@ def _links_against_arena(rank: int, ws: int, port: int, args: Any) -> dict:
     return {"type": kind, "msg": msg, "took": took}
 
 
+@pytest.mark.multiprocess
 @ringpg_only
 @pytest.mark.parametrize("ws", [2, 3])
 def test_a_rank_on_the_links_and_one_in_the_arena_get_a_mismatch_not_a_timeout(ws: int) -> None:

@@ -57,7 +57,7 @@ from harness import init_ringpg as _init
 from harness.surface import ref_reduce, small_complex
 from harness.transports import check_transport, on_transports
 
-pytestmark = harness.ringpg_only("ringpg's own input checks")
+pytestmark = [pytest.mark.multiprocess, harness.ringpg_only("ringpg's own input checks")]
 
 
 # ------------------------------------------------------------------ bad input

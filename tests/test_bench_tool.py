@@ -33,6 +33,8 @@ def _bench(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_pair_dtypes_measures_each_dtype_at_the_same_byte_size(tmp_path: Path) -> None:
     out = tmp_path / "pair.json"
     p = _bench(
@@ -74,12 +76,15 @@ def test_pair_dtypes_measures_each_dtype_at_the_same_byte_size(tmp_path: Path) -
     assert "paired" in p.stdout and "ringpg:bfloat16/gloo:float32" in p.stdout
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("extra", [["--check"], ["--dtypes", "float32"]])
 def test_pair_dtypes_refuses_what_it_cannot_pair(extra: list) -> None:
     p = _bench("--pair-dtypes", *extra)
     assert p.returncode == 2 and "--pair-dtypes needs" in p.stderr, p.stderr
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_emulated_rows_report_link_and_probe_fractions(tmp_path: Path) -> None:
     out = tmp_path / "emu.json"
     p = _bench(
@@ -152,6 +157,8 @@ def _check_on_two_hosts(tmp_path: Path, *args: str) -> tuple[subprocess.Complete
     return p, doc
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_emulated_hosts_run_shared_memory_within_and_tcp_between(tmp_path: Path) -> None:
     """Two emulated hosts (network namespaces) holding two ranks each, placed cyclically
     (ranks 0, 2 on one, 1, 3 on the other), ringpg on the --transports axis: auto runs
@@ -172,6 +179,8 @@ def test_emulated_hosts_run_shared_memory_within_and_tcp_between(tmp_path: Path)
     assert {r["backend"] for r in doc["results"]} == {"ringpg@auto", "ringpg@tcp", "gloo"}
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_emulated_hosts_compare_hierarchical_flat_ring_and_gloo_in_one_run(tmp_path: Path) -> None:
     """The --algos axis on 2 emulated hosts x 2 ranks: ringpg/hier and ringpg/ring are
     columns of one table next to gloo, each group runs the algorithm its column names,
@@ -188,6 +197,7 @@ def test_emulated_hosts_compare_hierarchical_flat_ring_and_gloo_in_one_run(tmp_p
     assert "(ringpg/hier)/gloo" in p.stdout and "(ringpg/ring)/gloo" in p.stdout, p.stdout
 
 
+@pytest.mark.inprocess
 def test_backend_specs_name_transport_and_algorithm() -> None:
     """``ringpg[@transport][/algo][%copy]`` and the --transports/--algos axes, parsed without ranks."""
     sys.path.insert(0, str(REPO))
@@ -236,6 +246,7 @@ def test_backend_specs_name_transport_and_algorithm() -> None:
     assert "(ringpg/hier)/gloo" in header and "(ringpg@tcp/ring)/gloo" in header, header
 
 
+@pytest.mark.inprocess
 def test_header_says_whether_torch_records_each_op(monkeypatch: pytest.MonkeyPatch) -> None:
     """The backends line says whether torch's flight recorder hook (from torch 2.15, on every
     ringpg group: a per-op cost) is on, as torch reads TORCH_FR_BUFFER_SIZE; before 2.15
@@ -261,6 +272,7 @@ def test_header_says_whether_torch_records_each_op(monkeypatch: pytest.MonkeyPat
             assert (want in why) == hooked and ("flight recorder" in why) == hooked, (value, spec, why)
 
 
+@pytest.mark.multiprocess
 def test_emulated_links_deliver_each_flow_in_order() -> None:
     """Every veth of the emulated cluster (each rank's end and each bridge port) steers
     received packets by flow hash over all CPUs (RPS), so one flow is never spread over
@@ -302,6 +314,8 @@ def _tiny(*args: str) -> list:
     ]
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_missing_and_broken_peers_are_skipped_with_their_reasons_and_the_table_still_comes(tmp_path: Path) -> None:
     """A peer without a venv, and one whose launcher fails at once (a stand-in mpiexec that
     prints why and exits 3): each is left out with a one-line reason; ringpg and gloo run."""
@@ -348,6 +362,8 @@ def _installed_peer() -> str:
     pytest.skip(f"no MPI peer in {default_peers_dir()} (bash scripts/install_peers.sh; or set RINGPG_PEERS_DIR)")
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_an_mpi_peer_runs_every_case_exactly_and_gets_the_best_peer_ratio(tmp_path: Path) -> None:
     """One real MPI (where its venv exists): every op, checked element by element as ringpg
     is; bfloat16 rows say skip (no MPI datatype) and still measure ringpg and gloo; each
@@ -371,6 +387,8 @@ def test_an_mpi_peer_runs_every_case_exactly_and_gets_the_best_peer_ratio(tmp_pa
     assert len(float_rows) == 15 and all(line.endswith(f"x {peer}") for line in float_rows), float_rows
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.parametrize("lib", ["missing", "not-a-library"])
 def test_a_vllm_library_that_is_missing_or_does_not_load_is_a_skipped_column(tmp_path: Path, lib: str) -> None:
     """``--backends ringpg,vllm`` with no usable vLLM library: the column is left out with a
@@ -395,6 +413,8 @@ def test_a_vllm_library_that_is_missing_or_does_not_load_is_a_skipped_column(tmp
     assert {r["backend"] for r in json.loads(out.read_text())["results"]} == {"ringpg", "gloo"}
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_vllm_runs_its_cases_exactly_and_skips_the_rest(tmp_path: Path) -> None:
     """vLLM's shm collectives (where scripts/install_peers.sh put them): allreduce and
     all-gather of float32 and bfloat16, checked element by element as every column is, in
@@ -425,6 +445,8 @@ def test_vllm_runs_its_cases_exactly_and_skips_the_rest(tmp_path: Path) -> None:
     assert "ringpg/vllm" in p.stdout, p.stdout  # the ratio column: vLLM (the baseline) time / ringpg time
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_the_floor_is_timed_beside_the_backends_never_checked_and_never_the_baseline(tmp_path: Path) -> None:
     """``floor`` (torch's own cost of an op: a fake group, which moves nothing, with the
     flight recorder hook torch gives out-of-tree backends) gets a time on every row and
@@ -442,6 +464,7 @@ def test_the_floor_is_timed_beside_the_backends_never_checked_and_never_the_base
     assert p.returncode == 0 and "baseline=ringpg" in p.stdout, p.stdout + p.stderr
 
 
+@pytest.mark.inprocess
 def test_the_busbw_plot_leaves_the_floor_out(tmp_path: Path, monkeypatch: Any) -> None:
     """``--plot`` draws busbw per backend, but not torch's floor: it moves no data, so its
     busbw is a figure of nothing, and drawn on the same axis it flattens every other line.
@@ -482,6 +505,7 @@ def test_the_busbw_plot_leaves_the_floor_out(tmp_path: Path, monkeypatch: Any) -
     assert not (tmp_path / "floor.png").exists()
 
 
+@pytest.mark.inprocess
 def test_the_table_sets_a_backends_own_time_against_the_best_peer() -> None:
     """With the floor and peers, a backend's last column is the best peer's time over the
     backend's time less the floor's; a backend at or under the floor gets none."""
@@ -505,6 +529,8 @@ def test_the_table_sets_a_backends_own_time_against_the_best_peer() -> None:
     assert row(9.0).split()[-1] == "-"
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_fresh_tensors_for_every_op_are_checked_and_recorded(tmp_path: Path) -> None:
     out = tmp_path / "fresh.json"
     p = _bench(*_tiny("--ops", "ar,rs,ag,bc,a2a", "--dtypes", "float32,bfloat16", "--fresh", "--json", str(out)))
@@ -516,6 +542,8 @@ def test_fresh_tensors_for_every_op_are_checked_and_recorded(tmp_path: Path) -> 
     assert all(r["fresh"] is True and r["wrong"] == 0 and r["error"] is None and r["time_us"] for r in rows), rows
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_workload_counts_checked_ops_and_reports_memory_and_faults() -> None:
     """benchmarks.workload (issue 35's method), briefly: both backends run, every result is
     checked (a wrong one makes the exit status 1), and the table, the RSS samples and the
@@ -553,6 +581,8 @@ def test_workload_counts_checked_ops_and_reports_memory_and_faults() -> None:
     assert "0 wrong results" in p.stdout
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_scale_reports_creation_and_sockets_per_rank() -> None:
     """benchmarks.scale at 5 ranks: every backend creates, runs a checked allreduce and
     leaves; a ringpg rank holds one socket to and one from each of its two ring
@@ -584,6 +614,8 @@ def test_scale_reports_creation_and_sockets_per_rank() -> None:
     assert int(rows["ringpg-all"][3]) == 2 * 4 + 2 and int(rows["ringpg-all"][4]) == 2 * 4 + 2, rows
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_scale_threads_runs_ranks_as_threads_and_checks_every_op() -> None:
     """benchmarks.scale_threads at 12 ranks in 2 processes: creation leaves a listener and
     two neighbours both ways per rank (5 sockets, the pairs' both ends in the harness), a
@@ -606,6 +638,8 @@ def test_scale_threads_runs_ranks_as_threads_and_checks_every_op() -> None:
     assert float(a2a[2]) == 1 + 2 * 11, p.stdout
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.parametrize("choice", ["on", "off"])
 def test_hugepages_reach_the_ranks(choice: str) -> None:
     """--hugepages sets torch's huge-page switch in the ranks' own environment (the header
@@ -624,6 +658,8 @@ def test_hugepages_reach_the_ranks(choice: str) -> None:
     assert f" hugepages={choice} " in p.stdout, p.stdout
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [[], ["--after-barrier"]], ids=["back-to-back", "after-barrier"])
 def test_backtoback_times_each_op_and_backend(mode: list) -> None:
     """benchmarks.backtoback: one line per op, size and backend, each a positive time."""

@@ -109,6 +109,8 @@ from harness.transports import a2a_split, check_transport, on_transports
 
 from devkit.settings import with_tuning
 
+pytestmark = pytest.mark.multiprocess
+
 # The world sizes of each part below (module scope: pytest groups the tests by world
 # size, and each pool of workers starts once per size).
 ON_WS_1_TO_5 = pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5], ids=lambda ws: f"ws{ws}", scope="module")
@@ -584,7 +586,9 @@ def test_coalescing_manager(shared_pool: WorkerPool) -> None:
     assert_reports_ok(shared_pool.run(coalescing_manager_worker))
 
 
-@ON_WS_2_3
+@pytest.mark.parametrize(
+    "world_size", [2, pytest.param(3, marks=pytest.mark.slow)], ids=lambda ws: f"ws{ws}", scope="module"
+)  # ON_WS_2_3, with 3 ranks slow (more than 5 s on 2 cores)
 def test_functional_coalesced(shared_pool: WorkerPool) -> None:
     assert_reports_ok(shared_pool.run(functional_coalesced_worker))
 

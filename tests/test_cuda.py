@@ -32,7 +32,11 @@ from harness.models import (
     train_fsdp_and_reference,
 )
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+]
 
 WORLD_SIZES = [2, 3]
 

@@ -30,6 +30,8 @@ import pytest
 
 _C = pytest.importorskip("ringpg._C")
 
+pytestmark = pytest.mark.inprocess
+
 HELLO = struct.Struct("<IIiiQ")  # magic, version, src, dst, nonce (transport/rendezvous.h)
 HELLO_MAGIC = 0x48475052
 HELLO_VERSION = 2

@@ -34,7 +34,7 @@ from harness import init_ringpg as _init
 
 from devkit.settings import TUNING
 
-pytestmark = harness.ringpg_only("ringpg's own failure reporting")
+pytestmark = [pytest.mark.multiprocess, harness.ringpg_only("ringpg's own failure reporting")]
 
 
 # ============================== what a failed group says: get_error, abort hooks, flight recorder

@@ -46,7 +46,7 @@ from harness import TRANSPORT_ENV_DICTS as TRANSPORTS
 from harness import TYPED_ERRORS as TYPED
 from harness import init_ringpg as _init
 
-pytestmark = harness.ringpg_only("ringpg's own fault handling")
+pytestmark = [pytest.mark.multiprocess, harness.ringpg_only("ringpg's own fault handling")]
 
 
 # ------------------------------------------------------------------ dead peers

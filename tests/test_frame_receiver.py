@@ -18,6 +18,8 @@ import pytest
 
 _C = pytest.importorskip("ringpg._C")
 
+pytestmark = pytest.mark.inprocess
+
 MAGIC = 0x31475052  # "RPG1" (transport/wire.h)
 KINDS = {"collective": 1, "p2p": 2, "goodbye": 3, "abort": 4}
 HEADER = 32

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from harness import Checker, Groups, InitSpec, WorkerPool, assert_reports_ok
 
 
+@pytest.mark.inprocess
 def test_checker_reports_exact_mismatch() -> None:
     chk = Checker(rank=2)
     assert chk.equal("same", torch.tensor([1, 2, 3]), torch.tensor([1, 2, 3]))
@@ -58,6 +59,8 @@ def echo_worker(rank: int, ws: int, groups: Groups, args: Any) -> tuple[int, int
     return rank, ws, dist.get_backend(groups.test)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_failures_are_reported_and_pool_recovers() -> None:
     with WorkerPool(2, InitSpec(), backend="gloo", error_grace_s=2.0) as pool:
         with pytest.raises(AssertionError) as e:

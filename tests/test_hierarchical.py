@@ -432,7 +432,9 @@ HIER_OPS = (
 )
 
 pytestmark = [
-    # The first test of a layout also pays its pool's run (about 20-30 s on 2 cores).
+    pytest.mark.multiprocess,
+    # The first test of a layout also pays its pool's run (about 20-30 s on 2 cores): so
+    # every test on a layout's pool (fixture `run`) is marked slow.
     pytest.mark.timeout(300),
 ]
 
@@ -501,6 +503,7 @@ def expected_host_arena(run: dict[str, Any], members: Any) -> bool:
     return hosts == 1 or (expected_algorithm(run, members) == "hier" and per_host >= HOST_ARENA_MIN_RANKS)
 
 
+@pytest.mark.slow
 def test_layout_is_what_the_test_means(run: dict[str, Any]) -> None:
     """The emulated layout itself: hosts and ranks per host as the layout's id says, and
     the world and each subgroup on the algorithm the table says (harness's rule)."""
@@ -515,6 +518,7 @@ def test_layout_is_what_the_test_means(run: dict[str, Any]) -> None:
         assert expected_host_arena(run, range(WS)) == (run["name"] == "2x3")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not RINGPG, reason="ringpg's topology")
 def test_backend_reports_hosts_and_algorithm(run: dict[str, Any]) -> None:
     hosts, per_host, ring = emulated_topology(run["layout"], range(WS))
@@ -530,15 +534,18 @@ def test_backend_reports_hosts_and_algorithm(run: dict[str, Any]) -> None:
     assert result(run, "info") == [want] * WS
 
 
+@pytest.mark.slow
 def test_collectives_match_gloo(run: dict[str, Any]) -> None:
     assert_reports_ok(result(run, "battery"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["coalesced", "surface-deprecated", "surface-manager"])
 def test_coalesced_match_gloo(run: dict[str, Any], task: str) -> None:
     assert_reports_ok(result(run, task))
 
 
+@pytest.mark.slow
 def test_subgroups_match_gloo(run: dict[str, Any]) -> None:
     """The 2 x 2 subgroup runs hierarchically (whatever the world's shape), the 2 + 1 one
     on the flat ring (and, with RINGPG_ALGO=hier, those of one host or one rank per host
@@ -580,6 +587,7 @@ def assert_traced(trace_dir: str, group: str, algorithm: str, all_reduce_bytes: 
     assert not any(wrong.values()), f"group {group}: expected {algorithm!r}, traced {wrong}"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not RINGPG, reason="RINGPG_TRACE is ringpg's")
 def test_traces_show_the_algorithm(run: dict[str, Any]) -> None:
     """The traces, not only the backend's word: every non-empty allreduce, reduce-scatter
@@ -601,6 +609,7 @@ def test_traces_show_the_algorithm(run: dict[str, Any]) -> None:
         )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not RINGPG, reason="RINGPG_TRACE is ringpg's")
 def test_traces_show_the_pieces(run: dict[str, Any]) -> None:
     """The large all_reduce, reduce_scatter_tensor and all_gather_into_tensor of the

@@ -24,7 +24,7 @@ from harness import (
 from harness import TRANSPORT_ENV_DICTS as TRANSPORTS
 from harness import init_ringpg as _init
 
-pytestmark = harness.ringpg_only("ringpg's own sockets")
+pytestmark = [pytest.mark.multiprocess, harness.ringpg_only("ringpg's own sockets")]
 
 
 # ------------------------------------------------------------------ hostile peers

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 import harness
+import pytest
 import torch
 import torch.distributed as dist
 from harness import (
@@ -18,7 +19,7 @@ from harness import (
 )
 from harness import init_ringpg as _init
 
-pytestmark = harness.ringpg_only("ringpg's own lifecycle")
+pytestmark = [pytest.mark.multiprocess, harness.ringpg_only("ringpg's own lifecycle")]
 
 
 # ------------------------------------------------------------------ load and lifecycle

@@ -22,6 +22,8 @@ import torch
 
 _C = pytest.importorskip("ringpg._C")
 
+pytestmark = pytest.mark.inprocess
+
 WORLD_SIZES = list(range(1, 10))
 
 

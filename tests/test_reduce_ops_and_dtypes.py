@@ -221,6 +221,7 @@ def avg_reduce_scatter_worker(rank: int, ws: int, groups: Groups, args: Any) -> 
 # ------------------------------------------------------------------------ tests
 
 
+@pytest.mark.multiprocess
 @ON_WS_2_3
 def test_reduce_every_dst(shared_pool: WorkerPool) -> None:
     assert_reports_ok(shared_pool.run(reduce_every_dst_worker))
@@ -231,33 +232,39 @@ def _skip_gap(feature: str) -> None:
         pytest.skip(f"{backend_under_test()} lacks: {feature}")
 
 
+@pytest.mark.multiprocess
 @ON_WS_2_3
 def test_premul_sum(shared_pool: WorkerPool) -> None:
     _skip_gap("PREMUL_SUM")
     assert_reports_ok(shared_pool.run(premul_sum_worker))
 
 
+@pytest.mark.multiprocess
 @ON_WS_2_3
 def test_premul_sum_factor_of_other_dtype(shared_pool: WorkerPool) -> None:
     _skip_gap("PREMUL_SUM")
     assert_reports_ok(shared_pool.run(premul_sum_factor_dtype_worker))
 
 
+@pytest.mark.multiprocess
 @ON_WS_2_3
 def test_bitwise_ops(shared_pool: WorkerPool) -> None:
     assert_reports_ok(shared_pool.run(bitwise_worker))
 
 
+@pytest.mark.multiprocess
 @ON_WS_2_3
 def test_bool(shared_pool: WorkerPool) -> None:
     assert_reports_ok(shared_pool.run(bool_worker))
 
 
+@pytest.mark.multiprocess
 @ON_WS_2_3
 def test_complex(shared_pool: WorkerPool) -> None:
     assert_reports_ok(shared_pool.run(complex_worker))
 
 
+@pytest.mark.multiprocess
 @ON_WS_2_3
 def test_wide_integer_dtypes(shared_pool: WorkerPool) -> None:
     """SUM/MIN/MAX/PRODUCT on all four, AVG on int16 (unsigned AVG: next test)."""
@@ -266,6 +273,7 @@ def test_wide_integer_dtypes(shared_pool: WorkerPool) -> None:
     assert_reports_ok(shared_pool.run(wide_int_worker, ((torch.int16,), ("AVG",))))
 
 
+@pytest.mark.multiprocess
 @ON_WS_2_3
 def test_avg_on_unsigned_wide_integers(shared_pool: WorkerPool) -> None:
     """AVG (truncating) on uint16/uint32/uint64: a separate task, as a failure may break the group."""
@@ -274,6 +282,7 @@ def test_avg_on_unsigned_wide_integers(shared_pool: WorkerPool) -> None:
     assert_reports_ok(shared_pool.run(wide_int_worker, (unsigned, ("AVG",))))
 
 
+@pytest.mark.multiprocess
 @ON_WS_2_3
 def test_avg_really_averages_in_reduce_scatter(shared_pool: WorkerPool) -> None:
     assert_reports_ok(shared_pool.run(avg_reduce_scatter_worker))
@@ -430,11 +439,13 @@ def non_contiguous_worker(rank: int, ws: int, groups: Groups, args: Any) -> Chec
 # ------------------------------------------------------------------------ tests
 
 
+@pytest.mark.multiprocess
 @ON_WS_2_3
 def test_raw_byte_dtypes(shared_pool: WorkerPool) -> None:
     assert_reports_ok(shared_pool.run(raw_dtype_worker))
 
 
+@pytest.mark.multiprocess
 @ON_WS_2_3
 def test_non_contiguous(shared_pool: WorkerPool) -> None:
     assert_reports_ok(shared_pool.run(non_contiguous_worker))
@@ -496,6 +507,7 @@ def assert_ring_ran(trace_dir: str, ws: int, sizes: set[int]) -> None:
         assert size > limit and algorithms[size] == {"ring"}, (size, limit, algorithms[size])
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}")
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_ring_allreduce_dtypes(world_size: int, transport: str, tmp_path: Any) -> None:
@@ -603,6 +615,7 @@ def _uint64_reference(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor
     return r.view(torch.uint64)
 
 
+@pytest.mark.inprocess
 @needs_C
 @pytest.mark.parametrize("isa", _C.reduce_isas() if _C is not None else ["baseline"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES + INT_DTYPES + [torch.bool], ids=str)
@@ -626,6 +639,7 @@ def test_kernels_match_torch(dtype: torch.dtype, isa: str) -> None:
             ), (op, dtype, n, out[:8], ref[:8])
 
 
+@pytest.mark.inprocess
 @needs_C
 def test_in_place_accumulate_and_dispatch_name() -> None:
     a = torch.arange(1000, dtype=torch.float32)
@@ -639,6 +653,7 @@ def test_in_place_accumulate_and_dispatch_name() -> None:
         _C.reduce_kernel("SUM", a, a, b, isa="sse9")
 
 
+@pytest.mark.inprocess
 @needs_C
 def test_unsupported_pairs_are_refused() -> None:
     a = torch.ones(4)
@@ -691,6 +706,7 @@ def _isas_chosen(settings: list[str]) -> dict[str, tuple[bool, str]]:
             p.join(timeout=10)
 
 
+@pytest.mark.multiprocess
 @needs_C
 def test_reduce_isa_setting_pins_a_copy_or_is_refused() -> None:
     """Tuning key reduce_isa picks the copy ringpg dispatches to; one the CPU cannot run is
@@ -703,6 +719,7 @@ def test_reduce_isa_setting_pins_a_copy_or_is_refused() -> None:
     assert "baseline" in why
 
 
+@pytest.mark.inprocess
 @needs_C
 def test_copies_found_for_this_cpu() -> None:
     """The copies the CPU runs, as its architecture makes them: on aarch64 NEON always

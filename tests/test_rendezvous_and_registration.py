@@ -98,6 +98,7 @@ def smoke_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
     return chk.report()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "method, default_backend",
     [("env", None), ("file", None), ("store", None), ("tcp", "gloo")],
@@ -161,11 +162,13 @@ def subgroups_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRepo
     return chk.report()
 
 
+@pytest.mark.multiprocess
 @ON_WS_4
 def test_two_groups_of_backend_coexist(pool: WorkerPool) -> None:
     assert_reports_ok(pool.run(two_groups_worker))
 
 
+@pytest.mark.multiprocess
 @ON_WS_4
 def test_subgroups_with_non_members(pool: WorkerPool) -> None:
     assert_reports_ok(pool.run(subgroups_worker))
@@ -183,6 +186,7 @@ def thread_names_worker(rank: int, ws: int, groups: Groups, args: Any) -> list[s
     return sorted(names)
 
 
+@pytest.mark.multiprocess
 @ON_WS_4
 def test_ringpg_threads_are_named(pool: WorkerPool) -> None:
     """top -H, perf and /proc tell ringpg's threads from the caller's: each group's engine
@@ -201,6 +205,7 @@ def disagreeing_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRe
     return chk.report()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringpg's transport choice")
 def test_one_rank_opting_out_of_shm_keeps_the_whole_group_on_tcp() -> None:
     """Both ends of every link must use the same transport, whatever each rank was told."""
@@ -227,6 +232,7 @@ def use_transport_worker(rank: int, ws: int, groups: Groups, args: Any) -> Check
     return chk.report()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringpg's transport choice")
 def test_use_transport_picks_the_link_of_groups_made_inside_it() -> None:
     """Groups of one job on different links (the bench's ringpg@gloo column), each
@@ -244,6 +250,7 @@ def small_shm_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRepo
     return chk.report()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringpg's transport choice")
 @pytest.mark.skipif(not can_make_mount_namespaces(), reason="needs root and mount namespaces")
 def test_a_rank_with_a_tiny_private_dev_shm_keeps_the_group_on_tcp() -> None:
@@ -251,6 +258,7 @@ def test_a_rank_with_a_tiny_private_dev_shm_keeps_the_group_on_tcp() -> None:
     assert_reports_ok(run_workers(small_shm_worker, 3, spec=spec))
 
 
+@pytest.mark.multiprocess
 def test_a_congestion_control_the_host_cannot_give_fails_group_creation(tmp_path: Any) -> None:
     """RINGPG_TUNING's tcp_congestion names an algorithm this host lacks: creating the group fails
     with the setting and what the host offers, instead of running on something else."""
@@ -267,6 +275,7 @@ def test_a_congestion_control_the_host_cannot_give_fails_group_creation(tmp_path
     assert "available: " in out.stderr and "reno" in out.stderr, out.stderr
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "env, says",
     [
@@ -296,6 +305,7 @@ def test_a_replaced_or_misspelt_setting_fails_group_creation_naming_the_fix(
     assert says in out.stderr, out.stderr
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize(
     "text, says",
     [
@@ -316,6 +326,7 @@ def test_a_malformed_tuning_value_is_refused_naming_the_key(text: str, says: str
         _C.tuning(text)
 
 
+@pytest.mark.inprocess
 def test_tuning_keys_read_back_as_set_the_last_one_winning() -> None:
     """Each key set reads back as set, a repeated key's last value wins (so settings
     can be appended), spaces around items are ignored, and unset keys keep defaults."""
@@ -345,6 +356,7 @@ def leave_together_worker(rank: int, ws: int, groups: Groups, rounds: int) -> li
     return errors
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("world_size", [16], ids=lambda ws: f"ws{ws}", scope="module")
 def test_ranks_that_leave_together_fail_no_one(pool: WorkerPool) -> None:
     """Ranks that finish a barrier early shut their group down while others are still in
@@ -418,6 +430,7 @@ def store_calls_rank(rank: int, ws: int, port: int, q: Any) -> None:
     q.put((rank, calls))
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringpg's group creation")
 def test_group_creation_takes_the_same_store_round_trips_per_rank_at_any_size() -> None:
     """Every set-up step that hears from every rank (addresses, settings, host
@@ -443,6 +456,7 @@ def test_group_creation_takes_the_same_store_round_trips_per_rank_at_any_size() 
 # ============================================= registration, versions and features
 
 
+@pytest.mark.inprocess
 def test_version_mismatch_raises_with_rebuild_command() -> None:
     with pytest.raises(_loader.RingpgBuildMismatch) as e:
         _loader.check_torch_version("2.14.0", "2.15.0+cu132")
@@ -451,6 +465,7 @@ def test_version_mismatch_raises_with_rebuild_command() -> None:
     assert "2.14.0" in msg and "2.15.0+cu132" in msg
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize(
     "built_for, running",
     [("2.15.0", "2.15.0+cu132"), ("2.15.0+cpu", "2.15.0+cu132"), (torch.__version__, torch.__version__)],
@@ -472,6 +487,7 @@ _CXX_RUNTIME_SYMBOLS = (
 )
 
 
+@pytest.mark.multiprocess
 def test_extension_exports_no_copy_of_the_cxx_runtime() -> None:
     nm = shutil.which("nm")
     if nm is None:
@@ -485,6 +501,7 @@ def test_extension_exports_no_copy_of_the_cxx_runtime() -> None:
     assert not leaked, f"{so} exports C++ runtime symbols {leaked}: a static libstdc++ is not kept local"
 
 
+@pytest.mark.inprocess
 def test_backend_name_registered() -> None:
     assert dist.Backend.RINGPG == "ringpg"
     assert dist.Backend("ringpg") == "ringpg"
@@ -495,6 +512,7 @@ def test_backend_name_registered() -> None:
     assert list(dist.Backend.backend_capability["ringpg"]) == want
 
 
+@pytest.mark.inprocess
 def test_register_twice_is_harmless() -> None:
     ringpg.register()
     ringpg.register()
@@ -505,6 +523,7 @@ def test_register_twice_is_harmless() -> None:
     assert dist.Backend.RINGPG == "ringpg"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(not entry_point_installed(), reason="ringpg is not pip-installed: no torch.backends entry point")
 @pytest.mark.parametrize(
     "code",
@@ -527,6 +546,7 @@ def get_backend_worker(rank: int, ws: int, groups: Groups, args: Any) -> tuple[s
     return str(dist.get_backend()), str(dist.get_backend(groups.test))
 
 
+@pytest.mark.multiprocess
 def test_get_backend_of_group() -> None:
     assert run_workers(get_backend_worker, 1) == [(backend_under_test(), backend_under_test())]
 
@@ -541,6 +561,7 @@ def backend_object_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict
     }
 
 
+@pytest.mark.multiprocess
 def test_backend_returns_the_groups_ringbackend_and_none_for_others() -> None:
     if backend_under_test() != "ringpg":
         pytest.skip("ringpg.backend() describes ringpg groups only")
@@ -552,6 +573,7 @@ def test_backend_returns_the_groups_ringbackend_and_none_for_others() -> None:
         assert v["cuda"], v
 
 
+@pytest.mark.inprocess
 def test_features_follow_the_torch_release() -> None:
     """ringpg.features(), compiled from csrc/common/torch_compat.h, agrees with the
     releases that _features.FEATURES (docs/support.md's feature table) names."""
@@ -559,6 +581,7 @@ def test_features_follow_the_torch_release() -> None:
     assert ringpg.features() == {name: running >= f.since for name, f in _features.FEATURES.items()}
 
 
+@pytest.mark.inprocess
 def test_unavailable_feature_message_names_the_release() -> None:
     with pytest.raises(_features.FeatureUnavailable) as e:
         _features.missing_backend_attribute(object(), "shrink")
@@ -583,6 +606,7 @@ def backend_methods_worker(rank: int, ws: int, groups: Groups, args: Any) -> dic
     return out
 
 
+@pytest.mark.multiprocess
 def test_backend_methods_of_a_newer_torch_are_present_or_raise_a_clear_error() -> None:
     """Checks _features.BACKEND_METHODS against the running torch's own Backend binding:
     a method is there from the release the table names, and before it the error says so."""
@@ -641,6 +665,7 @@ def use_algorithm_worker(rank: int, ws: int, groups: Groups, args: Any) -> Check
     return chk.report()
 
 
+@pytest.mark.multiprocess
 def test_use_algorithm_picks_the_algorithm_of_groups_made_inside_it() -> None:
     """Groups of one job on different algorithms (the bench's ringpg/ring and ringpg/hier
     columns), on 2 emulated hosts x 2 ranks where RINGPG_ALGO=auto runs the hierarchical
@@ -680,6 +705,7 @@ def _rank1_differs(rank: int, ws: int, port: int, args: Any) -> dict:
     return {"type": kind, "msg": msg, "took": took}
 
 
+@pytest.mark.multiprocess
 @ringpg_settings
 def test_a_rank_that_differs_fails_every_rank_naming_each_setting(tmp_path: Any) -> None:
     res = harness.run_scenario(_rank1_differs, 3, (str(tmp_path),))
@@ -739,6 +765,7 @@ def _local_settings_differ_then_algorithms(rank: int, ws: int, port: int, args: 
     return out
 
 
+@pytest.mark.multiprocess
 @ringpg_settings
 def test_local_settings_may_differ_and_use_algorithm_is_agreed() -> None:
     res = harness.run_scenario(_local_settings_differ_then_algorithms, 3)
@@ -767,12 +794,15 @@ NPROC = 2
 LAUNCH_TIMEOUT_S = 180
 
 
+@pytest.mark.inprocess
 def test_script_never_imports_ringpg() -> None:
     with open(SCRIPT) as f:
         code = f.read()
     assert "import ringpg" not in code and "from ringpg" not in code
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.skipif(
     backend_under_test() == "ringpg" and not entry_point_installed(),
     reason="ringpg is not pip-installed: no torch.backends entry point",

@@ -16,6 +16,8 @@ import pytest
 
 _C = pytest.importorskip("ringpg._C")
 
+pytestmark = pytest.mark.inprocess
+
 COUNTS = range(0, 41)
 SIZES = range(1, 9)
 
@@ -226,7 +228,7 @@ def test_recursive_doubling_pairs_agree_and_sum_every_rank_once(size: int) -> No
         assert sorted(final) == list(range(size)), (size, r, final)
 
 
-@pytest.mark.parametrize("size", [*range(1, 34), 100, 1024])
+@pytest.mark.parametrize("size", [*range(1, 34), 100, pytest.param(1024, marks=pytest.mark.slow)])  # 1024: 4-5 s
 def test_bruck_rounds_pair_up_and_deliver_every_block_once(size: int) -> None:
     """Bruck's all-to-all (direct.h): in every round each rank's peers send to it what it
     expects, and a symbolic run leaves at rank r, under block i, exactly the block rank

@@ -42,7 +42,10 @@ from harness import (
 
 from devkit.settings import tuning, with_tuning
 
-pytestmark = pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringpg's connections and algorithms")
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.skipif(backend_under_test() != "ringpg", reason="ringpg's connections and algorithms"),
+]
 
 # One host's transports (the "mixed" emulated hosts reorder the ring; test_hierarchical.py
 # covers their creation-time links through every op).

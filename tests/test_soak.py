@@ -56,7 +56,7 @@ FD_SLACK = 4
 #: generous on purpose: a leak of the tensors of each op exceeds it in a long run.
 RSS_GROWTH_LIMIT_MB = 300.0
 
-pytestmark = [pytest.mark.timeout(int(SOAK_SECONDS) + 240)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(int(SOAK_SECONDS) + 240)]
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,8 @@ from harness.surface import finish
 
 from devkit.settings import tuning
 
+pytestmark = pytest.mark.multiprocess
+
 ON_WS_2_3 = pytest.mark.parametrize("world_size", [2, 3], ids=lambda ws: f"ws{ws}", scope="module")
 ON_WS_4 = pytest.mark.parametrize("world_size", [4], ids=lambda ws: f"ws{ws}", scope="module")
 ringpg_split_shrink = pytest.mark.skipif(

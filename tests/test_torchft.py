@@ -62,11 +62,15 @@ def _torchft() -> Any:
 # ------------------------------------------------------------------ the import guard
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_import_ringpg_does_not_import_torchft() -> None:
     code = "import sys, ringpg; assert 'torchft' not in sys.modules, 'import ringpg imported torchft'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=_env_with_src())
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_ringpg_torchft_without_torchft_says_what_to_install() -> None:
     code = (
         "import sys; sys.modules['torchft'] = None\n"  # an import of torchft now fails
@@ -220,6 +224,7 @@ def _flat(v: Any) -> list[torch.Tensor]:
     return [t for x in v for t in _flat(x)] if isinstance(v, (list, tuple)) else [v]
 
 
+@pytest.mark.inprocess
 def test_every_collective_matches_torchft_gloo(thread_groups: Any) -> None:
     ex, groups = thread_groups
     ring = [f.result(timeout=60) for f in [ex.submit(_cases, groups[r][0], r, WS) for r in range(WS)]]
@@ -235,6 +240,7 @@ def test_every_collective_matches_torchft_gloo(thread_groups: Any) -> None:
     assert [g[0].errored() for g in groups] == [None] * WS
 
 
+@pytest.mark.inprocess
 def test_two_ringpg_groups_in_one_process_run_interleaved(thread_groups: Any) -> None:
     """Ranks are threads of one process, each with two live ringpg groups: their async
     ops, issued alternately and waited together, do not touch each other's data."""
@@ -260,6 +266,7 @@ def test_two_ringpg_groups_in_one_process_run_interleaved(thread_groups: Any) ->
     assert all(pg.errored() is None for g in groups for pg in g[:2])
 
 
+@pytest.mark.inprocess
 def test_future_is_complete_when_wait_returns(thread_groups: Any) -> None:
     """torchft's Manager chains then() on get_future() after wait() and needs the Future
     complete by then (with gloo it is); otherwise its callback chain trips an assertion
@@ -401,6 +408,8 @@ def failover(request: Any) -> dict[int, dict[str, Any]]:
     return results
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_killed_rank_fails_survivors_fast_then_reconfigure_works(failover: dict[int, dict[str, Any]]) -> None:
     for r in (0, 1):
         v = failover[r]
@@ -412,6 +421,8 @@ def test_killed_rank_fails_survivors_fast_then_reconfigure_works(failover: dict[
         assert v["q1_ok"], v
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_frozen_rank_times_out_then_reconfigure_works(failover: dict[int, dict[str, Any]]) -> None:
     v = failover[0]
     assert v["frozen_err"], "allreduce with a silent peer did not fail"
@@ -421,6 +432,8 @@ def test_frozen_rank_times_out_then_reconfigure_works(failover: dict[int, dict[s
         assert failover[r]["q2_ok"] and failover[r]["q3_ok"], failover[r]
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_abort_with_a_pending_op_fails_it(failover: dict[int, dict[str, Any]]) -> None:
     v = failover[0]
     assert all(v["pending_err"]), v
@@ -442,6 +455,8 @@ def test_abort_with_a_pending_op_fails_it(failover: dict[int, dict[str, Any]]) -
         print(f"  {k}: {[failover[r].get(k) for r in (0, 1)]}")
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_errors_use_the_words_torchft_matches(failover: dict[int, dict[str, Any]]) -> None:
     msgs = [failover[r]["killed_err"] for r in (0, 1)] + [failover[0]["frozen_err"]]
     assert all(re.search(TORCHFT_ERROR_RE, m) for m in msgs), msgs
@@ -530,7 +545,10 @@ def _frozen_peer(pg: Any, rank: int, addr: str, tag: str, barrier: Any) -> dict[
     return res
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp", "gloo"])
+@pytest.mark.inprocess
+# Over shared memory every op runs, on a store client each: past 5 s whenever one of them
+# meets torch's 5 s connect (below).
+@pytest.mark.parametrize("transport", [pytest.param("shm", marks=pytest.mark.slow), "tcp", "gloo"])
 def test_torchft_conventions_with_ranks_as_threads(transport: str) -> None:
     _torchft()
     import threading
@@ -597,6 +615,8 @@ def test_torchft_conventions_with_ranks_as_threads(transport: str) -> None:
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "torchft_ringpg.py")
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(280)
 def test_manager_survives_a_killed_replica_and_all_end_with_equal_weights() -> None:
     _torchft()

@@ -101,6 +101,7 @@ def _chunk_of(count: int, offset: int) -> int:
     raise AssertionError(f"offset {offset} in no chunk of {count}")
 
 
+@pytest.mark.multiprocess
 def test_files_are_complete_json_one_per_rank(traced: Dict[str, Any]) -> None:
     files = sorted(os.listdir(traced["dir"]))
     assert files == [f"ringpg.0.rank{r}.json" for r in range(WS)], files
@@ -112,6 +113,7 @@ def test_files_are_complete_json_one_per_rank(traced: Dict[str, Any]) -> None:
     assert all(f"trace={traced['dir']}" in r["summary"] and r["tracing_was_on"] for r in traced["results"])
 
 
+@pytest.mark.multiprocess
 def test_op_spans_name_op_seq_and_bytes(traced: Dict[str, Any]) -> None:
     for t in traced["traces"]:
         ops = t.ops()
@@ -131,6 +133,7 @@ def test_op_spans_name_op_seq_and_bytes(traced: Dict[str, Any]) -> None:
                 assert op["ts"] - TOL_US <= e["ts"] and e["ts"] + e["dur"] <= op["ts"] + op["dur"] + TOL_US
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("seq", [SMALL_SEQ, MEDIUM_SEQ])
 def test_steps_and_chunks_match_the_ring_plan(traced: Dict[str, Any], seq: int) -> None:
     for t in traced["traces"]:
@@ -164,6 +167,7 @@ def test_steps_and_chunks_match_the_ring_plan(traced: Dict[str, Any], seq: int) 
         assert names == ["send", "recvReduceSend", "recvReduceCopySend", "recvCopySend", "recv", "finish"]
 
 
+@pytest.mark.multiprocess
 def test_all_gather_from_its_own_input_starts_with_copy_send(traced: Dict[str, Any]) -> None:
     # Its own chunk leaves and lands in the output segment by segment (NCCL's copySend),
     # then the gather steps: one recvCopySend at three ranks, and the last recv.
@@ -176,6 +180,7 @@ def test_all_gather_from_its_own_input_starts_with_copy_send(traced: Dict[str, A
         assert {e["args"]["chunk"] for e in first_sends} == {t.rank}
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("seq", [SMALL_SEQ, MEDIUM_SEQ])
 def test_receives_precede_the_reductions_that_use_them(traced: Dict[str, Any], seq: int) -> None:
     fused = traced["transport"] == "shm"
@@ -199,6 +204,7 @@ def test_receives_precede_the_reductions_that_use_them(traced: Dict[str, Any], s
         assert reduced == expected
 
 
+@pytest.mark.multiprocess
 def test_sends_precede_their_receives_on_the_aligned_clock(traced: Dict[str, Any]) -> None:
     traces = {t.rank: t for t in traced["traces"]}
     slack = {r: t.meta["clock_rtt_ns"] / 2000.0 for r, t in traces.items()}
@@ -219,6 +225,7 @@ def test_sends_precede_their_receives_on_the_aligned_clock(traced: Dict[str, Any
     assert checked > 0
 
 
+@pytest.mark.multiprocess
 def test_clock_offsets_within_half_the_round_trip(traced: Dict[str, Any]) -> None:
     for t in traced["traces"]:
         off, rtt = t.meta["clock_offset_ns"], t.meta["clock_rtt_ns"]
@@ -230,6 +237,7 @@ def test_clock_offsets_within_half_the_round_trip(traced: Dict[str, Any]) -> Non
             assert rtt > 0 and abs(off) <= rtt / 2 + 1
 
 
+@pytest.mark.multiprocess
 def test_merged_file_one_track_per_rank(traced: Dict[str, Any], tmp_path: Any) -> None:
     out = str(tmp_path / "ring.json")
     summary = rtrace.merge(traced["dir"], out)
@@ -247,6 +255,7 @@ def test_merged_file_one_track_per_rank(traced: Dict[str, Any], tmp_path: Any) -
     assert summary["ranks"] == WS and summary["ops"] == 5 * WS
 
 
+@pytest.mark.multiprocess
 def test_walkthrough_sums_match_the_result(traced: Dict[str, Any]) -> None:
     w = rtrace.walkthrough(traced["dir"])
     assert (w.name, w.seq, w.size, w.count) == ("all_reduce", SMALL_SEQ, WS, SMALL)
@@ -269,6 +278,7 @@ def test_walkthrough_sums_match_the_result(traced: Dict[str, Any]) -> None:
     assert "chunk 1 = a1+b1+c1" in text and "chunk 1 = a1+c1" in text
 
 
+@pytest.mark.multiprocess
 def test_cli_merges_and_walks_through(traced: Dict[str, Any], tmp_path: Any) -> None:
     out = tmp_path / "cli.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
@@ -284,11 +294,13 @@ def test_cli_merges_and_walks_through(traced: Dict[str, Any], tmp_path: Any) -> 
     json.loads(out.read_text())
 
 
+@pytest.mark.multiprocess
 def test_ringpg_ops_appear_in_torch_profiler(traced: Dict[str, Any]) -> None:
     for r in traced["results"]:
         assert "ringpg:all_reduce" in r["profiled"], r["profiled"]
 
 
+@pytest.mark.multiprocess
 def test_png(traced: Dict[str, Any], tmp_path: Any) -> None:
     pytest.importorskip("matplotlib")
     out = tmp_path / "ring.png"
@@ -296,12 +308,14 @@ def test_png(traced: Dict[str, Any], tmp_path: Any) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.inprocess
 def test_png_without_matplotlib_says_how_to_get_it(tmp_path: Any, monkeypatch: Any) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     with pytest.raises(RuntimeError, match="pip install matplotlib"):
         rtrace.draw_png(str(tmp_path), str(tmp_path / "x.png"))
 
 
+@pytest.mark.inprocess
 def test_tracing_is_off_by_default() -> None:
     if os.environ.get("RINGPG_TRACE"):
         pytest.skip("RINGPG_TRACE is set in this environment")

@@ -265,6 +265,7 @@ def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRe
     return chk.report()
 
 
+@pytest.mark.multiprocess
 @ON_CONFIGS
 @ON_WS_2_TO_4
 def test_transport_in_use(tpool: WorkerPool, config: tuple[str, Any, str], world_size: int) -> None:
@@ -348,6 +349,7 @@ def assert_copy_as_documented(env: tuple[tuple[str, str], ...], transport: str, 
     assert [p is not None for p in probes] == [measured and s for s in shared], probes
 
 
+@pytest.mark.multiprocess
 @ON_CONFIGS
 @ON_WS_2_TO_4
 def test_collectives_match_gloo(tpool: WorkerPool) -> None:
@@ -379,6 +381,7 @@ def large_reduce_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckR
     return chk.report()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("config", LARGE_REDUCE_CONFIGS, ids=lambda c: c[0])
 def test_large_reduce_steps_match_gloo_with_and_without_single_copy(config: tuple[str, int, Any]) -> None:
     """A ring of two's reduce steps of a large op go by single copy where the kernel
@@ -434,6 +437,7 @@ def size_class_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str
     return {"report": chk.report(), "lent": lent, "copy": b.same_host_copy}
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("config", SIZE_CLASS_CONFIGS, ids=lambda c: c[0])
 def test_single_copy_follows_the_size_class_of_the_op(config: tuple[str, Any]) -> None:
     """Two ranks: an op lends its same-host messages exactly where its size class says
@@ -479,6 +483,7 @@ def use_copy_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, 
     return out
 
 
+@pytest.mark.multiprocess
 def test_use_copy_picks_a_groups_same_host_copy() -> None:
     """ringpg.use_copy: "cma" lends every op's large messages, "slots" none, both without a
     measurement; "auto" does what its own group measured (the documented rule on its
@@ -533,6 +538,7 @@ def streamed_all_gather_worker(rank: int, ws: int, groups: Groups, args: Any) ->
     return chk.report()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("config", STREAM_CONFIGS, ids=lambda c: f"{c[0]}-ws{c[1]}")
 def test_all_gather_written_past_the_caches_matches_gloo(config: tuple[str, int, Any]) -> None:
     _, ws, env = config
@@ -558,6 +564,7 @@ def oneshot_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport
     return chk.report()
 
 
+@pytest.mark.multiprocess
 def test_two_rank_one_shot_in_place_and_through_scratch_match_gloo() -> None:
     assert_reports_ok(run_workers(oneshot_worker, 2, None, InitSpec(env=ONESHOT_SLOTS_ENV), timeout=240))
 
@@ -584,6 +591,7 @@ TCP_BATTERIES: tuple[tuple[str, TaskFn, Any, Optional[str]], ...] = (
 )
 
 
+@pytest.mark.multiprocess
 @on_transports("tcp")
 @pytest.mark.parametrize("battery", TCP_BATTERIES, ids=lambda b: b[0])
 def test_tcp_surface(bpool: WorkerPool, battery: tuple[str, TaskFn, Any, Optional[str]]) -> None:
@@ -599,6 +607,7 @@ def test_tcp_surface(bpool: WorkerPool, battery: tuple[str, TaskFn, Any, Optiona
 # ============================================= the CPUs ringpg may use, one process
 
 
+@pytest.mark.inprocess
 @needs_C
 @pytest.mark.parametrize(
     "text, cpus",
@@ -619,6 +628,7 @@ def test_cpu_max_is_read_as_the_ceiling_of_quota_over_period(text: str, cpus: in
     assert _C.cpus_from_cpu_max(text) == cpus
 
 
+@pytest.mark.inprocess
 @needs_C
 @pytest.mark.parametrize(
     "text, size",
@@ -639,6 +649,7 @@ def test_cache_size_text_is_read_in_bytes(text: str, size: int | None) -> None:
     assert _C.cache_bytes_from_text(text) == size
 
 
+@pytest.mark.inprocess
 @needs_C
 def test_last_level_cache_is_the_kernels_highest_level_data_cache() -> None:
     """The size all-gather streams from by default (half of it) is the kernel's
@@ -657,12 +668,14 @@ def test_last_level_cache_is_the_kernels_highest_level_data_cache() -> None:
     assert _C.last_level_cache_bytes() == max(caches)[1]
 
 
+@pytest.mark.inprocess
 @needs_C
 def test_usable_cpus_never_exceeds_the_affinity_mask() -> None:
     n = _C.usable_cpus()
     assert 1 <= n <= len(os.sched_getaffinity(0))
 
 
+@pytest.mark.inprocess
 @needs_C
 @pytest.mark.parametrize(
     "shares, cpus",
@@ -681,6 +694,7 @@ def test_cpus_together_is_the_union_of_masks_capped_by_the_largest_quota(shares:
     assert _C.cpus_together(shares) == cpus
 
 
+@pytest.mark.inprocess
 @needs_C
 def test_cpu_share_text_lists_this_process_mask() -> None:
     mask, quota = _C.cpu_share_text().split(";")
@@ -710,6 +724,7 @@ def pinned_group_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[s
         os.sched_setaffinity(0, mask)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("shared_cpu", [False, True], ids=["own-cpu", "one-cpu"])
 def test_ranks_pinned_to_cpus_of_their_own_spin(shared_cpu: bool) -> None:
     """Ranks pinned one to a CPU (taskset, numactl, an MPI launcher's binding) each see
@@ -761,6 +776,7 @@ def colocated_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str,
 COLOCATED_TRIALS = 12
 
 
+@pytest.mark.multiprocess
 def test_a_waiter_queued_with_its_neighbour_on_one_cpu_moves_off_it() -> None:
     """Ranks that could each have a core but were queued on one CPU (a wakeup put one
     beside the other) stay there for the op, each spin costing the other its length:
@@ -783,6 +799,7 @@ def test_a_waiter_queued_with_its_neighbour_on_one_cpu_moves_off_it() -> None:
 PROC_SELF_CGROUP_V1 = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n2:cpuacct:/other\n0::/init.scope\n"
 
 
+@pytest.mark.inprocess
 @needs_C
 @pytest.mark.parametrize(
     "text, controller, path",
@@ -807,6 +824,7 @@ def _write(d: Path, files: dict[str, str]) -> None:
         (d / name).write_text(text)
 
 
+@pytest.mark.inprocess
 @needs_C
 def test_v2_quota_is_the_tightest_along_the_path(tmp_path: Path) -> None:
     _write(tmp_path / "kubepods" / "pod1" / "ctr", {"cpu.max": "max 100000\n"})
@@ -822,6 +840,7 @@ def test_v2_quota_is_the_tightest_along_the_path(tmp_path: Path) -> None:
     assert _C.quota_cpus_along(str(tmp_path / "kubepods"), "/kubepods/pod1/ctr", True) == 8
 
 
+@pytest.mark.inprocess
 @needs_C
 def test_v1_quota_reads_quota_and_period_and_ignores_minus_one(tmp_path: Path) -> None:
     _write(tmp_path, {"cpu.cfs_quota_us": "-1\n", "cpu.cfs_period_us": "100000\n"})
