@@ -338,8 +338,8 @@ ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard, ArenaStamp* other
     if (engine_.isBroken()) {
       return ArenaWait::Broken;
     }
-    // A member that shut its group down arrives nowhere again.
-    if (engine_.anyGoodbye() && !engine_.goodbyeFrom(ranks_[from]).empty()) {
+    // A member that left the group (its goodbye, or its process ended) arrives nowhere again.
+    if (engine_.anyGone() && !engine_.goneFrom(ranks_[from]).empty()) {
       return ArenaWait::Left;
     }
     const auto now = Clock::now();

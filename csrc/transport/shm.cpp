@@ -386,8 +386,8 @@ RequestPtr ShmLink::post(int peer, const FrameHeader& hdr, const void* data, siz
   req->hdr.magic = kFrameMagic;
   req->link = this;
   req->lendable = lendable;
-  // As the engine refuses a send to a peer that shut down.
-  if (std::string why = engine_.goodbyeFrom(right_); !why.empty()) {
+  // As the engine refuses a send to a peer that left: it reads nothing more.
+  if (std::string why = engine_.goneFrom(right_); !why.empty()) {
     markFailed(*req, why, /*network=*/true);
     return req;
   }
@@ -652,9 +652,9 @@ void ShmLink::failAll(const std::string& reason, bool network) {
 }
 
 bool ShmLink::failIfNeighbourLeft() {
-  std::string why = recvs_.empty() ? std::string() : engine_.goodbyeFrom(left_);
+  std::string why = recvs_.empty() ? std::string() : engine_.goneFrom(left_);
   if (why.empty() && (!sends_.empty() || !lent_.empty())) { // a lent buffer is read by no one now
-    why = engine_.goodbyeFrom(right_);
+    why = engine_.goneFrom(right_);
   }
   if (!why.empty()) {
     failAll(why, /*network=*/true);
@@ -693,7 +693,7 @@ bool ShmLink::waitUntil(const RequestPtr& req, Deadline deadline) {
     }
     // A neighbour that shut its group down sends and takes nothing more, but what it
     // wrote before its goodbye is in the slots: looked at before progress() drains them.
-    const bool goodbye = engine_.anyGoodbye();
+    const bool goodbye = engine_.anyGone();
     progress();
     if (req->state.load(std::memory_order_acquire) != Request::State::Pending) {
       return true;
