@@ -16,7 +16,13 @@ What must hold:
     their tag, whatever the order, or wait aside until one is; an any-source receive
     takes any peer's; a size that differs fails that receive alone; collective frames
     go to the running op's receives in order, a later op's wait aside, and a frame of
-    another op, an older op, an Abort or a corrupt header breaks the engine.
+    another op, an older op, an Abort or a corrupt header breaks the engine;
+  * leaving (engine_failure.cpp, issue 60 item 5): a peer whose stream ends between
+    frames while nothing of it is expected has left, which breaks nothing: what it sent
+    first is still delivered (a running op's frame waiting in the socket, a later op's
+    or a p2p frame waiting aside), and only a later receive from it or send to it
+    fails, naming it in gloo's words; a stream that ends inside a frame, or while a
+    receive from the peer is posted, is a lost connection and breaks the engine.
 """
 
 from __future__ import annotations
@@ -215,7 +221,7 @@ def test_a_peer_that_answers_leaving_has_said_goodbye(peer: Peer) -> None:
     assert state == "failed"
     assert "has shut down this process group" in error
     assert peer.engine.broken_reason() == ""  # a peer leaving is no failure
-    assert "rank 1" in peer.engine.goodbye_from(1)
+    assert "rank 1" in peer.engine.gone_from(1)
 
 
 # ---- Matching, over a faithful connection -----------------------------------------
@@ -327,3 +333,92 @@ def test_shutdown_says_goodbye_to_the_peer(peer: Peer) -> None:
     peer.engine.shutdown(2000)
     got = recv_exactly(outbound, HEADER.size)
     assert HEADER.unpack(got)[1] == KINDS["goodbye"]
+
+
+# ---- Leaving: the peer's stream ends -------------------------------------------------
+
+
+def wait_gone(peer: Peer) -> str:
+    """Waits for the engine to see the peer's end of stream as a departure."""
+    deadline = time.monotonic() + WAIT
+    while not peer.engine.gone_from(1) and not peer.engine.broken_reason() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return peer.engine.gone_from(1)
+
+
+def left_named(error: str) -> bool:
+    return "needs rank 1, which left the group" in error and "Connection closed by peer" in error
+
+
+def test_a_peer_that_closes_between_frames_with_nothing_expected_has_left(peer: Peer) -> None:
+    inbound, outbound = peer.connect()
+    inbound.close()
+    outbound.close()  # the process exited: both directions end
+    assert left_named(wait_gone(peer))
+    assert peer.engine.broken_reason() == ""  # leaving is not failing
+    # Whatever needs it now fails, naming it; the engine stays healthy for the rest.
+    peer.engine.set_current_collective(header("collective", key=1, op_numel=1))
+    recv = peer.engine.post_recv(1, header("collective", key=1, op_numel=1), 4)
+    state, error, _, _ = peer.engine.wait(recv, 2000)
+    assert state == "failed" and left_named(error)
+    send = peer.engine.post_send(1, header("p2p", key=2), b"x")
+    state, error, _, _ = peer.engine.wait(send, 2000)
+    assert state == "failed" and left_named(error)
+    p2p = peer.engine.post_recv(1, header("p2p", key=3), 1)
+    assert peer.engine.wait(p2p, 2000)[0] == "failed"
+    assert peer.engine.broken_reason() == ""
+
+
+def test_what_a_peer_sent_before_it_left_is_still_delivered(peer: Peer) -> None:
+    # The running op (seq 1) has not posted its receive: its frame waits in the socket,
+    # and so does the end of stream behind it.  Once it is taken, a later op's frame and
+    # a p2p frame are read aside before the end of stream, and delivered from there.
+    inbound, _ = peer.connect()
+    peer.engine.set_current_collective(header("collective", key=1, op_numel=2))
+    inbound.sendall(
+        frame("collective", 1, b"a" * 8, op_numel=2)
+        + frame("collective", 2, b"b" * 4, op_numel=1)
+        + frame("p2p", 7, b"seven")
+    )
+    inbound.close()
+    time.sleep(0.05)
+    assert peer.engine.gone_from(1) == ""  # not seen yet: behind the running op's frame
+    first = peer.engine.post_recv(1, header("collective", key=1, op_numel=2), 8)
+    assert peer.engine.wait(first, 2000) == ("done", "", b"a" * 8, 1)
+    assert left_named(wait_gone(peer))
+    peer.engine.set_current_collective(header("collective", key=2, op_numel=1))
+    later = peer.engine.post_recv(1, header("collective", key=2, op_numel=1), 4)
+    assert peer.engine.wait(later, 2000) == ("done", "", b"b" * 4, 1)
+    seven = peer.engine.post_recv(1, header("p2p", key=7), 5)
+    assert peer.engine.wait(seven, 2000) == ("done", "", b"seven", 1)
+    # Nothing more comes from it.
+    more = peer.engine.post_recv(1, header("collective", key=2, op_numel=1), 4)
+    state, error, _, _ = peer.engine.wait(more, 2000)
+    assert state == "failed" and left_named(error)
+    assert peer.engine.broken_reason() == ""
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [header("p2p", key=1, nbytes=4)[:10], frame("p2p", 1, b"four")[:-2]],
+    ids=["inside-a-header", "inside-a-payload"],
+)
+def test_a_stream_that_ends_inside_a_frame_is_a_lost_connection(peer: Peer, sent: bytes) -> None:
+    inbound, _ = peer.connect()
+    inbound.sendall(sent)
+    inbound.close()
+    deadline = time.monotonic() + WAIT
+    while not peer.engine.broken_reason() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert "lost its connection to rank 1" in peer.engine.broken_reason()
+    assert peer.engine.gone_from(1) == ""
+
+
+def test_a_stream_that_ends_while_a_receive_waits_for_the_peer_is_a_lost_connection(peer: Peer) -> None:
+    inbound, _ = peer.connect()
+    peer.engine.set_current_collective(header("collective", key=1, op_numel=1))
+    recv = peer.engine.post_recv(1, header("collective", key=1, op_numel=1), 4)
+    inbound.close()
+    state, error, _, _ = peer.engine.wait(recv, 2000)
+    assert state == "failed" and "lost its connection to rank 1" in error
+    assert "Connection closed by peer" in peer.engine.broken_reason()

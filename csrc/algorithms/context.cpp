@@ -177,7 +177,7 @@ void OpContext::arenaStep(bool firstOfRound, int root) {
       network ? throwNetwork(why) : throwBackend(why);
     }
     case ArenaWait::Left: {
-      const std::string why = c10::str(describe(tag_), ": ", engine_.goodbyeFrom(laggard));
+      const std::string why = c10::str(describe(tag_), ": ", engine_.goneFrom(laggard));
       throwNetwork(why);
     }
     case ArenaWait::Mismatch:

@@ -550,7 +550,12 @@ void RingBackend::execute(Queued& q) {
     error = std::current_exception();
     // The op stopped part-way, so this rank's peers are out of step with it: break the
     // group with this cause (they hear it at once) rather than let the next op mismatch.
-    net_->engine->fail(c10::str(describe(q.tag), ": ", e.what_without_backtrace()), /*network=*/false);
+    // A request's error names the op already (throwRequestError), and a peer that the op
+    // needed and that left the group (a network error) stays the cause's kind.
+    const std::string op = describe(q.tag);
+    const std::string what = e.what_without_backtrace();
+    net_->engine->fail(what.rfind(op, 0) == 0 ? what : c10::str(op, ": ", what),
+                       /*network=*/dynamic_cast<const c10::DistNetworkError*>(&e) != nullptr);
   } catch (const std::exception& e) {
     // Anything else (a std::bad_alloc, say) becomes a DistBackendError naming the op.
     const std::string msg = c10::str(describe(q.tag), ": ", e.what());

@@ -638,8 +638,9 @@ void bindTestSeams(py::module_& m) {
       .def(
           "connected_peers", [](Probe& p) { return p.engine().connectedPeers(); }, "the peers with a socket either way")
       .def(
-          "goodbye_from", [](Probe& p, int peer) { return p.engine().goodbyeFrom(peer); }, py::arg("peer"),
-          "why nothing more comes from `peer` if it said goodbye (or answered a hello as leaving), else ''")
+          "gone_from", [](Probe& p, int peer) { return p.engine().goneFrom(peer); }, py::arg("peer"),
+          "why nothing more comes from `peer` if it left: it said goodbye (or answered a hello as leaving), or "
+          "its connection closed between frames with nothing of it expected; else ''")
       .def(
           "shutdown",
           [](Probe& p, int64_t timeoutMs) {

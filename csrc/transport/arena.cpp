@@ -338,9 +338,17 @@ ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard, ArenaStamp* other
     if (engine_.isBroken()) {
       return ArenaWait::Broken;
     }
-    // A member that shut its group down arrives nowhere again.
-    if (engine_.anyGoodbye() && !engine_.goodbyeFrom(ranks_[from]).empty()) {
-      return ArenaWait::Left;
+    // A member that left the group (its goodbye, or its process ended) arrives nowhere
+    // again.  An arrival it published before it left is in the segment still, and may
+    // have landed after the look above: the arrivals are looked at once more.
+    if (engine_.anyGone() && !engine_.goneFrom(ranks_[from]).empty()) {
+      if (allArrived(step_, &from)) {
+        return ArenaWait::Done;
+      }
+      *laggard = from;
+      if (!engine_.goneFrom(ranks_[from]).empty()) {
+        return ArenaWait::Left;
+      }
     }
     const auto now = Clock::now();
     if (now >= deadline) {

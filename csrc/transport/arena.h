@@ -38,7 +38,8 @@
 // Waits spin for the group's spin (Config::shmSpinMicros), then sleep on the bell
 // (a futex, at most 10 ms at a time so that a broken group is noticed), and keep
 // the op's deadline; a member that does not arrive in time, a broken group (a dead
-// peer's sockets, an abort, a failure elsewhere) or a peer's goodbye ends the wait.
+// peer's sockets, an abort, a failure elsewhere) or a member that left the group (its
+// goodbye, or its process ended between ops: Engine::goneFrom) ends the wait.
 //
 // Security.  The segment is created 0600 under an unguessable name (pid and a random
 // nonce) with O_EXCL, reserved at once (posix_fallocate: a full /dev/shm fails here,
@@ -93,7 +94,7 @@ enum class ArenaWait : uint8_t {
   Done,     // every member arrived
   TimedOut, // the deadline passed first (`laggard`: a member that had not arrived)
   Broken,   // the group broke (Engine::brokenReason says why)
-  Left,     // `laggard` shut its group down (Engine::goodbyeFrom says so)
+  Left,     // `laggard` left the group: shut it down, or its process ended (Engine::goneFrom says so)
   Mismatch, // `laggard` runs this op's sequence number as another op (runsOtherOp)
 };
 

@@ -22,8 +22,6 @@
 
 namespace ringpg {
 
-using engine_detail::shutDownBy;
-
 namespace {
 
 using RxState = FrameReceiver::State;
@@ -76,9 +74,21 @@ void Engine::connectPeers(const std::vector<int>& peers, Deadline deadline) {
     }
     return m;
   };
-  cv_.wait_until(lk, deadline, [&] { return !broken_.empty() || missing().empty(); });
+  // A peer that left while the group is being made will take part in none of it.
+  const auto gone = [&] {
+    for (const int q : peers) {
+      if (q != rank_ && peers_[q].presence != Presence::kPresent) {
+        return q;
+      }
+    }
+    return -1;
+  };
+  cv_.wait_until(lk, deadline, [&] { return !broken_.empty() || gone() >= 0 || missing().empty(); });
   if (!broken_.empty()) {
     throwNetwork(broken_);
+  }
+  if (const int q = gone(); q >= 0) {
+    throwNetwork(c10::str(goneReasonLocked(q), " (during group creation)"));
   }
   const std::vector<int> left = missing();
   if (!left.empty()) {
@@ -137,8 +147,8 @@ RequestPtr Engine::postSend(int peer, const FrameHeader& hdr, const void* data, 
     Peer& P = peers_[peer];
     if (!broken_.empty()) {
       failRequest(req, broken_, done, brokenNetwork_);
-    } else if (P.rx.closed()) {
-      failRequest(req, shutDownBy(peer), done);
+    } else if (P.presence != Presence::kPresent) {
+      failRequest(req, goneReasonLocked(peer), done);
     } else {
       const bool wasIdle = P.txq.empty() && !P.txBusy;
       P.txq.push_back(req);
@@ -168,17 +178,19 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
   bool needWake = false;
   {
     std::unique_lock<std::mutex> lk(mu_); // the posted queues and stashes; readPeer drops it around recv()
+    // A peer that has left may have sent this frame before it did: the stash is
+    // matched first, and only a receive it leaves unmatched fails.
     if (!broken_.empty()) {
       failRequest(req, broken_, done, brokenNetwork_);
-    } else if (peer >= 0 && peers_[peer].rx.closed()) {
-      failRequest(req, shutDownBy(peer), done);
     } else if (hasKind(expect, FrameKind::Collective)) {
       Peer& P = peers_[peer];
       P.collPosted.push_back(req);
       drainStash(peer, done);
-      // A paused header may be waiting for exactly this receive.  (A paused socket
-      // that is busy is being read by the failure path: the group fails next.)
-      if (P.rx.state() == RxState::kPaused && !P.rxBusy && !P.collPosted.empty()) {
+      if (P.presence != Presence::kPresent) {
+        failPostedToGoneLocked(peer, done);
+      } else if (P.rx.state() == RxState::kPaused && !P.rxBusy && !P.collPosted.empty()) {
+        // A paused header may be waiting for exactly this receive.  (A paused socket
+        // that is busy is being read by the failure path: the group fails next.)
         routeHeader(peer, done);
         if (broken_.empty() && P.rx.readsSocket()) {
           // Its payload is most likely in the socket already (the peer was ahead of
@@ -190,7 +202,9 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
         }
       }
     } else if (!matchP2PStash(req, done)) {
-      if (peer >= 0) {
+      if (peer >= 0 && peers_[peer].presence != Presence::kPresent) {
+        failRequest(req, goneReasonLocked(peer), done);
+      } else if (peer >= 0) {
         peers_[peer].p2pPosted.push_back(req);
       } else {
         anyPosted_.push_back(req);
@@ -264,9 +278,11 @@ void Engine::setFailureListener(std::function<void()> listener) {
   failureListener_ = std::move(listener);
 }
 
-bool Engine::awaitBroken(Deadline deadline) {
-  std::unique_lock<std::mutex> lk(mu_); // cv_'s mutex; breaking always notifies it (failLocked)
-  return cv_.wait_until(lk, deadline, [&] { return !broken_.empty(); });
+bool Engine::awaitBroken(Deadline deadline, int peer) {
+  // cv_'s mutex; breaking and a peer's leaving always notify it (failLocked, markGoneLocked).
+  std::unique_lock<std::mutex> lk(mu_);
+  return cv_.wait_until(lk, deadline,
+                        [&] { return !broken_.empty() || (peer >= 0 && peers_[peer].presence != Presence::kPresent); });
 }
 
 std::string Engine::brokenReason(bool* network, BreakCause* cause) {
@@ -301,12 +317,12 @@ void Engine::debugSendRaw(int peer, std::string bytes) {
   runCallbacks(done);
 }
 
-std::string Engine::goodbyeFrom(int peer) {
-  if (!anyGoodbye()) {
+std::string Engine::goneFrom(int peer) {
+  if (!anyGone()) {
     return ""; // the common case, without the lock
   }
-  std::lock_guard<std::mutex> lk(mu_);
-  return peers_[peer].rx.closed() ? shutDownBy(peer) : std::string();
+  std::lock_guard<std::mutex> lk(mu_); // the peers' presence
+  return goneReasonLocked(peer);
 }
 
 void Engine::shutdown(Deadline deadline) {

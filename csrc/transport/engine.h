@@ -23,12 +23,24 @@
 //
 // Lengths and keys that arrive from a peer are only compared with what this rank
 // expects; payload is written only into buffers this rank posted, up to their size.
-// Any failure (EOF without goodbye, corrupt frame, mismatch, a deadline, a peer that
-// cannot be dialled) marks the engine broken: every pending and later request fails
-// with the same reason, no byte is read into or written from a user buffer afterwards,
-// and every connected peer is sent the reason (an Abort frame) before the sockets
-// close.  Each rank that breaks does the same, so the news spreads along the ring (whose
-// neighbours are always connected) to ranks that never connected to the failed one.
+// Any failure (a connection lost mid-frame or while something of the peer was expected,
+// a corrupt frame, a mismatch, a deadline, a peer that cannot be dialled) marks the
+// engine broken: every pending and later request fails with the same reason, no byte is
+// read into or written from a user buffer afterwards, and every connected peer is sent
+// the reason (an Abort frame) before the sockets close.  Each rank that breaks does the
+// same, so the news spreads along the ring (whose neighbours are always connected) to
+// ranks that never connected to the failed one.
+//
+// Leaving is not failing.  A peer whose connection closes at a frame boundary while
+// nothing of it is expected here (no receive posted from it, no send queued to it) has
+// *left* (Presence::kDeparted): its process ended after its last op without a goodbye
+// (a script that never calls destroy_process_group, an os._exit).  Nothing breaks:
+// what it sent before it closed is still delivered (TCP delivers in order, so every
+// frame it wrote was read before the end of stream, and a frame nobody had asked for
+// yet waits in the stash), and only a later receive from it or send to it fails, naming
+// it (goneFrom).  An op that needs it then fails, and breaks the group as any op error
+// does.  A peer killed in the middle of an op is still a failure wherever a receive
+// from it is posted (the ring's next rank), and that failure reaches every rank.
 //
 // The class's definitions live in four rooms: engine.cpp (construction, the API and
 // its waits, the progress loop, completions), engine_dial.cpp (connecting on first use:
@@ -79,7 +91,8 @@ class Engine {
 
   // Connects `peers` both ways (dials each, and waits for each to dial back) before
   // `deadline`: the links a group's rings use, at its creation.  Throws a network error
-  // naming the peers still missing, or the failure that broke the engine meanwhile.
+  // naming the peers still missing, one of them that left meanwhile, or the failure
+  // that broke the engine meanwhile.
   void connectPeers(const std::vector<int>& peers, Deadline deadline);
   // The peers this rank is connected to, in either direction, ascending (its engine
   // sockets: up to twice as many).
@@ -114,19 +127,22 @@ class Engine {
   // Empty while healthy; `network` tells whether the cause was a peer/connection failure,
   // `cause` which BreakCause it was (meaningless while healthy).
   std::string brokenReason(bool* network = nullptr, BreakCause* cause = nullptr);
-  // Waits until the engine is broken or `deadline` passes; true if broken.  For a
-  // link that saw a peer's connection fail: the peer states its cause (an Abort frame
-  // on its engine socket) before it closes, and the progress thread may be about to read it.
-  bool awaitBroken(Deadline deadline);
+  // Waits until the engine is broken, or `peer` (when >= 0) has left (goneFrom), or
+  // `deadline` passes; false only if the deadline passed first.  For a link that saw a
+  // peer's connection fail: the peer states its cause (an Abort frame on its engine
+  // socket) before it closes, or its engine socket ends between frames (it left), and
+  // the progress thread may be about to read either.
+  bool awaitBroken(Deadline deadline, int peer = -1);
   // The same question without the lock, for polling loops.
   bool isBroken() const { return brokenFlag_.load(std::memory_order_acquire); }
 
-  // Why nothing more comes from `peer`, nor is taken by it, if it has shut its group
-  // down (its goodbye arrived), else "".  The shared-memory ring's sends and waits ask,
-  // since their data never passes this engine; while no peer has said goodbye the
-  // answer is one load, no lock.
-  std::string goodbyeFrom(int peer);
-  bool anyGoodbye() const { return goodbyes_.load(std::memory_order_acquire) != 0; }
+  // Why nothing more comes from `peer`, nor is taken by it, if it has left the group
+  // (Presence: its goodbye arrived, or its connection closed between frames with
+  // nothing of it expected), else "".  The shared-memory ring's and the arena's sends
+  // and waits ask, since their data never passes this engine; while no peer has left
+  // the answer is one load, no lock.
+  std::string goneFrom(int peer);
+  bool anyGone() const { return gone_.load(std::memory_order_acquire) != 0; }
 
   // The TCP congestion control the data sockets run ("" in a group of one).
   std::string congestionControl();
@@ -161,8 +177,19 @@ class Engine {
   // the engine (dialFailedLocked); a peer that answers kLeaving ends as one that said
   // goodbye.
   enum class Dial : uint8_t { kNone, kConnecting, kHello, kOpen };
+  // Whether a peer is still in the group as this rank sees it.  A peer that fails
+  // (lost mid-frame or while something of it was expected, corrupt, aborting) has no
+  // state of its own: the whole engine breaks (broken_).  Both gone states are final:
+  // the peer's socket is no longer read, and a later receive from it or send to it
+  // fails with goneReasonLocked.
+  enum class Presence : uint8_t {
+    kPresent,  // connected, or not used yet
+    kShutDown, // its goodbye came, or it answered our hello as leaving (destroy_process_group)
+    kDeparted, // its connection closed between frames with nothing of it expected (departLocked)
+  };
   struct Peer {
     Dial dial = Dial::kNone;
+    Presence presence = Presence::kPresent;
     Fd txFd, rxFd;                  // our socket to the peer / from the peer (invalid until connected)
     std::deque<RequestPtr> txq;     // sends, written in order; the head may be part-written
     std::deque<RequestPtr> collPosted; // collective receives, matched in order
@@ -260,6 +287,18 @@ class Engine {
   // While leaving: peer p's connection closed; fails what still waits on p (the
   // goodbye to it) and stops reading it, without breaking the engine.
   void endPeerQuietlyLocked(int p, Completions& done);
+  // Peer p's connection ended (end of stream) while the group is healthy: p has left
+  // if the stream ended at a frame boundary and nothing of p is expected (no receive
+  // posted from it, no send queued to it), else it failed (failLostPeerLocked).
+  bool leftQuietlyLocked(int p) const;
+  // Records that p left (`how`): its socket is read no more, waiters wake (cv_), and
+  // goneFrom names it from here on.  Breaks nothing.
+  void markGoneLocked(int p, Presence how, Completions& done);
+  // What a request that needs p, which has left, fails with ("" while p is present).
+  std::string goneReasonLocked(int p) const;
+  // Fails the collective receives posted for peer p, which has left, once its stash
+  // (what it sent before it left) has been matched.
+  void failPostedToGoneLocked(int p, Completions& done);
   void broadcastAbortLocked();
 
   const int rank_;
@@ -286,7 +325,7 @@ class Engine {
   std::condition_variable cv_; // signalled when any request completes or fails
   std::string broken_;
   std::atomic<bool> brokenFlag_{false}; // broken_ is non-empty (set once, under mu_)
-  std::atomic<int> goodbyes_{0};        // peers whose goodbye arrived (counted under mu_)
+  std::atomic<int> gone_{0};            // peers no longer kPresent (counted under mu_)
   bool brokenNetwork_ = true;
   BreakCause brokenCause_ = BreakCause::Local; // set with broken_
   bool haveCurrent_ = false;

@@ -103,7 +103,7 @@ void Engine::advanceDialLocked(int p, Completions& done) {
   P.dial = Dial::kOpen;
   if (ack == uint8_t(HelloAck::kLeaving)) {
     // It is shutting its group down: nothing sent to it would be read.  As a goodbye.
-    goodbyes_.fetch_add(1, std::memory_order_release);
+    markGoneLocked(p, Presence::kShutDown, done);
     endPeerQuietlyLocked(p, done);
     return;
   }

@@ -17,6 +17,7 @@
 namespace ringpg {
 
 using engine_detail::abortedBy;
+using engine_detail::departedFrom;
 using engine_detail::shutDownBy;
 using engine_detail::wouldBlock;
 
@@ -232,6 +233,57 @@ void Engine::endPeerQuietlyLocked(int p, Completions& done) {
       failRequest(inFlight, why, done);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------
+// Leaving (engine.h, "Leaving is not failing")
+
+bool Engine::leftQuietlyLocked(int p) const {
+  const Peer& P = peers_[p];
+  // While this rank says goodbye itself, failLostPeerLocked ends the peer quietly.
+  // Otherwise the stream must have ended between frames (a peer killed part-way through
+  // writing one is a failure), and nothing of p may be awaited: a receive posted from
+  // it would never complete, a send queued to it never be read.  Frames p wrote before
+  // it closed were all read before the end of stream (TCP keeps their order), so what
+  // the running op still needs of p is in the stash or already delivered; a header of
+  // the running op that waits for its receive (kPaused) stops reading, so the end of
+  // stream is never seen before it.  Any-source receives (anyPosted_) may be served by
+  // any peer: they do not make p expected.
+  return !leaving_ && P.rx.atFrameBoundary() && P.collPosted.empty() && P.p2pPosted.empty() && P.txq.empty() &&
+         !P.txBusy;
+}
+
+void Engine::markGoneLocked(int p, Presence how, Completions& done) {
+  Peer& P = peers_[p];
+  if (P.presence != Presence::kPresent) {
+    return; // the first way out is the one reported
+  }
+  P.presence = how;
+  gone_.fetch_add(1, std::memory_order_release);
+  // A completion of no link, as failLocked's notice: runCallbacks then wakes cv_'s
+  // waiters (awaitBroken for this peer) although no request ended.
+  done.push_back(std::make_shared<Request>());
+}
+
+std::string Engine::goneReasonLocked(int p) const {
+  switch (peers_[p].presence) {
+    case Presence::kPresent:
+      break;
+    case Presence::kShutDown:
+      return shutDownBy(p);
+    case Presence::kDeparted:
+      return departedFrom(rank_, p);
+  }
+  return "";
+}
+
+void Engine::failPostedToGoneLocked(int p, Completions& done) {
+  Peer& P = peers_[p];
+  const std::string why = goneReasonLocked(p);
+  for (auto& r : P.collPosted) {
+    failRequest(r, why, done);
+  }
+  P.collPosted.clear();
 }
 
 } // namespace ringpg

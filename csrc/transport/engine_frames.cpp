@@ -138,7 +138,12 @@ void Engine::readPeer(int p, std::unique_lock<std::mutex>& lk, Completions& done
       return;
     }
     if (r == 0) {
-      failLostPeerLocked(p, "end of stream", lk, done);
+      if (leftQuietlyLocked(p)) {
+        (void)rx.abandon(); // at a frame boundary: no receive is being filled
+        markGoneLocked(p, Presence::kDeparted, done);
+      } else {
+        failLostPeerLocked(p, "end of stream", lk, done);
+      }
       return;
     }
     if (r < 0) {
@@ -175,7 +180,7 @@ void Engine::routeHeader(int p, Completions& done) {
   switch (static_cast<FrameKind>(h.kind)) {
     case FrameKind::Bye: {
       rx.close();
-      goodbyes_.fetch_add(1, std::memory_order_release);
+      markGoneLocked(p, Presence::kShutDown, done);
       // Receives still waiting on this peer can never complete.
       failPostedLocked(P, shutDownBy(p), done);
       return;

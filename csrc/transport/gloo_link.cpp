@@ -76,6 +76,13 @@ RequestPtr GlooLink::post(Direction dir, int peer, const FrameHeader& op, const 
     req->state.store(Request::State::Done, std::memory_order_release);
     return req;
   }
+  // A peer that left the group (engine.h) takes and sends nothing more: Gloo's send
+  // moves only once the receive is posted, so all it sent went to receives posted
+  // before it left.  Said at once, in its name, rather than after Gloo's pair fails.
+  if (std::string why = engine_.goneFrom(peer); !why.empty()) {
+    markFailed(*req, why, /*network=*/true);
+    return req;
+  }
   std::vector<at::Tensor> t{bytesAt(data, len)};
   try {
     if (dir == Direction::Send) {
@@ -96,10 +103,16 @@ void GlooLink::failLost(Request& req, const std::string& error, Deadline deadlin
   // A peer that failed first sends its Abort frame on its engine socket before it
   // closes its Gloo pairs, so the cause is usually on its way: wait for it briefly
   // (never past the op's deadline), so that every rank names the first failure (a
-  // mismatch, a timeout) rather than the closed pair it led to.
-  if (engine_.awaitBroken(std::min(deadline, Clock::now() + kCauseGrace))) {
+  // mismatch, a timeout) rather than the closed pair it led to.  A peer that left the
+  // group (its engine socket ended between frames) is named as such: this op needed it.
+  if (engine_.awaitBroken(std::min(deadline, Clock::now() + kCauseGrace), req.peer)) {
     bool network = true;
-    markFailed(req, engine_.brokenReason(&network), network);
+    std::string why = engine_.brokenReason(&network);
+    if (why.empty()) {
+      why = engine_.goneFrom(req.peer);
+      network = true;
+    }
+    markFailed(req, why, network);
     return;
   }
   // Gloo's pair failed: the peer's process or connection is gone.  "Connection closed

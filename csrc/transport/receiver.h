@@ -12,7 +12,8 @@
 //         |                         |       routed: goodbye                          |
 //         |                         +-----------------------------------> kClosed    |
 //         +------------------------------------------------- payload complete ------+
-//   and from every state to kClosed when the group fails (abandon()).
+//   and from every state to kClosed when the group fails (abandon()), as from kHeader at
+//   a frame boundary when the peer leaves (its stream ends there, nothing of it expected).
 //
 // A header leaves kPaused as soon as it is routed, which is at once unless it belongs
 // to the op this rank is running and that op has not posted its receive yet: then the
@@ -51,7 +52,7 @@ class FrameReceiver {
     kPayload, // reading the payload into target_'s buffer (a posted receive of exactly nbytes)
     kStash,   // reading the payload into stash_ (a frame nobody asked for yet, or an Abort's reason)
     kDiscard, // reading the payload into scratch_ and dropping it (its receive failed on size)
-    kClosed,  // nothing is read any more: the peer said goodbye, or the group failed
+    kClosed,  // nothing is read any more: the peer said goodbye or left, or the group failed
   };
   // What the bytes given to advance() completed.
   enum class Completed : uint8_t { kNothing, kHeader, kPayload };
@@ -60,6 +61,9 @@ class FrameReceiver {
   // kPaused and kClosed leave the socket alone; every other state reads it.
   bool readsSocket() const { return state_ != State::kPaused && state_ != State::kClosed; }
   bool closed() const { return state_ == State::kClosed; }
+  // Between two frames: no byte of a header or payload read (a stream that ends here
+  // ends cleanly).
+  bool atFrameBoundary() const { return state_ == State::kHeader && got_ == 0; }
   // The frame being received: complete from kPaused until the payload is done.
   const FrameHeader& header() const { return hdr_; }
 

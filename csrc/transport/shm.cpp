@@ -386,8 +386,8 @@ RequestPtr ShmLink::post(int peer, const FrameHeader& hdr, const void* data, siz
   req->hdr.magic = kFrameMagic;
   req->link = this;
   req->lendable = lendable;
-  // As the engine refuses a send to a peer that shut down.
-  if (std::string why = engine_.goodbyeFrom(right_); !why.empty()) {
+  // As the engine refuses a send to a peer that left: it reads nothing more.
+  if (std::string why = engine_.goneFrom(right_); !why.empty()) {
     markFailed(*req, why, /*network=*/true);
     return req;
   }
@@ -651,10 +651,18 @@ void ShmLink::failAll(const std::string& reason, bool network) {
   lent_.clear();
 }
 
-bool ShmLink::failIfNeighbourLeft() {
-  std::string why = recvs_.empty() ? std::string() : engine_.goodbyeFrom(left_);
+ShmLink::Departures ShmLink::neighboursGone() {
+  if (!engine_.anyGone()) {
+    return {}; // the common case: one load
+  }
+  return {receivesLeft_ ? engine_.goneFrom(left_) : std::string(),
+          sendsRight_ ? engine_.goneFrom(right_) : std::string()};
+}
+
+bool ShmLink::failIfNeighbourLeft(const Departures& gone) {
+  std::string why = recvs_.empty() ? std::string() : gone.left;
   if (why.empty() && (!sends_.empty() || !lent_.empty())) { // a lent buffer is read by no one now
-    why = engine_.goodbyeFrom(right_);
+    why = gone.right;
   }
   if (!why.empty()) {
     failAll(why, /*network=*/true);
@@ -691,14 +699,16 @@ bool ShmLink::waitUntil(const RequestPtr& req, Deadline deadline) {
       failAll(why, network);
       return true;
     }
-    // A neighbour that shut its group down sends and takes nothing more, but what it
-    // wrote before its goodbye is in the slots: looked at before progress() drains them.
-    const bool goodbye = engine_.anyGoodbye();
+    // A neighbour that left (its goodbye, or its process ended between ops) sends and
+    // takes nothing more, but what it wrote before it left is in the slots (the mapping
+    // outlives it): asked before progress() drains them, so a departure seen here comes
+    // after every slot it filled.
+    const Departures gone = neighboursGone();
     progress();
     if (req->state.load(std::memory_order_acquire) != Request::State::Pending) {
       return true;
     }
-    if (goodbye && failIfNeighbourLeft()) {
+    if (failIfNeighbourLeft(gone)) {
       return true;
     }
     const auto now = Clock::now();

@@ -216,8 +216,15 @@ class ShmLink final : public Link {
   void chooseCopyByMeasuring(c10d::Store& store, const std::string& prefix, int size, Deadline deadline);
   static constexpr int kProbeRounds = 3;
   void failAll(const std::string& reason, bool network);
-  // Fails every pending request if a neighbour they need has shut its group down.
-  bool failIfNeighbourLeft();
+  // Why each neighbour has left the group (Engine::goneFrom; "" while it is present),
+  // asked before a look at the slots: what it wrote before it left is there.
+  struct Departures {
+    std::string left, right;
+  };
+  Departures neighboursGone();
+  // Fails every pending request if a neighbour they need had left (`gone`, asked before
+  // the last look at the slots, so that nothing it wrote is still unread).
+  bool failIfNeighbourLeft(const Departures& gone);
   void finish(const RequestPtr& req);
   // Publishes `cpu`, the one this thread runs on, in our bell for the neighbours' spins.
   void publishCpu(int cpu);
