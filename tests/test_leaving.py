@@ -44,7 +44,7 @@ from harness import (
 )
 from harness.scenarios import KILL_DETECT_S, TYPED_ERRORS, init_ringpg
 
-pytestmark = harness.ringpg_only("ringpg's own handling of a departed rank")
+pytestmark = [pytest.mark.multiprocess, harness.ringpg_only("ringpg's own handling of a departed rank")]
 
 WS = 3
 LEAVER = WS - 1
