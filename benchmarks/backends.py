@@ -3,10 +3,10 @@
 Plugins (ringpg) register through their ``torch.backends`` entry point when torch is
 imported; :func:`ensure_registered` imports the package of that name where that did
 not happen.  A ``--backends`` entry names a backend and, for ringpg, optionally its
-transport and algorithm (:class:`Spec`).  ``floor`` is no backend but torch's own cost of a
-collective: its dispatch through a group that moves nothing (torch's fake process group),
-with the flight recorder hook torch attaches to any out-of-tree backend
-(:func:`floor_group`).  What a live group says about itself is :mod:`devkit.groups`'s,
+transport and algorithm (:class:`Spec`).  ``floor`` is torch's own cost of a
+collective: its call path through a backend that completes every op at once and touches
+no tensor (ringpg's FloorBackend), treated by torch as any out-of-tree backend, its flight
+recorder hook included (:func:`floor_group`).  What a live group says about itself is :mod:`devkit.groups`'s,
 which the tests share.
 """
 
@@ -16,6 +16,7 @@ import contextlib
 import os
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+import torch
 import torch.distributed as dist
 
 
@@ -96,10 +97,6 @@ def expand_specs(specs: Sequence[str], transports: Sequence[str] = (), algos: Se
 # The --backends entry for torch's own cost of a collective (floor_group).
 FLOOR = "floor"
 
-# Flight recorder hooks attached to floor groups: the hook detaches once its handle is
-# dropped, so the handles live here, beside the groups.
-_floor_hooks: Dict[Any, Any] = {}
-
 
 def _flight_recorder_entries() -> int:
     """The flight recorder's buffer size as torch reads it: the first of
@@ -133,21 +130,36 @@ def flight_recorder_note() -> str:
     return f"torch's flight recorder hook on ({entries} entries)"
 
 
+# The backend name the floor's groups are made with (ringpg's FloorBackend).
+FLOOR_BACKEND = "ringpg_floor"
+
+
+def _register_floor() -> None:
+    """Register ringpg's FloorBackend as FLOOR_BACKEND, once per process, for the device
+    types ringpg's own groups serve, so torch treats it as it treats ringpg: from torch
+    2.15 it attaches its flight recorder hook to the floor's groups as to ringpg's."""
+    if hasattr(dist.Backend, FLOOR_BACKEND.upper()):
+        return
+    from ringpg._loader import load_extension  # type: ignore[import-not-found]
+    from ringpg._registration import served_devices  # type: ignore[import-not-found]
+
+    floor_backend = load_extension().FloorBackend
+
+    def create(opts: Any, pg_options: Any = None) -> Any:
+        return floor_backend(opts.group_rank, opts.group_size)
+
+    dist.Backend.register_backend(FLOOR_BACKEND, create, extended_api=True, devices=served_devices())
+
+
 def floor_group(timeout: Any) -> Any:
     """A group of every rank that measures torch's floor: each op goes through torch's
-    Python API, the dispatcher and a Work, and sends nothing (torch's fake process group;
-    its all-gather does copy the input into every chunk of the output).
-    From torch 2.15 torch attaches its flight recorder hook to every group of an
-    out-of-tree backend (ringpg's too) but not to fake groups, so it is attached here
-    likewise, unless the recorder is off (TORCH_FR_BUFFER_SIZE=0).  Ops on it leave
+    Python API, the dispatcher, a backend call and a Work, as a ringpg op does, and the
+    backend (ringpg's FloorBackend) completes it at once without touching a tensor, so
+    its time does not grow with the size.  torch treats the group as it treats ringpg's
+    (its flight recorder hook included, unless TORCH_FR_BUFFER_SIZE=0).  Ops on it leave
     outputs as they were: never verified."""
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers "fake"
-
-    group = dist.new_group(backend="fake", timeout=timeout)
-    hook = _flight_recorder_hook()
-    if hook is not None and _flight_recorder_entries() > 0:
-        _floor_hooks[group] = hook.attach(group, list(range(dist.get_world_size())))
-    return group
+    _register_floor()
+    return dist.new_group(backend=FLOOR_BACKEND, timeout=timeout)
 
 
 def new_group_of(spec: str, timeout: Any) -> Any:
@@ -179,10 +191,11 @@ def backend_status(spec: str, device: str) -> Tuple[bool, str]:
         )
     try:
         if name == FLOOR:
-            import torch.testing._internal.distributed.fake_pg  # noqa: F401
-
+            ok, why = backend_status("ringpg", device)
+            if not ok:
+                return False, f"floor needs ringpg's extension: {why}"
             note = flight_recorder_note()
-            return True, "torch's dispatch through a fake group (nothing moves)" + (f", {note}" if note else "")
+            return True, "torch's call path, every op completed at once (nothing moves)" + (f", {note}" if note else "")
         if name == "gloo":
             return dist.is_gloo_available(), "built into torch"
         if name == "nccl":

@@ -8,7 +8,7 @@
   ``benchmarks.bench`` times it; the median over the iterations.  The path runs cold.
 
 Cases, buffers and backends are the bench's (``sweep_cases``, ``CaseBuffers``, float32;
-``--backends`` entries, ``floor`` being torch's fake group with the flight recorder hook),
+``--backends`` entries, ``floor`` being torch's call path alone, flight recorder hook included),
 measured in the same processes, taking turns round by round; outputs are not checked
 (``bench --check`` does that).  Prints one line per op, size and backend::
 

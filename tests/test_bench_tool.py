@@ -448,8 +448,8 @@ def test_vllm_runs_its_cases_exactly_and_skips_the_rest(tmp_path: Path) -> None:
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_the_floor_is_timed_beside_the_backends_never_checked_and_never_the_baseline(tmp_path: Path) -> None:
-    """``floor`` (torch's own cost of an op: a fake group, which moves nothing, with the
-    flight recorder hook torch gives out-of-tree backends) gets a time on every row and
+    """``floor`` (torch's own cost of an op: ringpg's FloorBackend, which moves nothing,
+    with the flight recorder hook torch gives out-of-tree backends) gets a time on every row and
     no wrong elements although its outputs are never written; it takes no ratio column
     and is never the baseline, also when it is the last entry."""
     out = tmp_path / "floor.json"

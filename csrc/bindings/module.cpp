@@ -14,6 +14,7 @@
 #include "algorithms/choice.h"
 #include "algorithms/hierarchical.h"
 #include "algorithms/ring_plan.h"
+#include "backend/floor_backend.h"
 #include "backend/ring_backend.h"
 #include "bindings/seams.h"
 #include "common/config.h"
@@ -652,11 +653,19 @@ void bindTestSeams(py::module_& m) {
 
 } // namespace
 
+// FloorBackend: torch's own cost of an op, for the benchmarks (backend/floor_backend.h).
+void bindFloor(py::module_& m) {
+  py::class_<ringpg::FloorBackend, c10d::Backend, c10::intrusive_ptr<ringpg::FloorBackend>>(m, "FloorBackend")
+      .def(py::init<int, int>(), py::arg("rank"), py::arg("size"),
+           "A backend whose every op completes at once and touches no tensor");
+}
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ringpg's compiled core";
   py::module_::import("torch.distributed");
   installPythonHooks();
   bindBackend(m);
+  bindFloor(m);
   bindBuildAndChoice(m);
   bindPlans(m);
   bindSettingsAndHost(m);
