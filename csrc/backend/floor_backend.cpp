@@ -78,8 +78,7 @@ c10::intrusive_ptr<c10d::Work> FloorBackend::_reduce_scatter_base(at::Tensor& ou
 }
 
 c10::intrusive_ptr<c10d::Work> FloorBackend::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& /*inputs*/,
-    const c10d::ReduceScatterOptions& /*opts*/) {
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& /*inputs*/, const c10d::ReduceScatterOptions& /*opts*/) {
   return done(OpType::COALESCED, outputs);
 }
 
