@@ -38,7 +38,7 @@ setup(
         CppExtension(
             name="ringpg._C",
             sources=sources,
-            include_dirs=[os.path.join(HERE, "csrc")],
+            include_dirs=[os.path.join(HERE, "csrc"), os.path.join(HERE, "csrc", "shim")],
             # No -std= here: cpp_extension picks the standard torch's headers need.
             extra_compile_args=["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"],
             # Symbols from static archives stay local to the extension.  A compiler that

@@ -4,11 +4,11 @@
 op passed its deadline, REMOTE_ERROR on a rank that learnt of another's failure (its
 Abort frame), COMM_ERROR for a lost peer or ``abort()``.  Abort hooks (torch >= 2.14,
 ``ProcessGroup.register_abort_hook``): run when the group fails, before the failed op's
-error reaches its caller.  torch's backend-agnostic flight recorder (torch >= 2.15,
-``FlightRecorderHook``, attached by ``distributed_c10d`` to every group of a backend
-that does not record itself): ringpg's completion hooks mark finished ops "completed"
-with a duration, its abort hooks make it dump the trace (``TORCH_FR_DUMP_TEMP_FILE<rank>``)
-when the group fails, and torch's analyzer (``python -m
+error reaches its caller.  torch's flight recorder (torch >= 2.15): ringpg writes its
+ops into it itself, as gloo does, so ``distributed_c10d`` attaches no per-op hook to its
+groups; finished ops read "completed" with a duration, ringpg dumps the trace
+(``TORCH_FR_DUMP_TEMP_FILE<rank>``) when the group fails, before the error reaches the
+caller, and torch's analyzer (``python -m
 torch.distributed.flight_recorder.fr_trace``) reads the dumps of a job where one rank
 skipped an all_reduce and names that rank; its loader reads every rank's dump of
 reduce-scatter, all-gather, coalesced and hierarchical ops: names, sequence ids, states
@@ -273,7 +273,7 @@ def _finished_and_hung(rank: int, ws: int, port: int, args: Any) -> dict:
             for e in dump.get("entries", [])
         ]
 
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"hooked": dist.group.WORLD in dist.distributed_c10d._world.pg_flight_recorder_hooks}
     if rank == 0:
         work = dist.all_reduce(x, async_op=True)  # rank 1 never calls it
         time.sleep(0.5)
@@ -297,6 +297,7 @@ def test_finished_ops_read_completed_with_a_duration_and_a_hung_one_scheduled(tm
     res = harness.run_scenario(_finished_and_hung, 2, env=_recorder_env(str(tmp_path)))
     for r, v in res.items():
         assert "crash" not in v, (r, v)
+        assert not v["hooked"], (r, v)  # ringpg records itself: torch attached no per-op hook
     # Rank 1: the two all_reduces (one run inline, one on the worker) and the receive
     # (completed on the engine's thread) all finished.
     done = res[1]["finished"]

@@ -244,6 +244,7 @@ void RingBackend::noteFailure() {
 }
 
 void RingBackend::runAbortHooks() {
+  FlightRecord::dumpOnFailure(); // as torch's hook did from its abort hook
   std::shared_ptr<const std::map<int64_t, AbortHookFn>> hooks;
   {
     std::lock_guard<std::mutex> lk(hooksMu_); // abortHooks_ (the pointer)
@@ -261,6 +262,7 @@ void RingBackend::finishWork(RingWork& work, std::exception_ptr error) {
 #if RINGPG_HAS_BACKEND_COMPLETION_HOOKS
   if (!error) {
     work.complete(nullptr, [this, &work] {
+      flight_.retire(work.flightTicket(), work.getDuration()); // a failed op stays "scheduled"
       std::shared_ptr<const std::map<int64_t, c10d::CompletionHook>> hooks;
       {
         std::lock_guard<std::mutex> lk(hooksMu_); // completionHooks_ (the pointer)
@@ -473,6 +475,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(const char* name, const char
   const uint64_t seq = ++seq_;
   auto work = c10::make_intrusive<RingWork>(getRank(), sig.type, name, seq, profilingTitle, std::move(outputs), inputs,
                                             effectiveTimeout(timeout));
+  work->setFlightTicket(flight_.collective(profilingTitle, inputs, work->result(), effectiveTimeout(timeout)));
   if (sync) {
     work->setOnSynchronize([sync] { sync->blockCurrentStream(); });
     fn = [sync, inner = std::move(fn)](OpContext& c) {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "algorithms/context.h"
+#include "backend/flight_record.h"
 #include "backend/ring_work.h"
 #include "common/config.h"
 #include "common/torch_compat.h"
@@ -104,6 +105,12 @@ class RingBackend final : public c10d::Backend {
   // device op runs and no CPU op reaches): true where every rank said true.  Collective;
   // a group on one host with an arena.  For the tests.
   bool everyMemberSays(bool mine);
+  // The group's members' global ranks (by group rank) and this process's: what torch's
+  // flight recorder publishes as the group's membership and names its dump file by
+  // (backend/flight_record.h).  Set by the Python creator, which torch tells them.
+  void setFlightRecorderRanks(std::vector<uint64_t> globalRanks, int myGlobalRank) {
+    flight_.setGlobalRanks(std::move(globalRanks), myGlobalRank);
+  }
 
   uint64_t getSequenceNumberForGroup() override;
   void setSequenceNumberForGroup() override {}
@@ -331,6 +338,11 @@ class RingBackend final : public c10d::Backend {
 #if RINGPG_HAS_BACKEND_COMPLETION_HOOKS
   std::shared_ptr<const std::map<int64_t, c10d::CompletionHook>> completionHooks_;
 #endif
+
+  // This group's entries in torch's flight recorder: one per op issued, retired when the
+  // op completes (finishWork); named by the group's name and description, which torch
+  // sets after construction.
+  FlightRecord flight_{*this};
 };
 
 } // namespace ringpg

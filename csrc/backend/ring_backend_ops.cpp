@@ -283,6 +283,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::p2p(OpType type, const char* name, a
   const char* title = isSend ? "ringpg:send" : (peer < 0 ? "ringpg:recvAnySource" : "ringpg:recv");
   auto work = c10::make_intrusive<RingWork>(getRank(), type, name, seq, title, std::vector<at::Tensor>{tensor},
                                             std::vector<at::Tensor>{tensor}, timeout_.load());
+  work->setFlightTicket(flight_.p2p(isSend, getRank(), peer, tensor, timeout_.load()));
   FrameHeader h = frameOfKind(FrameKind::P2P);
   h.key = static_cast<uint64_t>(tag);
   const OpTag opTag{name, seq, getRank()};

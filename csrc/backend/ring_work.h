@@ -14,6 +14,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backend/flight_record.h"
 #include "common/torch_compat.h"
 
 namespace ringpg {
@@ -53,6 +54,10 @@ class RingWork : public c10d::Work {
   void synchronize() override;
 
   void setSourceRank(int r) { sourceRank_ = r; }
+  // Where the op's entry is in torch's flight recorder (backend/flight_record.h): set
+  // once, by the issuing thread, before the Work is queued or posted.
+  void setFlightTicket(const FlightRecord::Ticket& t) { flightTicket_ = t; }
+  const FlightRecord::Ticket& flightTicket() const { return flightTicket_; }
   // Run in the caller's thread by synchronize() (which Work::wait calls after completion):
   // (CUDA: make the current stream wait on the op's completion event).
   void setOnSynchronize(std::function<void()> fn) { onSynchronize_ = std::move(fn); }
@@ -81,6 +86,7 @@ class RingWork : public c10d::Work {
   std::atomic<int64_t> startNs_;
   std::atomic<int64_t> endNs_{0};
   std::function<void()> onSynchronize_;
+  FlightRecord::Ticket flightTicket_;
 };
 
 } // namespace ringpg

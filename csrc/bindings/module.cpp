@@ -268,6 +268,10 @@ void bindBackend(py::module_& m) {
                              "same_host_copy_probe), or the two joined by '+' where they differ by the op's size "
                              "class: ops below streaming_op_bytes() first, from it second ('slots+cma'); '' (no "
                              "shared-memory link on this rank)")
+      .def("_set_flight_recorder_ranks", &ringpg::RingBackend::setFlightRecorderRanks, py::arg("global_ranks"),
+           py::arg("my_global_rank"),
+           "The group's members' global ranks (by group rank) and this process's, for torch's flight "
+           "recorder: the group's membership in its dumps and the dump file's rank (the creator sets them)")
       .def("_every_member_says", &ringpg::RingBackend::everyMemberSays, py::arg("mine"),
            py::call_guard<py::gil_scoped_release>(),
            "one host-arena round in which every rank says `mine`: True where all said True (the agreement "
@@ -363,6 +367,7 @@ void bindBuildAndChoice(py::module_& m) {
     d["backend_get_error"] = static_cast<bool>(RINGPG_HAS_BACKEND_GET_ERROR);
     d["backend_abort_hooks"] = static_cast<bool>(RINGPG_HAS_BACKEND_ABORT_HOOKS);
     d["backend_completion_hooks"] = static_cast<bool>(RINGPG_HAS_BACKEND_COMPLETION_HOOKS);
+    d["native_flight_recorder"] = static_cast<bool>(RINGPG_HAS_NATIVE_FLIGHT_RECORDER);
     return d;
   });
 
@@ -409,6 +414,10 @@ void bindBuildAndChoice(py::module_& m) {
         "the pid in a ringpg shared-memory segment's name (without '/'), 0 for any other name");
   m.def("reclaim_stale_segments", &ringpg::reclaimStaleSegments, py::arg("dir"), py::arg("min_age_seconds"),
         "unlinks ringpg segments in `dir` whose creator is gone; how many (transport/shm_segment.h)");
+  m.def("flight_recorder_op_name", &ringpg::flightRecorderOpName, py::arg("profiling_title"),
+        "The name torch's flight recorder analyzer knows a ringpg op by ('' where ringpg records none)");
+  m.def("flight_recorder_p2p_name", &ringpg::flightRecorderP2PName, py::arg("is_send"), py::arg("me"), py::arg("peer"),
+        "A send's or receive's name in the flight recorder ('send 0->1', 'recv 1<-0')");
   m.def("chunk_range", [](int64_t count, int parts, int c) {
     const auto r = ringpg::chunkRange(count, parts, c);
     return std::make_pair(r.offset, r.length);

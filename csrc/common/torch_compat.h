@@ -95,6 +95,13 @@
 // duration, and its abort hook dumps the trace when the group fails.  On 2.14 torch
 // records no ringpg op.
 #define RINGPG_HAS_BACKEND_COMPLETION_HOOKS RINGPG_TORCH_AT_LEAST(2, 15)
+
+// torch 2.15 also exports c10d::getFlightRecorder(backend) and try_dump_fr_trace_file
+// (FlightRecorder.hpp): a backend outside libtorch can write entries into the recorder
+// instance torch dumps, as ProcessGroupGloo does, and be listed in
+// distributed_c10d._FR_SELF_RECORDING_BACKENDS so that torch attaches no per-op hook.
+// ringpg records itself there (backend/flight_record.h).
+#define RINGPG_HAS_NATIVE_FLIGHT_RECORDER RINGPG_TORCH_AT_LEAST(2, 15)
 #if RINGPG_HAS_BACKEND_COMPLETION_HOOKS
 #define RINGPG_OVERRIDE_SINCE_2_15 override
 #else

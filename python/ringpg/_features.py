@@ -92,10 +92,11 @@ FEATURES: Dict[str, Feature] = {
     ),
     "flight_recorder": Feature(
         (2, 15),
-        "backend_completion_hooks",
-        "torch's flight recorder, which torch attaches to every ringpg group, marks finished ops "
-        '"completed" with their duration (completion hooks) and dumps its trace when the group fails '
-        "(TORCH_FR_DUMP_TEMP_FILE<rank>; read it with python -m torch.distributed.flight_recorder.fr_trace)",
+        "native_flight_recorder",
+        "ringpg writes every op into torch's flight recorder itself, as gloo does (torch attaches no "
+        'per-op hook): finished ops read "completed" with their duration, and the trace is dumped when '
+        "the group fails (TORCH_FR_DUMP_TEMP_FILE<rank>; read it with python -m "
+        "torch.distributed.flight_recorder.fr_trace)",
         "torch records no ringpg op (2.14 has the recorder but attaches it to torchcomms only)",
     ),
 }

@@ -121,9 +121,26 @@ def new_ring_backend(
 
 
 def _create_backend(dist_backend_opts: Any, pg_options: Any = None) -> Any:
-    """Extended-API creator: build one RingBackend serving the tensors of ``served_devices()``."""
+    """Extended-API creator: build one RingBackend serving the tensors of ``served_devices()``,
+    and tell it the group's global ranks for torch's flight recorder, which ringpg writes
+    itself where it can (:func:`records_itself`)."""
     o = dist_backend_opts
-    return new_ring_backend(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id))
+    backend = new_ring_backend(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id))
+    # torch passes [] for the default group, which spans the world.
+    ranks = [int(r) for r in (getattr(o, "global_ranks_in_group", None) or range(o.group_size))]
+    if hasattr(backend, "_set_flight_recorder_ranks") and len(ranks) == o.group_size:
+        backend._set_flight_recorder_ranks(ranks, ranks[o.group_rank])
+    return backend
+
+
+def records_itself() -> bool:
+    """Whether ringpg writes its ops into torch's flight recorder itself, as gloo does, so
+    that torch attaches no per-op recording hook to its groups: from torch 2.15 (the
+    extension is always built for the running torch; asked without loading it, since
+    this runs inside ``import torch``)."""
+    from ._features import torch_release
+
+    return torch_release() >= (2, 15)
 
 
 def is_registered() -> bool:
@@ -151,3 +168,8 @@ def register() -> None:
     if is_registered():
         return
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=served_devices())
+    # torch attaches its per-op flight recorder hook to every group of a backend outside
+    # this set; ringpg records itself, so it joins gloo there.
+    self_recording = getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if isinstance(self_recording, set) and records_itself():
+        self_recording.add(BACKEND_NAME)
