@@ -5,8 +5,7 @@ imported; :func:`ensure_registered` imports the package of that name where that 
 not happen.  A ``--backends`` entry names a backend and, for ringpg, optionally its
 transport and algorithm (:class:`Spec`).  ``floor`` is torch's own cost of a
 collective: its call path through a backend that completes every op at once and touches
-no tensor (ringpg's FloorBackend), treated by torch as any out-of-tree backend, its flight
-recorder hook included (:func:`floor_group`).  What a live group says about itself is :mod:`devkit.groups`'s,
+no tensor (ringpg's FloorBackend), treated by torch as ringpg is (:func:`floor_group`).  What a live group says about itself is :mod:`devkit.groups`'s,
 which the tests share.
 """
 
@@ -119,15 +118,15 @@ def _flight_recorder_hook() -> Any:
 
 
 def flight_recorder_note() -> str:
-    """What torch's flight recorder does to the groups of an out-of-tree backend (ringpg's)
-    in this process: from torch 2.15 its hook records every op, a per-op cost that grows
-    where ranks share cores; "" before 2.15, which records none."""
+    """What torch's flight recorder does to ringpg's groups in this process: from torch
+    2.15 every op is recorded (by ringpg itself, as gloo records its own; torch hooks no
+    ringpg group), a per-op cost; "" before 2.15, which records none."""
     if _flight_recorder_hook() is None:
         return ""
     entries = _flight_recorder_entries()
     if entries <= 0:
         return "torch's flight recorder off"
-    return f"torch's flight recorder hook on ({entries} entries)"
+    return f"torch's flight recorder on ({entries} entries)"
 
 
 # The backend name the floor's groups are made with (ringpg's FloorBackend).
@@ -136,12 +135,12 @@ FLOOR_BACKEND = "ringpg_floor"
 
 def _register_floor() -> None:
     """Register ringpg's FloorBackend as FLOOR_BACKEND, once per process, for the device
-    types ringpg's own groups serve, so torch treats it as it treats ringpg: from torch
-    2.15 it attaches its flight recorder hook to the floor's groups as to ringpg's."""
+    types ringpg's own groups serve, so torch treats it as it treats ringpg: a flight
+    recorder hook on the floor's groups exactly where torch hooks ringpg's."""
     if hasattr(dist.Backend, FLOOR_BACKEND.upper()):
         return
     from ringpg._loader import load_extension  # type: ignore[import-not-found]
-    from ringpg._registration import served_devices  # type: ignore[import-not-found]
+    from ringpg._registration import records_itself, served_devices  # type: ignore[import-not-found]
 
     floor_backend = load_extension().FloorBackend
 
@@ -149,6 +148,11 @@ def _register_floor() -> None:
         return floor_backend(opts.group_rank, opts.group_size)
 
     dist.Backend.register_backend(FLOOR_BACKEND, create, extended_api=True, devices=served_devices())
+    # Where ringpg records its own ops (and torch attaches no hook to its groups), the
+    # floor gets no hook either: recording is then ringpg's own cost, not torch's.
+    self_recording = getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if isinstance(self_recording, set) and records_itself():
+        self_recording.add(FLOOR_BACKEND)
 
 
 def floor_group(timeout: Any) -> Any:
@@ -156,7 +160,7 @@ def floor_group(timeout: Any) -> Any:
     Python API, the dispatcher, a backend call and a Work, as a ringpg op does, and the
     backend (ringpg's FloorBackend) completes it at once without touching a tensor, so
     its time does not grow with the size.  torch treats the group as it treats ringpg's
-    (its flight recorder hook included, unless TORCH_FR_BUFFER_SIZE=0).  Ops on it leave
+    (from torch 2.15 ringpg records its own ops, and neither group gets torch's hook).  Ops on it leave
     outputs as they were: never verified."""
     _register_floor()
     return dist.new_group(backend=FLOOR_BACKEND, timeout=timeout)

@@ -7,8 +7,8 @@
   is timed from the last rank's start to the last rank's end (one host, one clock), as
   ``benchmarks.bench`` times it; the median over the iterations.  The path runs cold.
 
-Cases, buffers and backends are the bench's (``sweep_cases``, ``CaseBuffers``, float32;
-``--backends`` entries, ``floor`` being torch's call path alone, flight recorder hook included),
+Cases, buffers and backends are the bench's (``sweep_cases``, ``CaseBuffers``, ``--dtype``;
+``--backends`` entries, ``floor`` being torch's call path alone),
 measured in the same processes, taking turns round by round; outputs are not checked
 (``bench --check`` does that).  Prints one line per op, size and backend::
 
@@ -50,7 +50,7 @@ def _rank(rank: int, ws: int, port: int, args: argparse.Namespace, q: Any) -> No
     pc = time.perf_counter_ns
     medians: Dict[Key, float] = {}
     spans: Dict[Key, List[Tuple[int, int, int]]] = {}
-    for case in sweep_cases(args.ops, ["float32"], ws, args.min_bytes, args.max_bytes):
+    for case in sweep_cases(args.ops, [args.dtype], ws, args.min_bytes, args.max_bytes):
         bufs = CaseBuffers(case, rank, torch.device("cpu"))
         for rnd in range(args.rounds):
             for b in args.backends if rnd % 2 == 0 else args.backends[::-1]:
@@ -95,6 +95,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--min-bytes", default="4KiB", help="as the bench's: the full buffer, powers of two")
     ap.add_argument("--max-bytes", default="4KiB")
     ap.add_argument("--backends", default="ringpg,floor", help="comma list, as the bench's --backends")
+    ap.add_argument("--dtype", default="float32", help="one of the bench's --dtypes (float32, bfloat16, ...)")
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5000, help="timed ops per round and backend")
     ap.add_argument("--rounds", type=int, default=3)

@@ -248,8 +248,8 @@ def test_backend_specs_name_transport_and_algorithm() -> None:
 
 @pytest.mark.inprocess
 def test_header_says_whether_torch_records_each_op(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The backends line says whether torch's flight recorder hook (from torch 2.15, on every
-    ringpg group: a per-op cost) is on, as torch reads TORCH_FR_BUFFER_SIZE; before 2.15
+    """The backends line says whether torch's flight recorder (from torch 2.15 every ringpg
+    op is recorded: a per-op cost) is on, as torch reads TORCH_FR_BUFFER_SIZE; before 2.15
     it says nothing of it."""
     sys.path.insert(0, str(REPO))
     from benchmarks.backends import backend_status
@@ -261,7 +261,7 @@ def test_header_says_whether_torch_records_each_op(monkeypatch: pytest.MonkeyPat
     else:
         hooked = True
     for value, want in (
-        ("", "flight recorder hook on (2000 entries)"),
+        ("", "flight recorder on (2000 entries)"),
         ("0", "flight recorder off"),
         ("64", "(64 entries)"),
     ):
