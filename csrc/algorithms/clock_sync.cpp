@@ -37,8 +37,7 @@ ClockOffset measureClockOffset(Engine& engine, const Config& cfg, int rank, int 
   // TCP both ways, even where the ring has shared memory: the estimate is off by half
   // the difference of the two one-way delays, and on one host (true offset 0) a ping
   // over a socket answered through shared memory read further off than the same path
-  // both ways.  TCP both ways read 3 ranks of one host within 10 us of 0, mostly
-  // under 3.
+  // both ways (docs/internals.md, "Why these constants").
   EngineLink tcp(engine);
   const Topology ranks = Topology::singleHost(size); // direct exchanges only: no ring order needed
   const LinkTable links = LinkTable::engineOnly(tcp, engine, ranks);

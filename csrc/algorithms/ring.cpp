@@ -163,7 +163,7 @@ RingSweep::RingSweep(OpContext& c, const RingView& ring, const RingJob& job, con
   // Only a plain all-gather: it writes its whole output once and reads none of it, so
   // a plain copy's lines, read for ownership, leave the caches unread when the output
   // outgrows them.  An allreduce's gather lands in the buffer its reduce steps just
-  // wrote, and streaming there measured slower: 1.4-1.7x the time at 4-16 MiB.
+  // wrote, and streaming there measured slower (docs/internals.md, "Why these constants").
   const size_t streamFrom = c.config().streamFrom();
   streaming_ = job.allGather && !job.reduceScatter && !job.outputReadBack && streamFrom > 0 &&
                static_cast<size_t>(job.count) * es_ >= streamFrom;
@@ -238,17 +238,15 @@ void RingSweep::postSend(int step, int chunk, int64_t j, const char* src, int64_
   // Copied, never lent (Link::postSendCopied): an allreduce's gather segments below
   // kLentGatherAfterReduce, and what a reduce step sends (which the right neighbour
   // reduces, fused or from its staging) unless lentReduce.  Lending those measured
-  // slower at two ranks on one host: allreduce of 256 KiB (64 KiB segments) 94 us lent
-  // against 70 copied, 512 KiB 137 against 123; from 4 MiB (512 KiB segments) lending
-  // wins, 700 us against 810.  A plain all-gather gains from lending at every size
-  // single copy takes.
+  // slower at two ranks on one host below this size and faster from a few MiB; a plain
+  // all-gather gains from lending at every size single copy takes (docs/internals.md,
+  // "Why these constants", for the figures).
   constexpr size_t kLentGatherAfterReduce = 256 * 1024;
   // A reduce step's segments are lent in a ring of two whose op moves at least
   // kLentReduceFrom: the receiver reads them in cache-sized pieces that it reduces as
-  // they land (ShmLink::readLeftInto), so no slot is written and read in between.  On
-  // two cores, 4-16 MiB reduce-scatter took 0.77-0.84x the copied time and 8-32 MiB
-  // allreduce 0.86-0.92x; at 1-2 MiB it was even, and at 4 ranks sharing those cores
-  // 16-32 MiB reduce-scatter took 1.2-1.3x.
+  // they land (ShmLink::readLeftInto), so no slot is written and read in between.  Faster
+  // than copying from this size at two ranks; even below it, and slower where more ranks
+  // share the cores (docs/internals.md, "Why these constants").
   constexpr size_t kLentReduceFrom = 4 * 1024 * 1024;
   const bool lentReduce = ring_.size() == 2 && static_cast<size_t>(job_.count) * es_ >= kLentReduceFrom;
   const bool copied = (isReduceStep(step) && !lentReduce) || (job_.reduceScatter && bytes < kLentGatherAfterReduce);
@@ -384,8 +382,8 @@ RingView RingView::ofGroup(const OpContext& c) {
   v.dataChunk = v.members; // the member at each position owns its rank's chunk
   v.me = c.position();
   // Over shared memory a segment costs a hand-off between processes, which dominates
-  // when ranks share cores, and fill is cheap: 4 per chunk there against 16 gave 5-14%
-  // more busbw to 4 ranks on 2 cores at 1-16 MiB, and the same at 2 ranks.
+  // when ranks share cores, and fill is cheap: fewer segments a chunk there measured
+  // faster (docs/internals.md, "Why these constants").
   v.minSegments = c.ringFusedEverywhere() ? 4 : 16;
   return v;
 }

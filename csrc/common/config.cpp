@@ -286,9 +286,8 @@ const char* Config::allToAllName(AllToAll a) {
 }
 
 size_t Config::streamFrom() const {
-  // Half the last-level cache: the prototype's all-gather streamed at 16-64 MiB took
-  // 0.85x the time, at 1-8 MiB 1.25-1.84x, with a 32 MiB L3 (docs/internals.md, "Why
-  // these constants").
+  // Half the last-level cache: streaming paid off only for outputs well past it
+  // (docs/internals.md, "Why these constants").
   if (streamBytes != kStreamAuto) {
     return static_cast<size_t>(streamBytes); // set: no sysfs read at all
   }

@@ -79,8 +79,8 @@ struct Config {
   //   Tcp  every byte on the engine;
   //   Gloo the collectives' data over Gloo's TCP pairs (transport/gloo_link.h), the
   //        engine keeping control and point-to-point.
-  // (Between hosts auto keeps the engine, not Gloo's pairs: on the emulated 1 Gbit
-  // ring the engine read 95.8-98.7% of the link and Gloo's pairs 90.5-97.0%.)
+  // (Between hosts auto keeps the engine, not Gloo's pairs: it held more of an emulated
+  // link; docs/internals.md, "Why these constants".)
   enum class Transport : uint8_t { Auto, Shm, Tcp, Gloo };
   Transport transport = Transport::Auto;
   static const char* transportName(Transport t);
@@ -143,8 +143,7 @@ struct Config {
   // Spin of waits on shared memory (the links and the arena): the setting, else
   // kAutoShmSpinMicros.  On a host whose ranks outnumber its CPUs the spin yields on
   // every look rather than pause, so a queued rank runs; sleeping at once instead cost
-  // a futex wake-up per wait, 1.1-1.3x the time (median) at 3-4 ranks on 2 vCPUs and
-  // two ranks on one CPU (docs/internals.md, "Why these constants").
+  // a futex wake-up per wait (docs/internals.md, "Why these constants").
   int shmSpinMicros() const { return spinMicros == kSpinAuto ? kAutoShmSpinMicros : spinMicros; }
 
   // Which compiled copy of the reduction kernels runs (tuning key reduce_isa; reduce.h):

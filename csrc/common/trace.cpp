@@ -81,9 +81,8 @@ void appendf(std::string& out, const char* fmt, ...) {
   }
 }
 
-// Fast appends for the per-event loop: with snprintf per event (and an fflush per op),
-// writing the 116 events a rank records of a 3-rank 16 MiB all_reduce took 170-215 us,
-// 1.3-1.6% of the op; with these, 58-100 us.
+// Fast appends for the per-event loop: snprintf per event (and an fflush per op) cost a
+// large op's trace a visible share of its time (docs/internals.md, "Why these constants").
 void appendInt(std::string& out, int64_t v) {
   char buf[24];
   const auto r = std::to_chars(buf, buf + sizeof(buf), v);
