@@ -16,8 +16,9 @@
 # wheel fits) and simple/ + index.html over every ringpg file in OUT (scripts/wheel_index.py),
 # so runs for different torch releases add to one wheelhouse.
 #
-# The installed torch builds in this checkout (build/ keeps the compiled objects: a build
-# after scripts/setup.sh's recompiles nothing that ccache has); another release builds in
+# The installed torch builds in this checkout (setup.py keeps the objects in build/, also
+# for scripts/setup.sh's editable install: a build after it recompiles nothing, it links
+# and packages); another release builds in
 # the virtual environment scripts/test_torch.sh uses for it ($RINGPG_VENV_DIR, default
 # ~/.cache/ringpg-venvs/torch-VERSION: made here if missing, with torch's CPU wheel from
 # download.pytorch.org, the smaller, or $RINGPG_TORCH_INDEX; PyPI's where that cannot be
