@@ -52,8 +52,8 @@ def test_only_the_arrival_that_completes_a_step_wakes_its_sleepers(ws: int) -> N
         assert "crash" not in v, (r, v.get("crash"))  # a wrong sum too (measure)
         assert v["algo"] == "arena_oneshot", (r, v)
     figures = {r: {k: round(x, 3) for k, x in v.items() if k != "algo"} for r, v in sorted(res.items())}
-    wakes = sum(v["wakes"] for v in res.values())
-    assert wakes <= 1.0, f"{wakes:.3f} futex wake calls per op, the ranks together: {figures}"
+    wakes = round(sum(v["wakes"] for v in res.values()) * ITERS)  # whole calls: the per-op means add up inexactly
+    assert wakes <= ITERS, f"{wakes} futex wake calls in {ITERS} ops, the ranks together: {figures}"
     least = (ws - 1) / ws
     sleeps = sum(v["sleeps"] for v in res.values()) / ws
     assert sleeps <= least + SLACK, f"{sleeps:.3f} sleeps per op per rank: {figures}"
