@@ -197,6 +197,9 @@ class RingBackend final : public c10d::Backend {
   // and why a group on one host has none ("" otherwise).
   size_t arenaBufferBytes() const { return net_->arena ? net_->arena->bufferBytes() : 0; }
   const std::string& arenaWhyNot() const { return net_->arenaWhyNot; }
+  // How often this rank's arena waits woke others and slept (HostArena::counts); zeros
+  // where the group has no arena.
+  HostArena::Counts arenaWaitCounts() const { return net_->arena ? net_->arena->counts() : HostArena::Counts{}; }
   // Where the group's ranks run (transport/topology.h): hosts, their ranks, ring order.
   const Topology& topology() const { return net_->topology; }
   // How same-host messages of at least RINGPG_CMA_BYTES move, the same on every rank:

@@ -328,6 +328,18 @@ void bindBackend(py::module_& m) {
                              "why a group whose algorithms would use a host arena has none, as this rank saw it "
                              "('' where it has one or would not use one)")
       .def_property_readonly(
+          "arena_wait_counts",
+          [](const ringpg::RingBackend& b) {
+            const auto c = b.arenaWaitCounts();
+            py::dict d;
+            d["wakes"] = c.wakes;
+            d["sleeps"] = c.sleeps;
+            return d;
+          },
+          "how often this rank's waits in the host arena woke the others ('wakes': futex wake calls, made only "
+          "by an arrival that completes a step others sleep on) and slept ('sleeps': futex waits), since the "
+          "group was made; zeros where it has no arena (benchmarks/wakeups.py, the tests)")
+      .def_property_readonly(
           "ring_order", [](const ringpg::RingBackend& b) { return b.topology().ring; },
           "the ranks in ring order: each host's ranks one after another")
       .def_property_readonly("connected_peers", &ringpg::RingBackend::connectedPeers,

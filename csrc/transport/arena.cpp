@@ -22,7 +22,7 @@
 namespace ringpg {
 namespace {
 
-constexpr uint64_t kArenaMagic = 0x314e524147504752ULL; // "RGPGARN1"
+constexpr uint64_t kArenaMagic = 0x324e524147504752ULL; // "RGPGARN2": the bells by parity
 constexpr size_t kLine = 64;
 constexpr size_t kPage = 4096;
 
@@ -33,12 +33,21 @@ struct ArenaHeader {
   uint64_t bufferBytes;
 };
 
-// A sleeper adds itself to `sleepers`, reads `seq` and sleeps on it unless what it
-// waits for has arrived; a member that arrives while anyone sleeps bumps `seq` and
-// wakes them all (an event count, as the shared-memory links' bell: shm.cpp).
+// A wait sleeps for one step: a member whose step s the others have not all reached
+// sleeps on the bell of s's parity, and only an arrival that completes s (one that
+// finds every member at s or past it) wakes its sleepers, who all wait for that very
+// thing.  Two bells, by parity, because a member woken from step s may arrive at s + 1
+// and sleep again before the waker of s has made its wake call: that call, on s's
+// bell, must not end a sleep on s + 1.  It cannot reach a sleeper of s + 2 either,
+// which exists only once the waker of s has arrived at s + 1, after its call.
+//   seq       the futex word (an event count): bumped once per woken step
+//   sleepers  members counted in before they look a last time and sleep
+//   woken     the last step whose sleepers were woken: two arrivals that each find
+//             the step complete (both look after both stores) wake it once
 struct ArenaBell {
   std::atomic<uint32_t> seq;
   std::atomic<uint32_t> sleepers;
+  std::atomic<uint64_t> woken;
 };
 
 // One member's lines: the step on a line of its own (waiters poll it), the stamps
@@ -57,7 +66,7 @@ struct MemberLines {
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters must be plain memory shared between processes");
-static_assert(sizeof(ArenaHeader) <= kLine && sizeof(ArenaBell) <= kLine && sizeof(MemberLines) == 4 * kLine);
+static_assert(sizeof(ArenaHeader) <= kLine && 2 * sizeof(ArenaBell) <= kLine && sizeof(MemberLines) == 4 * kLine);
 
 constexpr size_t kBellOffset = kLine;
 constexpr size_t kMembersOffset = 2 * kLine;
@@ -92,7 +101,8 @@ struct HostArena::Segment {
 
   void unlinkName() { seg->unlinkName(); }
   ArenaHeader& header() const { return *reinterpret_cast<ArenaHeader*>(base); }
-  ArenaBell& bell() const { return *reinterpret_cast<ArenaBell*>(base + kBellOffset); }
+  // The bell of the steps of `step`'s parity.
+  ArenaBell& bell(uint64_t step) const { return reinterpret_cast<ArenaBell*>(base + kBellOffset)[step % 2]; }
   MemberLines& member(int m) const { return reinterpret_cast<MemberLines*>(base + kMembersOffset)[m]; }
 
   static std::unique_ptr<Segment> create(const std::string& name, uint64_t nonce, int members, size_t bufferBytes,
@@ -105,7 +115,8 @@ struct HostArena::Segment {
       return nullptr;
     }
     s->base = s->seg->base();
-    // A new segment reads as zeros: every step 0, the bell quiet, no proof.
+    // A new segment reads as zeros: every step 0, the bells quiet (no step woken:
+    // steps start at 1), no proof.
     s->header() = ArenaHeader{kArenaMagic, mix(nonce), static_cast<uint64_t>(members), bufferBytes};
     for (const auto m : c10::irange(members)) {
       s->member(m).cpu.store(-1, std::memory_order_relaxed);
@@ -292,18 +303,34 @@ void HostArena::arrive(const ArenaStamp* stamp) {
   }
   // Release: the buffer's bytes and the stamp are visible to whoever sees this step.
   mine.step.store(++step_, std::memory_order_release);
-  ringBell();
+  ringBell(step_);
 }
 
-void HostArena::ringBell() {
-  // The fence pairs with the sleeper's fetch_add on `sleepers`: either it sees our
-  // step when it looks once more before sleeping, or we see it counted and wake it.
+void HostArena::ringBell(uint64_t step) {
+  // The fence pairs with a sleeper's (awaitAll), after it counted itself in: either its
+  // last look sees our step, or we see it counted.  And with the other arrivals' at
+  // `step`: of all the fences after the stores of `step`, the last one's thread sees
+  // every member there; so if a sleeper missed a member, the arrival whose fence comes
+  // last sees both the sleeper and every step, and wakes it.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  ArenaBell& bell = seg_->bell();
-  if (bell.sleepers.load(std::memory_order_relaxed) != 0) {
-    bell.seq.fetch_add(1, std::memory_order_seq_cst);
-    futexWakeShared(&bell.seq);
+  ArenaBell& bell = seg_->bell(step);
+  if (bell.sleepers.load(std::memory_order_relaxed) == 0) {
+    return; // no one sleeps on `step`: the one fence is all an arrival costs
   }
+  int from = 0;
+  if (!allArrived(step, &from)) {
+    return; // a member still missing will complete the step, and wake the sleepers
+  }
+  // Relaxed: only which of the completing arrivals wakes is decided here; an exchange
+  // for an older step of this parity happened before any arrival at `step`.
+  if (bell.woken.exchange(step, std::memory_order_relaxed) == step) {
+    return; // another arrival found it complete too and woke them
+  }
+  // Release (seq_cst): a sleeper whose key already counts this bump sees, in its
+  // last look, every step we saw; one whose key does not fails or ends its futex wait.
+  bell.seq.fetch_add(1, std::memory_order_seq_cst);
+  futexWakeShared(&bell.seq);
+  wakes_.fetch_add(1, std::memory_order_relaxed);
 }
 
 bool HostArena::allArrived(uint64_t step, int* from) const {
@@ -328,7 +355,7 @@ ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard, ArenaStamp* other
     return ArenaWait::Done;
   }
   const auto spinEnd = Clock::now() + microseconds(spinMicros_);
-  ArenaBell& bell = seg_->bell();
+  ArenaBell& bell = seg_->bell(step_);
   SpinGiveWay giveWay(spinYields_);
   while (true) {
     if (allArrived(step_, &from)) {
@@ -364,14 +391,17 @@ ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard, ArenaStamp* other
       }
       continue;
     }
-    // Count ourselves in, then look once more: a member arriving after that look sees
-    // the count (ringBell's fence) and bumps `seq`, which fails or ends the sleep.
+    // Count ourselves in, then look once more: the last member to arrive after that
+    // look sees the count (the fences: ringBell) and bumps `seq`, which fails or ends
+    // the sleep.
     bell.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst); // pairs with ringBell's
     const uint32_t key = bell.seq.load(std::memory_order_seq_cst);
     if (!allArrived(step_, &from)) {
       // Bounded: a broken group rings no bell, so it is noticed within kMismatchLook;
       // and so is a member that runs this op's sequence number as another op, which
       // would never arrive here (it may be waiting on a link for us).
+      sleeps_.fetch_add(1, std::memory_order_relaxed);
       futexWaitShared(&bell.seq, key, std::min<nanoseconds>(deadline - now, kMismatchLook));
       if (const int m = runsOtherOp(current_, other); m >= 0) {
         bell.sleepers.fetch_sub(1, std::memory_order_relaxed);
@@ -379,6 +409,7 @@ ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard, ArenaStamp* other
         return ArenaWait::Mismatch;
       }
     }
+    // Relaxed: a count that lingers only makes an arrival look at the steps once more.
     bell.sleepers.fetch_sub(1, std::memory_order_relaxed);
     publishCpu(::sched_getcpu()); // woken, perhaps elsewhere
   }

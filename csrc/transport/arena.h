@@ -10,7 +10,8 @@
 // Segment layout (one per group and host, created by the host's first rank, mapped by
 // the host's ranks):
 //   ArenaHeader    magic, a check of the nonce (mix(nonce)), members, buffer size
-//   ArenaBell      the futex word every sleeping member waits on, and how many sleep
+//   ArenaBell x 2  per step parity: the futex word the members waiting on a step of
+//                  that parity sleep on, how many may sleep, the last step woken
 //   members x MemberLines
 //                  step   this member's progress (its own cache line; the only word a
 //                         waiter polls)
@@ -35,9 +36,12 @@
 // published; the others compare it with theirs after the wait, so ranks that call
 // different collectives fail with a mismatch instead of mixing unrelated data.
 //
-// Waits spin for the group's spin (Config::shmSpinMicros), then sleep on the bell
-// (a futex, at most 10 ms at a time so that a broken group is noticed), and keep
-// the op's deadline; a member that does not arrive in time, a broken group (a dead
+// Waits spin for the group's spin (Config::shmSpinMicros), then sleep on the bell of
+// their step's parity (a futex, at most 10 ms at a time so that a broken group is
+// noticed), and keep the op's deadline.  Only the arrival that completes a step (the
+// last member to reach it) wakes that step's sleepers: an arrival that leaves others
+// still missing wakes no one, so a member sleeps once per step, not once per
+// arrival. a member that does not arrive in time, a broken group (a dead
 // peer's sockets, an abort, a failure elsewhere) or a member that left the group (its
 // goodbye, or its process ended between ops: Engine::goneFrom) ends the wait.
 //
@@ -159,12 +163,22 @@ class HostArena {
   // The whole mapping, for the registration (segmentBytes(): its size).
   void* segmentBase() const;
 
+  // How often this member woke the others (FUTEX_WAKE calls) and slept (FUTEX_WAIT
+  // calls) since the arena was made: for the tests and benchmarks/wakeups.py.
+  struct Counts {
+    uint64_t wakes = 0;
+    uint64_t sleeps = 0;
+  };
+  Counts counts() const { return {wakes_.load(std::memory_order_relaxed), sleeps_.load(std::memory_order_relaxed)}; }
+
  private:
   HostArena(Engine& engine, int members, int me, std::vector<int> ranks, int spinMicros, bool spinYields);
   bool allArrived(uint64_t step, int* from) const;
   // Publishes `cpu`, the one this thread runs on, for the others' spins.
   void publishCpu(int cpu);
-  void ringBell();
+  // After this member's arrival at `step`: wakes the members sleeping on it if this
+  // arrival completed it.
+  void ringBell(uint64_t step);
 
   Engine& engine_; // the group's failure state
   const int members_;
@@ -179,6 +193,9 @@ class HostArena {
   uint64_t step_ = 0;  // steps arrived at
   DevicePin pin_ = DevicePin::Unasked;
   std::function<void()> unpin_; // undoes a Pinned registration
+  // This member's futex wakes and sleeps in the arena (counts()).
+  std::atomic<uint64_t> wakes_{0};
+  std::atomic<uint64_t> sleeps_{0};
 };
 
 } // namespace ringpg
