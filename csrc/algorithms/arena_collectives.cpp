@@ -325,20 +325,18 @@ void arenaScatter(OpContext& c, const std::vector<const char*>& inputs, char* ou
   }
 }
 
-void arenaAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
-                   const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
-  traceAs(c, false);
-  HostArena& a = *c.arena();
-  const int members = a.members();
-  const int me = a.me();
-  const size_t header = arenaAllToAllHeader(members);
-  const size_t slot = arenaAllToAllSlot(a.bufferBytes(), members);
-  TORCH_INTERNAL_ASSERT(slot > 0, "ringpg: all_to_all chose an arena too small for its header");
-  // A send block that an output block overlaps (an in-place call) would be overwritten
-  // before all of it is sent, the rounds writing received parts while later parts still
-  // wait: such blocks are sent from a copy.  Block by block: the blocks of the list
-  // form are tensors of their own, anywhere in memory.
-  const auto overlapsAnOutput = [&](int q) {
+namespace {
+
+// The send blocks of an all_to_all, each as sent: a block that an output block overlaps
+// (an in-place call) would be overwritten before all of it is sent, the rounds writing
+// received parts while later parts still wait, so such a block is sent from a copy
+// (held in `copies`).  Block by block: the blocks of the list form are tensors of their
+// own, anywhere in memory.
+std::vector<const char*> sendBlocksApart(const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
+                                         const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes,
+                                         std::vector<std::vector<char>>& copies) {
+  const size_t members = sendBuf.size();
+  const auto overlapsAnOutput = [&](size_t q) {
     const auto lo = reinterpret_cast<uintptr_t>(sendBuf[q]);
     for (const auto p : c10::irange(members)) {
       const auto at = reinterpret_cast<uintptr_t>(recvBuf[p]);
@@ -349,13 +347,54 @@ void arenaAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const 
     return false;
   };
   std::vector<const char*> send = sendBuf;
-  std::vector<std::vector<char>> copies(members);
+  copies.assign(members, {});
   for (const auto q : c10::irange(members)) {
     if (sendBytes[q] > 0 && overlapsAnOutput(q)) {
       copies[q].assign(sendBuf[q], sendBuf[q] + sendBytes[q]);
       send[q] = copies[q].data();
     }
   }
+  return send;
+}
+
+// After the first round's step: every member reads every member's sizes (the start of
+// its buffer: [send to q..., receive from q...]), so each reaches the same verdict.
+// Fails the group where a pair disagrees; else the rounds the largest block needs.
+size_t allToAllRounds(OpContext& c, const HostArena& a, size_t slot) {
+  const int members = a.members();
+  uint64_t largest = 0;
+  for (const auto s : c10::irange(members)) {
+    const auto* sent = reinterpret_cast<const uint64_t*>(a.buffer(s));
+    for (const auto d : c10::irange(members)) {
+      const uint64_t expected = reinterpret_cast<const uint64_t*>(a.buffer(d))[members + s];
+      if (s != d && sent[d] != expected) {
+        const std::string why =
+            c10::str("ringpg: collective mismatch between ranks: rank ", a.rankOf(d), " expected ", expected,
+                     " bytes from rank ", a.rankOf(s), ", which sent ", sent[d],
+                     ": the ranks disagree on the split sizes (a rank's output split for a peer must equal that "
+                     "peer's input split for it)");
+        c.failGroup(why);
+        throwBackend(c10::str(describe(c.tag()), ": ", why));
+      }
+      largest = std::max(largest, s == d ? 0 : sent[d]);
+    }
+  }
+  return std::max<size_t>(1, (static_cast<size_t>(largest) + slot - 1) / slot);
+}
+
+} // namespace
+
+void arenaAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
+                   const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
+  traceAs(c, false);
+  HostArena& a = *c.arena();
+  const int members = a.members();
+  const int me = a.me();
+  const size_t header = arenaAllToAllHeader(members);
+  const size_t slot = arenaAllToAllSlot(a.bufferBytes(), members);
+  TORCH_INTERNAL_ASSERT(slot > 0, "ringpg: all_to_all chose an arena too small for its header");
+  std::vector<std::vector<char>> copies;
+  const std::vector<const char*> send = sendBlocksApart(sendBuf, sendBytes, recvBuf, recvBytes, copies);
   // The part [r * slot, (r + 1) * slot) of a block of `total` bytes: its length, 0 past its end.
   const auto partOf = [slot](size_t total, size_t r) {
     return total > r * slot ? std::min(slot, total - r * slot) : 0;
@@ -378,25 +417,7 @@ void arenaAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const 
     }
     c.arenaStep(/*firstOfRound=*/true);
     if (r == 0) {
-      // Every member reads every member's sizes, so each reaches the same verdict.
-      uint64_t largest = 0;
-      for (const auto s : c10::irange(members)) {
-        const auto* sent = reinterpret_cast<const uint64_t*>(a.buffer(s));
-        for (const auto d : c10::irange(members)) {
-          const uint64_t expected = reinterpret_cast<const uint64_t*>(a.buffer(d))[members + s];
-          if (s != d && sent[d] != expected) {
-            const std::string why = c10::str(
-                "ringpg: collective mismatch between ranks: rank ", a.rankOf(d), " expected ", expected,
-                " bytes from rank ", a.rankOf(s), ", which sent ", sent[d],
-                ": the ranks disagree on the split sizes (a rank's output split for a peer must equal that peer's "
-                "input split for it)");
-            c.failGroup(why);
-            throwBackend(c10::str(describe(c.tag()), ": ", why));
-          }
-          largest = std::max(largest, s == d ? 0 : sent[d]);
-        }
-      }
-      rounds = std::max<size_t>(1, (static_cast<size_t>(largest) + slot - 1) / slot);
+      rounds = allToAllRounds(c, a, slot);
     }
     for (const auto q : c10::irange(members)) {
       if (const size_t n = partOf(recvBytes[q], r); q != me && n > 0) {

@@ -185,6 +185,40 @@ void Tracer::lastWriteEvent(std::string& out) const {
           static_cast<long long>(writeEvents_), static_cast<long long>(writeBytes_));
 }
 
+// The op's events (sends, receives, steps), one trace line each.
+void Tracer::appendOpEvents(std::string& out, long tid) const {
+  const int64_t seq = static_cast<int64_t>(opSeq_);
+  for (const TraceEvent& e : op_.events_) {
+    out += ",\n{\"name\":\"";
+    out += e.name;
+    out += "\",\"cat\":\"";
+    out += categoryOf(e.kind);
+    appendField(out, "\",\"ph\":\"X\",\"pid\":", rank_);
+    appendField(out, ",\"tid\":", tid);
+    out += ",\"ts\":";
+    appendMicros(out, e.begin + offsetNs_);
+    out += ",\"dur\":";
+    appendMicros(out, e.end - e.begin);
+    appendField(out, ",\"args\":{\"seq\":", seq);
+    appendField(out, ",\"step\":", e.step);
+    if (e.kind == TraceKind::Primitive) {
+      appendField(out, ",\"recv_chunk\":", e.chunk);
+      appendField(out, ",\"send_chunk\":", e.segment);
+      out += "}}";
+      continue;
+    }
+    appendField(out, ",\"chunk\":", e.chunk);
+    appendField(out, ",\"segment\":", e.segment);
+    appendField(out, ",\"bytes\":", e.bytes);
+    appendField(out, ",\"peer\":", e.peer);
+    if (e.kind == TraceKind::Recv) {
+      out += ",\"posted_us\":";
+      appendMicros(out, e.posted + offsetNs_);
+    }
+    out += "}}";
+  }
+}
+
 void Tracer::endOp(bool failed) noexcept {
   const int64_t opEnd = traceNow();
   try {
@@ -224,36 +258,7 @@ void Tracer::endOp(bool failed) noexcept {
       out += ",\"failed\":true";
     }
     out += "}}";
-    const int64_t seq = static_cast<int64_t>(opSeq_);
-    for (const TraceEvent& e : op_.events_) {
-      out += ",\n{\"name\":\"";
-      out += e.name;
-      out += "\",\"cat\":\"";
-      out += categoryOf(e.kind);
-      appendField(out, "\",\"ph\":\"X\",\"pid\":", rank_);
-      appendField(out, ",\"tid\":", tid);
-      out += ",\"ts\":";
-      appendMicros(out, e.begin + offsetNs_);
-      out += ",\"dur\":";
-      appendMicros(out, e.end - e.begin);
-      appendField(out, ",\"args\":{\"seq\":", seq);
-      appendField(out, ",\"step\":", e.step);
-      if (e.kind == TraceKind::Primitive) {
-        appendField(out, ",\"recv_chunk\":", e.chunk);
-        appendField(out, ",\"send_chunk\":", e.segment);
-        out += "}}";
-        continue;
-      }
-      appendField(out, ",\"chunk\":", e.chunk);
-      appendField(out, ",\"segment\":", e.segment);
-      appendField(out, ",\"bytes\":", e.bytes);
-      appendField(out, ",\"peer\":", e.peer);
-      if (e.kind == TraceKind::Recv) {
-        out += ",\"posted_us\":";
-        appendMicros(out, e.posted + offsetNs_);
-      }
-      out += "}}";
-    }
+    appendOpEvents(out, tid);
     write(out, /*flush=*/failed);
     writeBegin_ = opEnd;
     writeEnd_ = traceNow();

@@ -129,6 +129,8 @@ class Tracer {
   void write(const std::string& text, bool flush) noexcept;
   // Appends the "trace_write" event of the last op's flush (the tracer's own cost).
   void lastWriteEvent(std::string& out) const;
+  // Appends the current op's events (thread `tid`), one line each.
+  void appendOpEvents(std::string& out, long tid) const;
 
   const int rank_;
   const int64_t offsetNs_;

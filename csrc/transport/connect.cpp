@@ -118,8 +118,99 @@ void agreeOnSettings(c10d::Store& store, const std::string& prefix, int rank, in
   }
 }
 
+// The peers a rank connects at creation: all of them (RINGPG_CONNECT all), else those
+// its rings use, so a neighbour that cannot be reached fails the creation and every
+// rank has two connected neighbours to spread a failure along; the rest on first use.
+std::vector<int> peersToConnect(const Config& cfg, const GroupPlan& plan, const Topology& topo, int rank, int size) {
+  if (cfg.connect != Config::Connect::All) {
+    return plan.peers(topo);
+  }
+  std::vector<int> peers;
+  for (const auto q : c10::irange(size)) {
+    if (q != rank) {
+      peers.push_back(q);
+    }
+  }
+  return peers;
+}
+
+// The same-host links of this rank's host ring (shm.h), and how the group's same-host
+// waits spin; `*used`: every rank agreed on shared memory.
+void connectSharedMemory(GroupLinks& g, c10d::Store& store, const Config& cfg, Config::Transport transport, int rank,
+                         Deadline deadline, bool* used) {
+  // A slot holds one default-sized segment; larger segments travel as fragments.
+  const size_t slotBytes = std::clamp<size_t>(cfg.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
+  // Waits spin, pausing while this host's ranks can each have a core, and yielding on
+  // every look where they outnumber the CPUs they may use together (counted over their
+  // masks, so that ranks pinned one to a core each have one): the rank waited for may
+  // need this very core.
+  const int localRanks = g.topology.ranksOn(g.topology.hostOf[rank]);
+  const int cpus = g.topology.hostCpus.at(g.topology.hostOf[rank]);
+  g.shmSpinMicros = cfg.shmSpinMicros();
+  g.shmSpinYields = localRanks > cpus;
+  ShmOptions shmOptions;
+  shmOptions.setting = transport;
+  shmOptions.slotBytes = slotBytes;
+  shmOptions.spinMicros = g.shmSpinMicros;
+  shmOptions.spinYields = g.shmSpinYields;
+  shmOptions.cmaBytes = cfg.cmaBytes;
+  shmOptions.measureCopy = !cfg.cmaBytesSet && cfg.cmaOpBytes == Config::kCmaOpAuto;
+  shmOptions.cmaOpBytes = cfg.cmaOpBytes;
+  g.shm = ShmLink::connect(store, *g.engine, g.keyPrefix, g.topology, rank, shmOptions, deadline, used);
+}
+
+// The host arena of each host's ranks (arena.h), where the algorithms use one, unless
+// the links were asked for (RINGPG_TRANSPORT tcp or gloo) or RINGPG_ARENA_BYTES=0.
+// The plan's answer and gloo are agreed on every rank (the topology, agreeOnSettings),
+// so a group that does not use one skips the arena's agreement altogether; tcp may be
+// one rank's alone, and that rank's refusal reaches the others through the agreement.
+void connectArena(GroupLinks& g, c10d::Store& store, const Config& cfg, Config::Transport transport, int rank,
+                  const GroupPlan& plan) {
+  const bool arenaAllowed = transport != Config::Transport::Gloo && plan.hostArena(g.topology);
+  const bool arenaWanted = arenaAllowed && transport != Config::Transport::Tcp;
+  if (arenaAllowed) {
+    g.arena = HostArena::connect(store, *g.engine, g.keyPrefix, g.topology, rank, arenaWanted, cfg.arenaBytes,
+                                 g.shmSpinMicros, g.shmSpinYields, &g.arenaWhyNot);
+  }
+  if (!g.arena && rank == 0 && arenaWanted && !g.arenaWhyNot.empty()) {
+    LOG(INFO) << "ringpg: no host arena, the collectives run on the links: " << g.arenaWhyNot;
+  }
+}
+
+// The links: every peer on the engine, but the neighbours on this host's ring on
+// shared memory; with the gloo transport every collective frame on Gloo's pairs (the
+// engine keeps control: announcements, aborts, point-to-point).
+void wireLinks(GroupLinks& g, const c10::intrusive_ptr<c10d::Store>& store, Config::Transport transport, int rank,
+               int size, std::chrono::milliseconds timeout, bool shmUsed) {
+  g.engineLink = std::make_unique<EngineLink>(*g.engine);
+  g.links = LinkTable::engineOnly(*g.engineLink, *g.engine, g.topology);
+  if (g.shm) {
+    if (g.shm->sendsRight()) {
+      g.links.to[g.shm->right()] = g.shm.get();
+    }
+    if (g.shm->receivesLeft()) {
+      g.links.from[g.shm->left()] = g.shm.get();
+    }
+    g.links.driven = g.shm.get();
+    g.links.sameHostCopy = g.shm->copyPlan();
+  }
+  if (transport == Config::Transport::Gloo && size > 1) {
+    // Gloo's rendezvous on a prefix of this group's keys, after ringpg's own, where
+    // ranks that disagree about the transport have failed already.
+    auto glooStore = c10::make_intrusive<c10d::PrefixStore>(g.keyPrefix + "gloo_link/", store);
+    g.gloo = std::make_unique<GlooLink>(makeGlooBackend(glooStore, rank, size, timeout), *g.engine, rank, size);
+    std::fill(g.links.to.begin(), g.links.to.end(), g.gloo.get());
+    std::fill(g.links.from.begin(), g.links.from.end(), g.gloo.get());
+  }
+  // Agreed facts only, since every rank must plan alike: shared memory, on one host.
+  g.links.ringFusedEverywhere = shmUsed && g.topology.hosts == 1;
+  g.links.arena = g.arena.get();
+}
+
 } // namespace
 
+// In named steps: rendezvous, the settings' agreement, the engine, the topology, the
+// rings' sockets, shared memory, the arena, the link table.
 std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                          std::chrono::milliseconds timeout, const Config& cfg,
                                          Config::Transport transport, const GroupPlan& plan) {
@@ -132,87 +223,17 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   g->engine =
       std::make_unique<Engine>(rank, size, std::move(rv), cfg.socketBuffer, cfg.tcpCongestion, cfg.engineSpinMicros());
   // The ring runs host by host (topology.h); its hops between ranks of one host move
-  // through shared memory (shm.h).  A slot holds one default-sized segment; larger
-  // segments travel as fragments.
+  // through shared memory (shm.h).
   g->topology = exchangeTopology(*store, g->keyPrefix, rank, size);
-  // The rings' links now, so a neighbour that cannot be reached fails the creation
-  // and every rank has two connected neighbours to spread a failure along; the rest
-  // on first use.
-  std::vector<int> peers;
-  if (cfg.connect == Config::Connect::All) {
-    for (const auto q : c10::irange(size)) {
-      if (q != rank) {
-        peers.push_back(q);
-      }
-    }
-  } else {
-    peers = plan.peers(g->topology);
-  }
-  g->engine->connectPeers(peers, deadline);
-  const size_t slotBytes = std::clamp<size_t>(cfg.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
-  // Waits spin, pausing while this host's ranks can each have a core, and yielding on
-  // every look where they outnumber the CPUs they may use together (counted over their
-  // masks, so that ranks pinned one to a core each have one): the rank waited for may
-  // need this very core.
-  const int localRanks = g->topology.ranksOn(g->topology.hostOf[rank]);
-  const int cpus = g->topology.hostCpus.at(g->topology.hostOf[rank]);
-  g->shmSpinMicros = cfg.shmSpinMicros();
-  g->shmSpinYields = localRanks > cpus;
+  g->engine->connectPeers(peersToConnect(cfg, plan, g->topology, rank, size), deadline);
   bool shmUsed = false;
-  ShmOptions shmOptions;
-  shmOptions.setting = transport;
-  shmOptions.slotBytes = slotBytes;
-  shmOptions.spinMicros = g->shmSpinMicros;
-  shmOptions.spinYields = g->shmSpinYields;
-  shmOptions.cmaBytes = cfg.cmaBytes;
-  shmOptions.measureCopy = !cfg.cmaBytesSet && cfg.cmaOpBytes == Config::kCmaOpAuto;
-  shmOptions.cmaOpBytes = cfg.cmaOpBytes;
-  g->shm = ShmLink::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, shmOptions, Clock::now() + timeout,
-                            &shmUsed);
-  // The host arena of each host's ranks (arena.h), where the algorithms use one, unless
-  // the links were asked for (RINGPG_TRANSPORT tcp or gloo) or RINGPG_ARENA_BYTES=0.
-  // The plan's answer and gloo are agreed on every rank (the topology, agreeOnSettings),
-  // so a group that does not use one skips the arena's agreement altogether; tcp may be
-  // one rank's alone, and that rank's refusal reaches the others through the agreement.
-  const bool arenaAllowed = transport != Config::Transport::Gloo && plan.hostArena(g->topology);
-  const bool arenaWanted = arenaAllowed && transport != Config::Transport::Tcp;
-  if (arenaAllowed) {
-    g->arena = HostArena::connect(*store, *g->engine, g->keyPrefix, g->topology, rank, arenaWanted, cfg.arenaBytes,
-                                  g->shmSpinMicros, g->shmSpinYields, &g->arenaWhyNot);
-  }
-  if (!g->arena && rank == 0 && arenaWanted && !g->arenaWhyNot.empty()) {
-    LOG(INFO) << "ringpg: no host arena, the collectives run on the links: " << g->arenaWhyNot;
-  }
+  connectSharedMemory(*g, *store, cfg, transport, rank, Clock::now() + timeout, &shmUsed);
+  connectArena(*g, *store, cfg, transport, rank, plan);
   g->transport = transport == Config::Transport::Gloo ? "gloo"
                  : !shmUsed                           ? "tcp"
                  : g->topology.hosts == 1             ? "shm"
                                                       : "shm+tcp";
-  // The links: every peer on the engine, but the neighbours on this host's ring on
-  // shared memory; with the gloo transport every collective frame on Gloo's pairs (the
-  // engine keeps control: announcements, aborts, point-to-point).
-  g->engineLink = std::make_unique<EngineLink>(*g->engine);
-  g->links = LinkTable::engineOnly(*g->engineLink, *g->engine, g->topology);
-  if (g->shm) {
-    if (g->shm->sendsRight()) {
-      g->links.to[g->shm->right()] = g->shm.get();
-    }
-    if (g->shm->receivesLeft()) {
-      g->links.from[g->shm->left()] = g->shm.get();
-    }
-    g->links.driven = g->shm.get();
-    g->links.sameHostCopy = g->shm->copyPlan();
-  }
-  if (transport == Config::Transport::Gloo && size > 1) {
-    // Gloo's rendezvous on a prefix of this group's keys, after ringpg's own, where
-    // ranks that disagree about the transport have failed already.
-    auto glooStore = c10::make_intrusive<c10d::PrefixStore>(g->keyPrefix + "gloo_link/", store);
-    g->gloo = std::make_unique<GlooLink>(makeGlooBackend(glooStore, rank, size, timeout), *g->engine, rank, size);
-    std::fill(g->links.to.begin(), g->links.to.end(), g->gloo.get());
-    std::fill(g->links.from.begin(), g->links.from.end(), g->gloo.get());
-  }
-  // Agreed facts only, since every rank must plan alike: shared memory, on one host.
-  g->links.ringFusedEverywhere = shmUsed && g->topology.hosts == 1;
-  g->links.arena = g->arena.get();
+  wireLinks(*g, store, transport, rank, size, timeout, shmUsed);
   return g;
 }
 
