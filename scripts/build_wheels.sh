@@ -112,13 +112,10 @@ build_for() {  # VERSION PY
   # What scripts/test_torch.sh installs too, so either script can use the venv the other made.
   "$vpy" -c "import setuptools, wheel, ninja, numpy, pytest, pytest_timeout" 2>/dev/null \
     || "$vpy" -m pip install -q --disable-pip-version-check setuptools wheel ninja numpy pytest pytest-timeout
-  # A fresh copy of the sources (tracked and untracked, not ignored); src/build is kept.
+  # The sources (tracked and untracked, not ignored) in src, its build/ kept: files that
+  # changed are written afresh, so ninja recompiles them (scripts/copy_sources.py).
   src=$venv/src
-  mkdir -p "$src"
-  find "$src" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
-  git -C "$REPO" ls-files -z -co --exclude-standard \
-    | "$vpy" -c 'import os, sys; sys.stdout.write("".join(p + "\0" for p in sys.stdin.read().split("\0") if p and os.path.isfile(p)))' \
-    | tar -C "$REPO" --null -T - -cf - | tar -C "$src" -xf -
+  git -C "$REPO" ls-files -z -co --exclude-standard | "$vpy" "$REPO/scripts/copy_sources.py" "$REPO" "$src"
   log "torch $version, Python $pyver: in $venv"
   CCACHE_BASEDIR="$src" build_one "$vpy" "$src"
 }

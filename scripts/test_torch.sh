@@ -53,14 +53,11 @@ if [ "$have" != "$VERSION" ]; then
   "$PY" -m pip install -q "torch==$VERSION" numpy pytest pytest-timeout ninja setuptools wheel
 fi
 
-# A fresh copy of the sources; VENV/src/build (the compiled objects) is kept, so a rerun
-# recompiles only what changed.
+# The sources, brought up to date in VENV/src; VENV/src/build (the compiled objects) is
+# kept, and the files that changed are written afresh, so a rerun recompiles only what
+# changed, whichever checkout built there last (scripts/copy_sources.py).
 SRC=$VENV/src
-mkdir -p "$SRC"
-find "$SRC" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
-git -C "$REPO" ls-files -z -co --exclude-standard \
-  | "$PY" -c 'import os, sys; sys.stdout.write("".join(p + "\0" for p in sys.stdin.read().split("\0") if p and os.path.isfile(p)))' \
-  | tar -C "$REPO" --null -T - -cf - | tar -C "$SRC" -xf -
+git -C "$REPO" ls-files -z -co --exclude-standard | "$PY" "$REPO/scripts/copy_sources.py" "$REPO" "$SRC"
 
 log "building ringpg (MAX_JOBS=${MAX_JOBS:-2})"
 start=$(date +%s)

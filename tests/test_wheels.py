@@ -9,6 +9,8 @@
   prints picks it too (pip in two dry runs: slow, under 20 s on 2 cores).  The wheels are small stand-ins (pure Python, named and tagged as
   the real ones, with the real ones' torch requirement), so no compiler runs: the real
   wheels are built and installed end to end by scripts/test_wheel.sh (CI).
+* The copy of the sources a torch release's venv builds from (scripts/copy_sources.py)
+  rewrites only the files that changed, newer than any object in its build/.
 """
 
 from __future__ import annotations
@@ -138,3 +140,42 @@ def test_pip_picks_the_wheel_for_the_installed_torch(tmp_path) -> None:
     # --find-links: the directory itself): this torch's.
     fix = _loader.fix_command(f"0.1.0+{_tag(OTHER)}", str(wheelhouse), python=py)
     assert _would_install(shlex.split(fix)) == want
+
+
+@pytest.mark.inprocess
+def test_the_build_copy_rewrites_only_what_changed(tmp_path) -> None:
+    """scripts/copy_sources.py, the copy of the sources a torch release's venv builds from:
+    a changed file gets a time newer than the objects in build/ (so ninja recompiles it,
+    even where the checkout's copy is older than they are), an unchanged one keeps its
+    time, and what the checkout lacks goes, but build/."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("copy_sources", os.path.join(ROOT, "scripts", "copy_sources.py"))
+    copy_sources = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy_sources)
+    repo, dest = tmp_path / "repo", tmp_path / "dest"
+    (repo / "csrc").mkdir(parents=True)
+    (repo / "csrc" / "same.cpp").write_text("same")
+    (repo / "csrc" / "changed.cpp").write_text("new")
+    (repo / "setup.py").write_text("setup")
+    (dest / "csrc" / "gone").mkdir(parents=True)
+    (dest / "csrc" / "same.cpp").write_text("same")
+    (dest / "csrc" / "changed.cpp").write_text("old")
+    (dest / "csrc" / "gone" / "old.cpp").write_text("old")
+    (dest / "build" / "temp").mkdir(parents=True)
+    (dest / "build" / "temp" / "changed.o").write_text("object of old")
+    long_ago, then = 1_000_000_000, 1_500_000_000
+    for p in (dest / "csrc" / "same.cpp", dest / "csrc" / "changed.cpp"):
+        os.utime(p, (long_ago, long_ago))
+    os.utime(dest / "build" / "temp" / "changed.o", (then, then))
+    os.utime(repo / "csrc" / "changed.cpp", (long_ago, long_ago))  # older than the object
+
+    written = copy_sources.sync(str(repo), str(dest), ["csrc/same.cpp", "csrc/changed.cpp", "setup.py"])
+    assert written == 2
+    assert (dest / "csrc" / "changed.cpp").read_text() == "new"
+    assert os.stat(dest / "csrc" / "changed.cpp").st_mtime > then
+    assert os.stat(dest / "csrc" / "same.cpp").st_mtime == long_ago
+    assert (dest / "setup.py").read_text() == "setup"
+    assert not (dest / "csrc" / "gone").exists()
+    assert (dest / "build" / "temp" / "changed.o").read_text() == "object of old"
+    assert copy_sources.sync(str(repo), str(dest), ["csrc/same.cpp", "csrc/changed.cpp", "setup.py"]) == 0
