@@ -1,0 +1,75 @@
+"""The house rule on C++ function length (issue 60): no function in csrc/ over 80 lines,
+outside the pybind11 bindings and the settings table.  Run by scripts/lint.sh.
+
+A function is found as clang-format leaves it: a line that opens a brace at namespace
+(or class) scope and is not a namespace, class, struct, enum or extern block starts one,
+and the line where the depth falls back ends it; comments and string literals are left
+out of the brace count.  Usage: python3 scripts/function_lengths.py [FILE ...]
+(default: every csrc/ source git knows).  Exit 1, listing them, where any is too long.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator, List, Tuple
+
+LIMIT = 80
+# (file, first line of the function) exempt: the bindings and the settings table.
+EXEMPT = (
+    ("csrc/bindings/module.cpp", "void bindBackend("),
+    ("csrc/bindings/module.cpp", "void bindTestSeams("),
+    ("csrc/common/config.cpp", "const std::vector<TuningKey>& tuningKeys()"),
+)
+SCOPE = re.compile(r"\s*(template\s*<.*>\s*)?(namespace|struct|class|union|extern|enum)\b")
+
+
+def functions(path: Path) -> Iterator[Tuple[int, int, str]]:
+    """(first line, length, signature line) of each function body in ``path``."""
+    depth, start, scopes = 0, None, {0}
+    sig, start_depth = "", 0
+    for i, line in enumerate(path.read_text().split("\n")):
+        code = re.sub(r'"(\\.|[^"\\])*"', '""', re.sub(r"//.*", "", line))
+        code = re.sub(r"'(\\.|[^'\\])'", "''", code)
+        opens, closes = code.count("{"), code.count("}")
+        scope = SCOPE.match(code)
+        if start is None and opens > closes and depth in scopes and not scope:
+            start, sig, start_depth = i, line.strip(), depth
+        if scope and opens > closes and start is None:
+            scopes.add(depth + 1)
+        depth += opens - closes
+        scopes = {d for d in scopes if d <= depth}
+        if start is not None and depth <= start_depth:
+            yield start + 1, i - start + 1, sig
+            start = None
+
+
+def too_long(files: List[str]) -> List[str]:
+    found = []
+    for f in files:
+        for first, length, sig in functions(Path(f)):
+            if length > LIMIT and not any(f.endswith(e) and sig.startswith(s) for e, s in EXEMPT):
+                found.append(f"{f}:{first}: {length} lines: {sig[:80]}")
+    return found
+
+
+def main(argv: List[str]) -> int:
+    files = (
+        argv
+        or subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "csrc/*.cpp", "csrc/*.h", "csrc/*.inc"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+    )
+    found = too_long(files)
+    for line in found:
+        print(f"function_lengths: over {LIMIT} lines: {line}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
