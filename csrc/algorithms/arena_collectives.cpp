@@ -61,8 +61,8 @@ Range chunkPart(int64_t count, int members, int q, int64_t o, int64_t piece) {
 int64_t arenaPieceElems(size_t bufferBytes, size_t elemSize, int parts) {
   int64_t n = static_cast<int64_t>(bufferBytes / (elemSize * static_cast<size_t>(std::max(parts, 1))));
   // Whole lines, so that pieces (and a member's blocks of one) start on a line.
-  if (kArenaLine % elemSize == 0) {
-    const auto perLine = static_cast<int64_t>(kArenaLine / elemSize);
+  if (kCacheLine % elemSize == 0) {
+    const auto perLine = static_cast<int64_t>(kCacheLine / elemSize);
     if (n >= perLine) {
       n = n / perLine * perLine;
     }
@@ -311,7 +311,7 @@ void arenaScatter(OpContext& c, const std::vector<const char*>& inputs, char* ou
   const int from = memberOfRank(a, root);
   const int me = a.me();
   // The root's buffer holds a block for every member; whole lines, at least one byte.
-  const size_t piece = std::max<size_t>(1, a.bufferBytes() / members / kArenaLine * kArenaLine);
+  const size_t piece = std::max<size_t>(1, a.bufferBytes() / members / kCacheLine * kCacheLine);
   for (size_t o = 0; o < nbytes; o += piece) {
     const size_t n = std::min(piece, nbytes - o);
     a.beginRound();

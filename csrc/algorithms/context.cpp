@@ -92,8 +92,8 @@ RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t co
   TORCH_INTERNAL_ASSERT(fusedRecvReduce(peer));
   const c10::ScalarType dtype = sig_.dtype;
   const bool receivedFirst = order == Operands::ReceivedFirst;
-  // Fragments start at multiples of the slot size, a multiple of 64 bytes, so each
-  // holds whole elements.
+  // Fragments start at multiples of the slot size, a multiple of a cache line
+  // (kCacheLine), so each holds whole elements.
   const auto reduceFragment = [=](const char* src, size_t offset, size_t n) {
     const char* local = in + offset;
     reduce(dtype, op, dst + offset, receivedFirst ? src : local, receivedFirst ? local : src,

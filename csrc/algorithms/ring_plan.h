@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/cache_line.h"
+
 namespace ringpg {
 
 struct Range {
@@ -151,15 +153,12 @@ struct Bruck {
   }
 };
 
-// A cache line: where the host arena's pieces, blocks and slots start (arena_collectives.h).
-constexpr size_t kArenaLine = 64;
-
 // The host arena's all-to-all round (arena_collectives.h): a member's buffer holds a
 // header of two 8-byte sizes a member (what it sends each member, what it expects from
 // each), in whole cache lines, then one slot per receiver.
 inline size_t arenaAllToAllHeader(int members) {
   const size_t raw = 2 * sizeof(uint64_t) * static_cast<size_t>(std::max(members, 1));
-  return (raw + kArenaLine - 1) / kArenaLine * kArenaLine;
+  return (raw + kCacheLine - 1) / kCacheLine * kCacheLine;
 }
 
 // Bytes of each receiver's slot in a buffer of `bufferBytes`: an equal share of what the
@@ -171,7 +170,7 @@ inline size_t arenaAllToAllSlot(size_t bufferBytes, int members) {
     return 0;
   }
   const size_t slot = (bufferBytes - header) / static_cast<size_t>(members);
-  return slot >= kArenaLine ? slot / kArenaLine * kArenaLine : slot;
+  return slot >= kCacheLine ? slot / kCacheLine * kCacheLine : slot;
 }
 
 } // namespace ringpg

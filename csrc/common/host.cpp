@@ -20,6 +20,8 @@
 #include <sstream>
 #include <thread>
 
+#include "common/cache_line.h"
+
 namespace ringpg {
 namespace {
 
@@ -132,18 +134,17 @@ std::optional<int> quotaCpusAlong(const std::string& mount, const std::string& p
 }
 
 bool evictFromCaches(const void* p, size_t n) {
-  // 64-byte lines on every x86-64 and Arm core ringpg runs on; a larger line is
-  // evicted whole by the first address in it, so the stride only has to be no larger.
-  constexpr size_t kLine = 64;
+  // A larger line than kCacheLine is evicted whole by the first address in it, so the
+  // stride only has to be no larger.
   const auto* bytes = static_cast<const char*>(p);
 #if defined(__x86_64__)
-  for (size_t o = 0; o < n; o += kLine) {
+  for (size_t o = 0; o < n; o += kCacheLine) {
     _mm_clflush(bytes + o);
   }
   _mm_mfence(); // the flushes are done before anything timed after them
   return true;
 #elif defined(__aarch64__)
-  for (size_t o = 0; o < n; o += kLine) {
+  for (size_t o = 0; o < n; o += kCacheLine) {
     asm volatile("dc civac, %0" ::"r"(bytes + o) : "memory");
   }
   asm volatile("dsb ish" ::: "memory");

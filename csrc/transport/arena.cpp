@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/cache_line.h"
 #include "common/host.h"
 #include "transport/rendezvous.h"
 #include "transport/shm_segment.h"
@@ -23,7 +24,6 @@ namespace ringpg {
 namespace {
 
 constexpr uint64_t kArenaMagic = 0x324e524147504752ULL; // "RGPGARN2": the bells by parity
-constexpr size_t kLine = 64;
 constexpr size_t kPage = 4096;
 
 struct ArenaHeader {
@@ -53,23 +53,24 @@ struct ArenaBell {
 // One member's lines: the step on a line of its own (waiters poll it), the stamps
 // and the proof on others (written once a round / once).
 struct MemberLines {
-  alignas(kLine) std::atomic<uint64_t> step;
-  alignas(kLine) ArenaStamp stamps[2];
-  alignas(kLine) uint64_t proof;
+  alignas(kCacheLine) std::atomic<uint64_t> step;
+  alignas(kCacheLine) ArenaStamp stamps[2];
+  alignas(kCacheLine) uint64_t proof;
   // The CPU the member last waited on (sched_getcpu; -1: not known), which a spinning
   // waiter compares with its own (HostArena::awaitAll).
   std::atomic<int32_t> cpu;
   // The op the member runs now (HostArena::announce), under a sequence lock: `opSeq`
   // is odd while `op` is being written.
-  alignas(kLine) std::atomic<uint32_t> opSeq;
+  alignas(kCacheLine) std::atomic<uint32_t> opSeq;
   ArenaStamp op;
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters must be plain memory shared between processes");
-static_assert(sizeof(ArenaHeader) <= kLine && 2 * sizeof(ArenaBell) <= kLine && sizeof(MemberLines) == 4 * kLine);
+static_assert(sizeof(ArenaHeader) <= kCacheLine && 2 * sizeof(ArenaBell) <= kCacheLine &&
+              sizeof(MemberLines) == 4 * kCacheLine);
 
-constexpr size_t kBellOffset = kLine;
-constexpr size_t kMembersOffset = 2 * kLine;
+constexpr size_t kBellOffset = kCacheLine;
+constexpr size_t kMembersOffset = 2 * kCacheLine;
 
 size_t roundUp(size_t n, size_t to) {
   return (n + to - 1) / to * to;
@@ -180,7 +181,7 @@ std::unique_ptr<HostArena> HostArena::connect(c10d::Store& store, Engine& engine
   const int members = static_cast<int>(ranks.size());
   // Whole pages, and at least a line per member (a reduce-scatter piece has a block
   // of at least one element per member).
-  bufferBytes = roundUp(std::max(bufferBytes, members * kLine), kPage);
+  bufferBytes = roundUp(std::max(bufferBytes, members * kCacheLine), kPage);
   std::unique_ptr<HostArena> self(new HostArena(engine, members, me, ranks, spinMicros, spinYields));
   std::string whyNot = wanted ? "" : "not wanted on this rank (RINGPG_TRANSPORT)";
 

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/cache_line.h"
 #include "common/host.h"
 #include "reduce/reduce.h"
 #include "transport/rendezvous.h"
@@ -29,7 +30,6 @@ namespace {
 
 constexpr uint64_t kRegionMagic = 0x314d485347504752ULL; // "RGPGSHM1"
 constexpr uint64_t kSlots = 8;
-constexpr size_t kLine = 64;
 
 struct RegionHeader {
   uint64_t magic;
@@ -50,8 +50,8 @@ struct Bell {
 };
 
 struct LinkHeader {
-  alignas(kLine) std::atomic<uint64_t> head; // slots published by the sender (the creator)
-  alignas(kLine) std::atomic<uint64_t> tail; // slots released by the receiver
+  alignas(kCacheLine) std::atomic<uint64_t> head; // slots published by the sender (the creator)
+  alignas(kCacheLine) std::atomic<uint64_t> tail; // slots released by the receiver
 };
 
 struct SlotHeader {
@@ -62,14 +62,14 @@ struct SlotHeader {
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters must be plain memory shared between processes");
-static_assert(sizeof(RegionHeader) <= kLine && sizeof(Bell) <= kLine && sizeof(SlotHeader) <= kLine);
+static_assert(sizeof(RegionHeader) <= kCacheLine && sizeof(Bell) <= kCacheLine && sizeof(SlotHeader) <= kCacheLine);
 
-constexpr size_t kBellOffset = kLine;
-constexpr size_t kLinkOffset = 2 * kLine;
+constexpr size_t kBellOffset = kCacheLine;
+constexpr size_t kLinkOffset = 2 * kCacheLine;
 constexpr size_t kSlotsOffset = kLinkOffset + sizeof(LinkHeader);
 
 size_t slotStride(size_t slotBytes) {
-  return kLine + slotBytes; // SlotHeader padded to a line, then the payload
+  return kCacheLine + slotBytes; // SlotHeader padded to a line, then the payload
 }
 
 size_t regionBytes(size_t slotBytes) {
@@ -205,7 +205,7 @@ std::unique_ptr<ShmLink> ShmLink::connect(c10d::Store& store, Engine& engine, co
   // The links run around each host's ranks (Topology::hostLeft/hostRight): every hop
   // of the group's ring within a host, and the host ring's closing hop (its last rank
   // to its first), which the hierarchical collectives' host rings take.
-  const size_t slotBytes = (opt.slotBytes + kLine - 1) / kLine * kLine;
+  const size_t slotBytes = (opt.slotBytes + kCacheLine - 1) / kCacheLine * kCacheLine;
   std::unique_ptr<ShmLink> self(
       new ShmLink(engine, rank, topo.hostLeft(rank), topo.hostRight(rank), slotBytes, opt.spinMicros, opt.spinYields));
   std::string createWhy;
@@ -443,7 +443,7 @@ bool ShmLink::pushSends() {
     sh->length = n;
     sh->remote = lend ? reinterpret_cast<uintptr_t>(req->buf) : 0;
     if (!lend) {
-      std::memcpy(slot + kLine, req->buf + req->progress, n);
+      std::memcpy(slot + kCacheLine, req->buf + req->progress, n);
     }
     // Release: header and payload are visible before the slot is.
     L.head.store(head + 1, std::memory_order_release);
@@ -510,9 +510,9 @@ bool ShmLink::pullRecvs() {
         return true;
       }
     } else if (r.consume) {
-      r.consume(slot + kLine, req.progress, want);
+      r.consume(slot + kCacheLine, req.progress, want);
     } else {
-      copyMaybeStreaming(req.buf + req.progress, slot + kLine, want, req.streaming);
+      copyMaybeStreaming(req.buf + req.progress, slot + kCacheLine, want, req.streaming);
     }
     // Release: we are done reading the slot before the sender may reuse it.
     L.tail.store(tail + 1, std::memory_order_release);
