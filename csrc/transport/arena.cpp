@@ -23,15 +23,9 @@
 namespace ringpg {
 namespace {
 
-constexpr uint64_t kArenaMagic = 0x324e524147504752ULL; // "RGPGARN2": the bells by parity
+// "RGPGARN3": an arena starting with a SegmentHeader.
+constexpr uint64_t kArenaMagic = 0x334e524147504752ULL;
 constexpr size_t kPage = 4096;
-
-struct ArenaHeader {
-  uint64_t magic;
-  uint64_t check; // mix(nonce): the nonce itself is never in the segment
-  uint64_t members;
-  uint64_t bufferBytes;
-};
 
 // A wait sleeps for one step: a member whose step s the others have not all reached
 // sleeps on the bell of s's parity, and only an arrival that completes s (one that
@@ -66,10 +60,9 @@ struct MemberLines {
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters must be plain memory shared between processes");
-static_assert(sizeof(ArenaHeader) <= kCacheLine && 2 * sizeof(ArenaBell) <= kCacheLine &&
-              sizeof(MemberLines) == 4 * kCacheLine);
+static_assert(2 * sizeof(ArenaBell) <= kCacheLine && sizeof(MemberLines) == 4 * kCacheLine);
 
-constexpr size_t kBellOffset = kCacheLine;
+constexpr size_t kBellOffset = kCacheLine; // after the SegmentHeader
 constexpr size_t kMembersOffset = 2 * kCacheLine;
 
 size_t roundUp(size_t n, size_t to) {
@@ -84,62 +77,44 @@ size_t segmentSize(int members, size_t bufferBytes) {
   return buffersOffset(members) + static_cast<size_t>(members) * 2 * bufferBytes;
 }
 
-// splitmix64's finalizer: what the segment holds of the nonce, and each member's proof.
-uint64_t mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 } // namespace
 
 // The mapping (a SharedSegment); the creator also holds the name until it is unlinked.
 struct HostArena::Segment {
+  explicit Segment(std::unique_ptr<SharedSegment> mapped) : seg(std::move(mapped)), base(seg->base()) {}
   std::unique_ptr<SharedSegment> seg;
-  char* base = nullptr; // seg->base()
+  char* base; // seg->base()
 
   void unlinkName() { seg->unlinkName(); }
-  ArenaHeader& header() const { return *reinterpret_cast<ArenaHeader*>(base); }
   // The bell of the steps of `step`'s parity.
   ArenaBell& bell(uint64_t step) const { return reinterpret_cast<ArenaBell*>(base + kBellOffset)[step % 2]; }
   MemberLines& member(int m) const { return reinterpret_cast<MemberLines*>(base + kMembersOffset)[m]; }
 
+  static SegmentHeader headerOf(uint64_t nonce, int members, size_t bufferBytes) {
+    return SegmentHeader::of(kArenaMagic, nonce, static_cast<uint64_t>(members), bufferBytes);
+  }
+  // A new segment reads as zeros past its header: every step 0, the bells quiet (no
+  // step woken: steps start at 1), no proof.
   static std::unique_ptr<Segment> create(const std::string& name, uint64_t nonce, int members, size_t bufferBytes,
                                          std::string& why) {
-    auto s = std::make_unique<Segment>();
-    s->seg = SharedSegment::create(
-        name, segmentSize(members, bufferBytes),
+    auto seg = SharedSegment::create(
+        name, segmentSize(members, bufferBytes), headerOf(nonce, members, bufferBytes),
         c10::str("the host arena (", members, " ranks x 2 x ", bufferBytes, " bytes: RINGPG_ARENA_BYTES)"), why);
-    if (!s->seg) {
+    if (!seg) {
       return nullptr;
     }
-    s->base = s->seg->base();
-    // A new segment reads as zeros: every step 0, the bells quiet (no step woken:
-    // steps start at 1), no proof.
-    s->header() = ArenaHeader{kArenaMagic, mix(nonce), static_cast<uint64_t>(members), bufferBytes};
+    auto s = std::make_unique<Segment>(std::move(seg));
     for (const auto m : c10::irange(members)) {
-      s->member(m).cpu.store(-1, std::memory_order_relaxed);
+      s->member(m).cpu.store(-1, std::memory_order_relaxed); // no wait yet
     }
     return s;
   }
-
+  // Maps the arena its creator announced, checking that it is.
   static std::unique_ptr<Segment> open(const std::string& name, uint64_t nonce, int members, size_t bufferBytes,
                                        std::string& why) {
-    auto s = std::make_unique<Segment>();
-    s->seg = SharedSegment::open(name, segmentSize(members, bufferBytes), why);
-    if (!s->seg) {
-      return nullptr;
-    }
-    s->base = s->seg->base();
-    const ArenaHeader& h = s->header();
-    if (h.magic != kArenaMagic || h.check != mix(nonce) || h.members != static_cast<uint64_t>(members) ||
-        h.bufferBytes != bufferBytes) {
-      why = c10::str(name, " is not the host arena its creator announced");
-      return nullptr;
-    }
-    return s;
+    auto seg = SharedSegment::open(name, segmentSize(members, bufferBytes), headerOf(nonce, members, bufferBytes),
+                                   "host arena", why);
+    return seg ? std::make_unique<Segment>(std::move(seg)) : nullptr;
   }
 };
 
@@ -221,7 +196,7 @@ std::unique_ptr<HostArena> HostArena::connect(c10d::Store& store, Engine& engine
     }
     if (ok) {
       nonce = theirNonce;
-      self->seg_->member(me).proof = mix(nonce + me + 1);
+      self->seg_->member(me).proof = mixNonce(nonce + me + 1);
     }
   }
   const std::vector<std::string> verdicts =
@@ -235,7 +210,7 @@ std::unique_ptr<HostArena> HostArena::connect(c10d::Store& store, Engine& engine
   }
   if (all) {
     for (const auto m : c10::irange(members)) {
-      if (self->seg_->member(m).proof != mix(nonce + m + 1)) {
+      if (self->seg_->member(m).proof != mixNonce(nonce + m + 1)) {
         all = false;
         whyNot = c10::str("member ", m, " of the host arena left no proof that it is the group's");
       }

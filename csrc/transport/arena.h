@@ -9,14 +9,15 @@
 //
 // Segment layout (one per group and host, created by the host's first rank, mapped by
 // the host's ranks):
-//   ArenaHeader    magic, a check of the nonce (mix(nonce)), members, buffer size
+//   SegmentHeader  magic, a check of the nonce (mixNonce(nonce)), members, buffer size
+//                  (shm_segment.h)
 //   ArenaBell x 2  per step parity: the futex word the members waiting on a step of
 //                  that parity sleep on, how many may sleep, the last step woken
 //   members x MemberLines
 //                  step   this member's progress (its own cache line; the only word a
 //                         waiter polls)
 //                  stamps the op signature of the member's last two rounds
-//                  proof  mix(nonce + member + 1): the member mapped this segment
+//                  proof  mixNonce(nonce + member + 1): the member mapped this segment
 //                         knowing the nonce the group's Store carried
 //   members x 2 buffers of bufferBytes (page-aligned), one per round parity
 //

@@ -28,15 +28,9 @@
 namespace ringpg {
 namespace {
 
-constexpr uint64_t kRegionMagic = 0x314d485347504752ULL; // "RGPGSHM1"
+// "RGPGSHM2": a region starting with a SegmentHeader.
+constexpr uint64_t kRegionMagic = 0x324d485347504752ULL;
 constexpr uint64_t kSlots = 8;
-
-struct RegionHeader {
-  uint64_t magic;
-  uint64_t nonce;
-  uint64_t slots;
-  uint64_t slotBytes;
-};
 
 // The creator sleeps on `seq`; anyone who publishes or releases a slot it waits for
 // looks at `sleeping` and, if the creator announced it may sleep, bumps `seq` and
@@ -62,9 +56,9 @@ struct SlotHeader {
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters must be plain memory shared between processes");
-static_assert(sizeof(RegionHeader) <= kCacheLine && sizeof(Bell) <= kCacheLine && sizeof(SlotHeader) <= kCacheLine);
+static_assert(sizeof(Bell) <= kCacheLine && sizeof(SlotHeader) <= kCacheLine);
 
-constexpr size_t kBellOffset = kCacheLine;
+constexpr size_t kBellOffset = kCacheLine; // after the SegmentHeader
 constexpr size_t kLinkOffset = 2 * kCacheLine;
 constexpr size_t kSlotsOffset = kLinkOffset + sizeof(LinkHeader);
 
@@ -110,45 +104,34 @@ void admitSameUserReaders() {
 // One mapping of a region (a SharedSegment); the creator also holds its name until
 // it is unlinked.
 struct ShmLink::Region {
+  explicit Region(std::unique_ptr<SharedSegment> mapped) : seg(std::move(mapped)), base(seg->base()) {}
   std::unique_ptr<SharedSegment> seg;
-  char* base = nullptr; // seg->base()
+  char* base; // seg->base()
 
   void unlinkName() { seg->unlinkName(); }
-  RegionHeader& header() { return *reinterpret_cast<RegionHeader*>(base); }
   Bell& bell() { return *reinterpret_cast<Bell*>(base + kBellOffset); }
   LinkHeader& link() { return *reinterpret_cast<LinkHeader*>(base + kLinkOffset); }
   char* slot(uint64_t i, size_t slotBytes) { return base + kSlotsOffset + (i % kSlots) * slotStride(slotBytes); }
 
-  // Creates and maps a fresh region; null when the system refuses (no /dev/shm, or
-  // not enough room for it).
-  static std::unique_ptr<Region> create(const std::string& name, uint64_t nonce, size_t slotBytes, std::string& why) {
-    auto s = std::make_unique<Region>();
-    s->seg =
-        SharedSegment::create(name, regionBytes(slotBytes), "a shared-memory link (RINGPG_TUNING segment_bytes)", why);
-    if (!s->seg) {
-      return nullptr;
-    }
-    s->base = s->seg->base();
-    // A new region reads as zeros: head = tail = 0, bell quiet.
-    s->header() = RegionHeader{kRegionMagic, nonce, kSlots, slotBytes};
-    s->bell().cpu.store(-1, std::memory_order_relaxed);
-    return s;
+  static SegmentHeader headerOf(uint64_t nonce, size_t slotBytes) {
+    return SegmentHeader::of(kRegionMagic, nonce, kSlots, slotBytes);
   }
-
-  // Maps a neighbour's region and checks that it is the one it announced.
+  // Creates and maps a fresh region (head = tail = 0, the bell quiet); null when the
+  // system refuses (no /dev/shm, or not enough room for it).
+  static std::unique_ptr<Region> create(const std::string& name, uint64_t nonce, size_t slotBytes, std::string& why) {
+    auto seg = SharedSegment::create(name, regionBytes(slotBytes), headerOf(nonce, slotBytes),
+                                     "a shared-memory link (RINGPG_TUNING segment_bytes)", why);
+    if (!seg) {
+      return nullptr;
+    }
+    auto r = std::make_unique<Region>(std::move(seg));
+    r->bell().cpu.store(-1, std::memory_order_relaxed); // no wait yet
+    return r;
+  }
+  // Maps a neighbour's region, checking that it is the one it announced.
   static std::unique_ptr<Region> open(const std::string& name, uint64_t nonce, size_t slotBytes, std::string& why) {
-    auto s = std::make_unique<Region>();
-    s->seg = SharedSegment::open(name, regionBytes(slotBytes), why);
-    if (!s->seg) {
-      return nullptr;
-    }
-    s->base = s->seg->base();
-    const RegionHeader& h = s->header();
-    if (h.magic != kRegionMagic || h.nonce != nonce || h.slots != kSlots || h.slotBytes != slotBytes) {
-      why = c10::str(name, " is not the region its creator announced");
-      return nullptr;
-    }
-    return s;
+    auto seg = SharedSegment::open(name, regionBytes(slotBytes), headerOf(nonce, slotBytes), "region", why);
+    return seg ? std::make_unique<Region>(std::move(seg)) : nullptr;
   }
 };
 
@@ -298,9 +281,9 @@ ShmVerdict ShmLink::mapNeighbours(const std::vector<std::string>& regions, const
     // Single copy: this rank reads from its left neighbour, so it probes that it may,
     // by reading the left's region header out of the left's own address space.
     if (v.ok && v.cmaOk) {
-      RegionHeader probe{};
+      SegmentHeader probe{};
       v.cmaOk = readLeft(reinterpret_cast<char*>(&probe), at.base, sizeof(probe), &v.cmaWhy) &&
-                probe.magic == kRegionMagic && probe.nonce == fromLeft_->header().nonce;
+                probe == fromLeft_->seg->header();
       if (!v.cmaOk && v.cmaWhy.empty()) {
         v.cmaWhy = "the probe read the wrong bytes";
       }

@@ -10,7 +10,7 @@
 //
 // Region layout (one mapped shared-memory area per rank, created by it, mapped by it
 // and both neighbours):
-//   RegionHeader    magic, the creator's nonce, slot geometry
+//   SegmentHeader   magic, a check of the creator's nonce, slot geometry (shm_segment.h)
 //   Bell            the futex word the *creator* sleeps on; its neighbours ring it
 //   LinkHeader      head (slots published by the creator) / tail (slots released by
 //                   the right neighbour), each on its own cache line

@@ -23,8 +23,16 @@ namespace ringpg {
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "a futex word must be plain memory shared between processes");
 
-std::unique_ptr<SharedSegment> SharedSegment::create(const std::string& name, size_t bytes, const std::string& what,
-                                                     std::string& why) {
+uint64_t mixNonce(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+std::unique_ptr<SharedSegment> SharedSegment::create(const std::string& name, size_t bytes, const SegmentHeader& header,
+                                                     const std::string& what, std::string& why) {
   const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) {
     why = c10::str("shm_open(", name, "): ", std::strerror(errno));
@@ -45,10 +53,13 @@ std::unique_ptr<SharedSegment> SharedSegment::create(const std::string& name, si
     ::shm_unlink(name.c_str());
     return nullptr;
   }
+  // Before the name is announced, so every mapper finds it written.
+  *static_cast<SegmentHeader*>(p) = header;
   return std::unique_ptr<SharedSegment>(new SharedSegment(name, static_cast<char*>(p), bytes, /*named=*/true));
 }
 
-std::unique_ptr<SharedSegment> SharedSegment::open(const std::string& name, size_t bytes, std::string& why) {
+std::unique_ptr<SharedSegment> SharedSegment::open(const std::string& name, size_t bytes, const SegmentHeader& expect,
+                                                   const std::string& kind, std::string& why) {
   const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) {
     why = c10::str("shm_open(", name, "): ", std::strerror(errno));
@@ -67,7 +78,15 @@ std::unique_ptr<SharedSegment> SharedSegment::open(const std::string& name, size
     why = c10::str("mmap: ", std::strerror(errno));
     return nullptr;
   }
-  return std::unique_ptr<SharedSegment>(new SharedSegment(name, static_cast<char*>(p), bytes, /*named=*/false));
+  auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, static_cast<char*>(p), bytes, /*named=*/false));
+  // Copied out once: a peer's memory is read, never trusted in place.
+  SegmentHeader h;
+  std::memcpy(&h, seg->base(), sizeof(h));
+  if (!(h == expect)) {
+    why = c10::str(name, " is not the ", kind, " its creator announced");
+    return nullptr;
+  }
+  return seg;
 }
 
 SharedSegment::~SharedSegment() {

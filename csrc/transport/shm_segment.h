@@ -6,7 +6,9 @@
 // a random nonce), its bytes reserved at once (posix_fallocate: a full /dev/shm fails
 // here, never as a SIGBUS on a later write), and unlinked by its creator as soon as
 // every peer has mapped it; a peer maps only a segment of this user's, of exactly the
-// size it expects, with no group or other permission bits.
+// size it expects, with no group or other permission bits, whose first line says it is
+// the kind, layout and shape it expects, made by the holder of the nonce its creator
+// announced (SegmentHeader).
 #pragma once
 
 #include <atomic>
@@ -16,17 +18,44 @@
 #include <memory>
 #include <string>
 
+#include "common/cache_line.h"
+
 namespace ringpg {
+
+// splitmix64's finalizer: what a segment holds of its creator's nonce (never the nonce
+// itself, so a mapper proves it knew the nonce only by what the Store carried), and
+// the arena members' proofs.
+uint64_t mixNonce(uint64_t x);
+
+// A segment's first line (the kinds' own layouts start on the next; a new segment reads
+// as zeros): which kind and layout it is, for whom, of what shape.  Written by the
+// creator before it announces the name, checked by every mapper.
+struct SegmentHeader {
+  uint64_t magic;    // the kind and its layout's version
+  uint64_t check;    // mixNonce(the nonce the creator announced)
+  uint64_t shape[2]; // the kind's geometry (a link's slots and slot bytes, the arena's members and buffer bytes)
+
+  static SegmentHeader of(uint64_t magic, uint64_t nonce, uint64_t shape0, uint64_t shape1) {
+    return SegmentHeader{magic, mixNonce(nonce), {shape0, shape1}};
+  }
+  bool operator==(const SegmentHeader& o) const {
+    return magic == o.magic && check == o.check && shape[0] == o.shape[0] && shape[1] == o.shape[1];
+  }
+};
+static_assert(sizeof(SegmentHeader) <= kCacheLine, "a segment's header is its first line");
 
 class SharedSegment {
  public:
-  // Creates `name` ("/..."), reserves `bytes` and maps it; null, with `why`, where the
-  // system refuses.  `what` says in `why` what the bytes were for (and what sizes them).
-  static std::unique_ptr<SharedSegment> create(const std::string& name, size_t bytes, const std::string& what,
-                                               std::string& why);
-  // Maps an existing segment `name` of exactly `bytes`; null, with `why`, where it is
-  // missing, of another size or user, or open to others.
-  static std::unique_ptr<SharedSegment> open(const std::string& name, size_t bytes, std::string& why);
+  // Creates `name` ("/..."), reserves `bytes`, maps it and writes `header` at its
+  // start; null, with `why`, where the system refuses.  `what` says in `why` what the
+  // bytes were for (and what sizes them).
+  static std::unique_ptr<SharedSegment> create(const std::string& name, size_t bytes, const SegmentHeader& header,
+                                               const std::string& what, std::string& why);
+  // Maps an existing segment `name` of exactly `bytes` that starts with `expect`; null,
+  // with `why`, where it is missing, of another size or user, open to others, or not
+  // the segment its creator announced (another header: `kind` names it in `why`).
+  static std::unique_ptr<SharedSegment> open(const std::string& name, size_t bytes, const SegmentHeader& expect,
+                                             const std::string& kind, std::string& why);
   ~SharedSegment(); // unmaps, and unlinks the name if this mapping still holds it
   SharedSegment(const SharedSegment&) = delete;
   SharedSegment& operator=(const SharedSegment&) = delete;
@@ -34,6 +63,7 @@ class SharedSegment {
   // Removes the name (the creator's, once every peer has mapped it); the mappings stay.
   void unlinkName();
   char* base() const { return base_; }
+  const SegmentHeader& header() const { return *reinterpret_cast<const SegmentHeader*>(base_); }
   size_t bytes() const { return bytes_; }
   const std::string& name() const { return name_; }
 
