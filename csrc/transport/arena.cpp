@@ -7,12 +7,10 @@
 #include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 
-#include <sched.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <sstream>
-#include <thread>
 
 #include "common/cache_line.h"
 #include "common/host.h"
@@ -23,7 +21,7 @@
 namespace ringpg {
 namespace {
 
-// "RGPGARN3": an arena starting with a SegmentHeader.
+// "RGPGARN3": an arena starting with a SegmentHeader, its bells the links' kind.
 constexpr uint64_t kArenaMagic = 0x334e524147504752ULL;
 constexpr size_t kPage = 4096;
 
@@ -34,15 +32,15 @@ constexpr size_t kPage = 4096;
 // and sleep again before the waker of s has made its wake call: that call, on s's
 // bell, must not end a sleep on s + 1.  It cannot reach a sleeper of s + 2 either,
 // which exists only once the waker of s has arrived at s + 1, after its call.
-//   seq       the futex word (an event count): bumped once per woken step
-//   sleepers  members counted in before they look a last time and sleep
+//   bell      the futex word and its sleepers (shm_wait.h): bumped once per woken step
 //   woken     the last step whose sleepers were woken: two arrivals that each find
 //             the step complete (both look after both stores) wake it once
 struct ArenaBell {
-  std::atomic<uint32_t> seq;
-  std::atomic<uint32_t> sleepers;
+  Bell bell;
   std::atomic<uint64_t> woken;
 };
+// A sleeper waits for one thing, its step to be complete.
+constexpr BellCauses kStepComplete = kBellCauseA;
 
 // One member's lines: the step on a line of its own (waiters poll it), the stamps
 // and the proof on others (written once a round / once).
@@ -50,9 +48,9 @@ struct MemberLines {
   alignas(kCacheLine) std::atomic<uint64_t> step;
   alignas(kCacheLine) ArenaStamp stamps[2];
   alignas(kCacheLine) uint64_t proof;
-  // The CPU the member last waited on (sched_getcpu; -1: not known), which a spinning
-  // waiter compares with its own (HostArena::awaitAll).
-  std::atomic<int32_t> cpu;
+  // The CPU the member last waited on, which a spinning waiter compares with its own
+  // (HostArena::awaitAll).
+  CpuHint cpu;
   // The op the member runs now (HostArena::announce), under a sequence lock: `opSeq`
   // is odd while `op` is being written.
   alignas(kCacheLine) std::atomic<uint32_t> opSeq;
@@ -105,7 +103,7 @@ struct HostArena::Segment {
     }
     auto s = std::make_unique<Segment>(std::move(seg));
     for (const auto m : c10::irange(members)) {
-      s->member(m).cpu.store(-1, std::memory_order_relaxed); // no wait yet
+      s->member(m).cpu.cpu.store(-1, std::memory_order_relaxed); // no wait yet
     }
     return s;
   }
@@ -119,8 +117,7 @@ struct HostArena::Segment {
 };
 
 HostArena::HostArena(Engine& engine, int members, int me, std::vector<int> ranks, int spinMicros, bool spinYields)
-    : engine_(engine), members_(members), me_(me), ranks_(std::move(ranks)), spinMicros_(spinMicros),
-      spinYields_(spinYields) {}
+    : engine_(engine), members_(members), me_(me), ranks_(std::move(ranks)), waiter_(spinMicros, spinYields) {}
 
 HostArena::~HostArena() {
   if (unpin_) {
@@ -283,14 +280,13 @@ void HostArena::arrive(const ArenaStamp* stamp) {
 }
 
 void HostArena::ringBell(uint64_t step) {
-  // The fence pairs with a sleeper's (awaitAll), after it counted itself in: either its
-  // last look sees our step, or we see it counted.  And with the other arrivals' at
-  // `step`: of all the fences after the stores of `step`, the last one's thread sees
-  // every member there; so if a sleeper missed a member, the arrival whose fence comes
-  // last sees both the sleeper and every step, and wakes it.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // awaited()'s fence pairs with a sleeper's (ShmWaiter::wait), after it counted itself
+  // in: either its last look sees our step, or we see it counted.  And with the other
+  // arrivals' at `step`: of all the fences after the stores of `step`, the last one's
+  // thread sees every member there; so if a sleeper missed a member, the arrival whose
+  // fence comes last sees both the sleeper and every step, and wakes it.
   ArenaBell& bell = seg_->bell(step);
-  if (bell.sleepers.load(std::memory_order_relaxed) == 0) {
+  if (!bell.bell.awaited(kStepComplete)) {
     return; // no one sleeps on `step`: the one fence is all an arrival costs
   }
   int from = 0;
@@ -302,10 +298,7 @@ void HostArena::ringBell(uint64_t step) {
   if (bell.woken.exchange(step, std::memory_order_relaxed) == step) {
     return; // another arrival found it complete too and woke them
   }
-  // Release (seq_cst): a sleeper whose key already counts this bump sees, in its
-  // last look, every step we saw; one whose key does not fails or ends its futex wait.
-  bell.seq.fetch_add(1, std::memory_order_seq_cst);
-  futexWakeShared(&bell.seq);
+  bell.bell.wake();
   wakes_.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -317,78 +310,55 @@ bool HostArena::allArrived(uint64_t step, int* from) const {
   return *from == members_;
 }
 
-void HostArena::publishCpu(int cpu) {
-  std::atomic<int32_t>& mine = seg_->member(me_).cpu;
-  if (mine.load(std::memory_order_relaxed) != cpu) { // a store only on a move: the line stays shared
-    mine.store(cpu, std::memory_order_relaxed);
-  }
-}
-
 ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard, ArenaStamp* other) {
-  using namespace std::chrono;
   int from = 0;
   if (allArrived(step_, &from)) {
-    return ArenaWait::Done;
+    return ArenaWait::Done; // the common case once the others are ahead: no clock read
   }
-  const auto spinEnd = Clock::now() + microseconds(spinMicros_);
-  ArenaBell& bell = seg_->bell(step_);
-  SpinGiveWay giveWay(spinYields_);
-  while (true) {
+  ArenaWait end = ArenaWait::Done;
+  const auto look = [&]() -> WaitLook {
     if (allArrived(step_, &from)) {
-      return ArenaWait::Done;
+      return WaitLook::Done;
     }
     *laggard = from;
     if (engine_.isBroken()) {
-      return ArenaWait::Broken;
+      end = ArenaWait::Broken;
+      return WaitLook::Done;
     }
     // A member that left the group (its goodbye, or its process ended) arrives nowhere
     // again.  An arrival it published before it left is in the segment still, and may
     // have landed after the look above: the arrivals are looked at once more.
     if (engine_.anyGone() && !engine_.goneFrom(ranks_[from]).empty()) {
       if (allArrived(step_, &from)) {
-        return ArenaWait::Done;
+        return WaitLook::Done;
       }
       *laggard = from;
       if (!engine_.goneFrom(ranks_[from]).empty()) {
-        return ArenaWait::Left;
+        end = ArenaWait::Left;
+        return WaitLook::Done;
       }
     }
-    const auto now = Clock::now();
-    if (now >= deadline) {
-      return ArenaWait::TimedOut;
+    return WaitLook::Idle;
+  };
+  // A member that runs this op's sequence number as another op would never arrive here
+  // (it may be waiting on a link for us), and rings no bell: looked for once a look
+  // interval.
+  const auto otherOp = [&] {
+    const int m = runsOtherOp(current_, other);
+    if (m >= 0) {
+      *laggard = m;
+      end = ArenaWait::Mismatch;
     }
-    if (now < spinEnd) {
-      // As the links' waits (SpinGiveWay): the member we wait for may be queued behind
-      // us on this very CPU.
-      const int cpu = ::sched_getcpu();
-      publishCpu(cpu);
-      if (giveWay.pause(cpu, cpu >= 0 && seg_->member(from).cpu.load(std::memory_order_relaxed) == cpu)) {
-        publishCpu(::sched_getcpu());
-      }
-      continue;
-    }
-    // Count ourselves in, then look once more: the last member to arrive after that
-    // look sees the count (the fences: ringBell) and bumps `seq`, which fails or ends
-    // the sleep.
-    bell.sleepers.fetch_add(1, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_seq_cst); // pairs with ringBell's
-    const uint32_t key = bell.seq.load(std::memory_order_seq_cst);
-    if (!allArrived(step_, &from)) {
-      // Bounded: a broken group rings no bell, so it is noticed within kMismatchLook;
-      // and so is a member that runs this op's sequence number as another op, which
-      // would never arrive here (it may be waiting on a link for us).
-      sleeps_.fetch_add(1, std::memory_order_relaxed);
-      futexWaitShared(&bell.seq, key, std::min<nanoseconds>(deadline - now, kMismatchLook));
-      if (const int m = runsOtherOp(current_, other); m >= 0) {
-        bell.sleepers.fetch_sub(1, std::memory_order_relaxed);
-        *laggard = m;
-        return ArenaWait::Mismatch;
-      }
-    }
-    // Relaxed: a count that lingers only makes an arrival look at the steps once more.
-    bell.sleepers.fetch_sub(1, std::memory_order_relaxed);
-    publishCpu(::sched_getcpu()); // woken, perhaps elsewhere
+    return m >= 0;
+  };
+  // As the links' waits: the member we wait for may be queued behind us on this CPU.
+  const auto peerOn = [&](int cpu) { return seg_->member(from).cpu.on(cpu); };
+  const auto causes = [] { return kStepComplete; };
+  if (!waiter_.wait(seg_->bell(step_).bell, seg_->member(me_).cpu, deadline,
+                    WaitCalls{look, otherOp, peerOn, causes})) {
+    return ArenaWait::TimedOut;
   }
+  return end;
 }
 
 } // namespace ringpg

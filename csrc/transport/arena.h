@@ -11,8 +11,8 @@
 // the host's ranks):
 //   SegmentHeader  magic, a check of the nonce (mixNonce(nonce)), members, buffer size
 //                  (shm_segment.h)
-//   ArenaBell x 2  per step parity: the futex word the members waiting on a step of
-//                  that parity sleep on, how many may sleep, the last step woken
+//   ArenaBell x 2  per step parity: the bell (shm_wait.h) the members waiting on a step
+//                  of that parity sleep on, and the last step woken
 //   members x MemberLines
 //                  step   this member's progress (its own cache line; the only word a
 //                         waiter polls)
@@ -38,13 +38,14 @@
 // different collectives fail with a mismatch instead of mixing unrelated data.
 //
 // Waits spin for the group's spin (Config::shmSpinMicros), then sleep on the bell of
-// their step's parity (a futex, at most 10 ms at a time so that a broken group is
-// noticed), and keep the op's deadline.  Only the arrival that completes a step (the
-// last member to reach it) wakes that step's sleepers: an arrival that leaves others
-// still missing wakes no one, so a member sleeps once per step, not once per
-// arrival. a member that does not arrive in time, a broken group (a dead
-// peer's sockets, an abort, a failure elsewhere) or a member that left the group (its
-// goodbye, or its process ended between ops: Engine::goneFrom) ends the wait.
+// their step's parity (ShmWaiter, as the links' waits: at most a look interval at a
+// time, so that a broken group is noticed), and keep the op's deadline.  Only the
+// arrival that completes a step (the last member to reach it) wakes that step's
+// sleepers: an arrival that leaves others still missing wakes no one, so a member
+// sleeps once per step, not once per arrival.  A member that does not arrive in time,
+// a broken group (a dead peer's sockets, an abort, a failure elsewhere) or a member
+// that left the group (its goodbye, or its process ended between ops: Engine::goneFrom)
+// ends the wait.
 //
 // Security.  The segment is created 0600 under an unguessable name (pid and a random
 // nonce) with O_EXCL, reserved at once (posix_fallocate: a full /dev/shm fails here,
@@ -66,6 +67,7 @@
 #include <vector>
 
 #include "transport/engine.h"
+#include "transport/shm_wait.h"
 #include "transport/socket.h"
 #include "transport/topology.h"
 
@@ -150,8 +152,9 @@ class HostArena {
   // A member that announced an op with `mine`'s sequence number but another signature
   // (op, dtype, size, ReduceOp): its index, and that op in `*theirs`; -1 if none.
   int runsOtherOp(const ArenaStamp& mine, ArenaStamp* theirs) const;
-  // A wait that sleeps looks at the others' ops about this often.
-  static constexpr std::chrono::milliseconds kMismatchLook{10};
+  // A wait that sleeps looks at the others' ops about this often (the look interval
+  // of every same-host wait).
+  static constexpr std::chrono::milliseconds kMismatchLook = ShmWaiter::kLookEvery;
 
   // Whether this member's mapping is registered with a device runtime, so that device
   // copies reach the buffers directly (algorithms/staged_ring.cpp asks once, on the
@@ -170,13 +173,11 @@ class HostArena {
     uint64_t wakes = 0;
     uint64_t sleeps = 0;
   };
-  Counts counts() const { return {wakes_.load(std::memory_order_relaxed), sleeps_.load(std::memory_order_relaxed)}; }
+  Counts counts() const { return {wakes_.load(std::memory_order_relaxed), waiter_.sleeps()}; }
 
  private:
   HostArena(Engine& engine, int members, int me, std::vector<int> ranks, int spinMicros, bool spinYields);
   bool allArrived(uint64_t step, int* from) const;
-  // Publishes `cpu`, the one this thread runs on, for the others' spins.
-  void publishCpu(int cpu);
   // After this member's arrival at `step`: wakes the members sleeping on it if this
   // arrival completed it.
   void ringBell(uint64_t step);
@@ -185,8 +186,7 @@ class HostArena {
   const int members_;
   const int me_;
   const std::vector<int> ranks_; // member -> group rank
-  const int spinMicros_;
-  const bool spinYields_;
+  ShmWaiter waiter_; // awaitAll's spin and sleep, on the bells of the steps
   size_t bufferBytes_ = 0;
   std::unique_ptr<Segment> seg_;
   uint64_t round_ = 0; // rounds begun (round_ % 2: the buffers in use)
@@ -194,9 +194,8 @@ class HostArena {
   uint64_t step_ = 0;  // steps arrived at
   DevicePin pin_ = DevicePin::Unasked;
   std::function<void()> unpin_; // undoes a Pinned registration
-  // This member's futex wakes and sleeps in the arena (counts()).
+  // This member's futex wakes in the arena (counts(); its sleeps: waiter_'s).
   std::atomic<uint64_t> wakes_{0};
-  std::atomic<uint64_t> sleeps_{0};
 };
 
 } // namespace ringpg

@@ -9,14 +9,12 @@
 #include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 
-#include <sched.h>
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <fstream>
 #include <limits>
 #include <sstream>
-#include <thread>
 
 #include "common/cache_line.h"
 #include "common/host.h"
@@ -28,20 +26,21 @@
 namespace ringpg {
 namespace {
 
-// "RGPGSHM2": a region starting with a SegmentHeader.
+// "RGPGSHM2": a region starting with a SegmentHeader, its bell shared with the arena's.
 constexpr uint64_t kRegionMagic = 0x324d485347504752ULL;
 constexpr uint64_t kSlots = 8;
 
-// The creator sleeps on `seq`; anyone who publishes or releases a slot it waits for
-// looks at `sleeping` and, if the creator announced it may sleep, bumps `seq` and
-// wakes it (an event count; ring()).
-// `cpu`: the CPU the creator last waited on (sched_getcpu; -1 before its first wait),
-// which a neighbour's spin reads (ShmLink::neighbourOn).
-struct Bell {
-  std::atomic<uint32_t> seq;
-  std::atomic<uint32_t> sleeping;
-  std::atomic<int32_t> cpu;
+// The creator's bell, which its neighbours ring (ShmLink::waitUntil sleeps on it), and
+// where the creator last waited, which a neighbour's spin reads (ShmLink::neighbourOn).
+// A sleeping creator waits for a slot its left neighbour filled (kArrived: a receive
+// is posted) or for one of its own that its right neighbour released (kReleased: a
+// send waits for room, or a lent buffer to be read).
+struct RegionBell {
+  Bell bell;
+  CpuHint cpu;
 };
+constexpr BellCauses kArrived = kBellCauseA;
+constexpr BellCauses kReleased = kBellCauseB;
 
 struct LinkHeader {
   alignas(kCacheLine) std::atomic<uint64_t> head; // slots published by the sender (the creator)
@@ -56,7 +55,7 @@ struct SlotHeader {
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters must be plain memory shared between processes");
-static_assert(sizeof(Bell) <= kCacheLine && sizeof(SlotHeader) <= kCacheLine);
+static_assert(sizeof(RegionBell) <= kCacheLine && sizeof(SlotHeader) <= kCacheLine);
 
 constexpr size_t kBellOffset = kCacheLine; // after the SegmentHeader
 constexpr size_t kLinkOffset = 2 * kCacheLine;
@@ -68,22 +67,6 @@ size_t slotStride(size_t slotBytes) {
 
 size_t regionBytes(size_t slotBytes) {
   return kSlotsOffset + kSlots * slotStride(slotBytes);
-}
-
-void ring(Bell& bell) {
-  // The fence pairs with the sleeper's (ShmLink::waitUntil): it announced `sleeping`
-  // and then looked at the slots, we moved a slot (head or tail) and now look at
-  // `sleeping`, so at least one of us sees the other's store.  Only a sleeper's bell is
-  // bumped: a bump is a locked write to a line the spinning neighbour reads on every
-  // look, where the fence is local (with the cached tail of pushSends, 0.1-0.5 us
-  // less per 4 KiB op).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (bell.sleeping.load(std::memory_order_relaxed) != 0) {
-    // Release: the slot we moved is visible to a sleeper whose key (read with
-    // acquire) already counts this bump.
-    bell.seq.fetch_add(1, std::memory_order_seq_cst);
-    futexWakeShared(&bell.seq);
-  }
 }
 
 // Yama's ptrace_scope 1 lets a process read another's memory only if it is an ancestor
@@ -109,7 +92,7 @@ struct ShmLink::Region {
   char* base; // seg->base()
 
   void unlinkName() { seg->unlinkName(); }
-  Bell& bell() { return *reinterpret_cast<Bell*>(base + kBellOffset); }
+  RegionBell& bell() { return *reinterpret_cast<RegionBell*>(base + kBellOffset); }
   LinkHeader& link() { return *reinterpret_cast<LinkHeader*>(base + kLinkOffset); }
   char* slot(uint64_t i, size_t slotBytes) { return base + kSlotsOffset + (i % kSlots) * slotStride(slotBytes); }
 
@@ -125,7 +108,7 @@ struct ShmLink::Region {
       return nullptr;
     }
     auto r = std::make_unique<Region>(std::move(seg));
-    r->bell().cpu.store(-1, std::memory_order_relaxed); // no wait yet
+    r->bell().cpu.cpu.store(-1, std::memory_order_relaxed); // no wait yet
     return r;
   }
   // Maps a neighbour's region, checking that it is the one it announced.
@@ -136,8 +119,8 @@ struct ShmLink::Region {
 };
 
 ShmLink::ShmLink(Engine& engine, int rank, int left, int right, size_t slotBytes, int spinMicros, bool spinYields)
-    : engine_(engine), rank_(rank), left_(left), right_(right), slotBytes_(slotBytes), spinMicros_(spinMicros),
-      spinYields_(spinYields) {}
+    : engine_(engine), rank_(rank), left_(left), right_(right), slotBytes_(slotBytes), waiter_(spinMicros, spinYields) {
+}
 
 ShmLink::~ShmLink() = default;
 
@@ -430,7 +413,7 @@ bool ShmLink::pushSends() {
     }
     // Release: header and payload are visible before the slot is.
     L.head.store(head + 1, std::memory_order_release);
-    ring(toRight().bell());
+    toRight().bell().bell.ring(kArrived);
     req->progress += n;
     moved = true;
     // One fragment per pass, so a message of 0 bytes still sends its one (empty) fragment.
@@ -499,7 +482,7 @@ bool ShmLink::pullRecvs() {
     }
     // Release: we are done reading the slot before the sender may reuse it.
     L.tail.store(tail + 1, std::memory_order_release);
-    ring(fromLeft_->bell());
+    fromLeft_->bell().bell.ring(kReleased);
     req.progress += want;
     moved = true;
     if (req.progress == req.len) {
@@ -653,95 +636,48 @@ bool ShmLink::failIfNeighbourLeft(const Departures& gone) {
   return !why.empty();
 }
 
-void ShmLink::publishCpu(int cpu) {
-  std::atomic<int32_t>& mine = own_->bell().cpu;
-  if (mine.load(std::memory_order_relaxed) != cpu) { // a store only on a move: the line stays shared
-    mine.store(cpu, std::memory_order_relaxed);
-  }
+bool ShmLink::neighbourOn(int cpu) {
+  return (receivesLeft_ && fromLeft_->bell().cpu.on(cpu)) || (sendsRight_ && toRight().bell().cpu.on(cpu));
 }
 
-bool ShmLink::neighbourOn(int cpu) {
-  // -1: sched_getcpu failed (a sandbox without getcpu), as the -1 of a bell not yet
-  // published; no CPU known, nothing to compare.
-  return cpu >= 0 && ((receivesLeft_ && fromLeft_->bell().cpu.load(std::memory_order_relaxed) == cpu) ||
-                      (sendsRight_ && toRight().bell().cpu.load(std::memory_order_relaxed) == cpu));
+BellCauses ShmLink::awaited() const {
+  // Only this thread posts and moves these queues, so they hold still while it sleeps.
+  BellCauses causes = 0;
+  if (!recvs_.empty()) {
+    causes += kArrived;
+  }
+  if (!sends_.empty() || !lent_.empty()) {
+    causes += kReleased;
+  }
+  return causes != 0 ? causes : kArrived + kReleased; // a pending request is queued: never 0
 }
 
 bool ShmLink::waitUntil(const RequestPtr& req, Deadline deadline) {
-  using namespace std::chrono;
-  const auto spinEnd = Clock::now() + microseconds(spinMicros_);
-  SpinGiveWay giveWay(spinYields_);
-  Bell& bell = own_->bell();
-  publishCpu(::sched_getcpu()); // the vDSO or rseq's cpu_id: no system call
-  while (true) {
+  const auto look = [&]() -> WaitLook {
     if (engine_.isBroken()) {
       // A peer died or the group failed elsewhere (we hear it through the sockets).
       // Checked first: a broken group moves no byte into or out of a user buffer.
       bool network = true;
       const std::string why = engine_.brokenReason(&network);
       failAll(why, network);
-      return true;
+      return WaitLook::Done;
     }
     // A neighbour that left (its goodbye, or its process ended between ops) sends and
     // takes nothing more, but what it wrote before it left is in the slots (the mapping
     // outlives it): asked before progress() drains them, so a departure seen here comes
     // after every slot it filled.
     const Departures gone = neighboursGone();
-    progress();
-    if (req->state.load(std::memory_order_acquire) != Request::State::Pending) {
-      return true;
+    const bool moved = progress();
+    if (req->state.load(std::memory_order_acquire) != Request::State::Pending || failIfNeighbourLeft(gone)) {
+      return WaitLook::Done;
     }
-    if (failIfNeighbourLeft(gone)) {
-      return true;
-    }
-    const auto now = Clock::now();
-    if (now >= deadline) {
-      return false;
-    }
-    if (now < spinEnd) {
-      // Pause, not yield, where this host's ranks each have a core (spinYields_ false:
-      // transport/connect.cpp): the neighbour we wait for is running, and a yield
-      // would hand the core to any other runnable thread (a compiler, a data loader)
-      // for up to a scheduler tick — milliseconds for a wait of microseconds.  Where
-      // they do not (spinYields_), the neighbour may need this very core; and so
-      // it may where it last waited on this CPU: a busy host (other work on the other
-      // cores) can queue both ranks on one, and each pausing spin then costs the other
-      // its whole length (two ranks, 4-64 KiB, a CPU hog beside them: 180-300 us an op
-      // pausing, 11-130 yielding to it).
-      // The CPU is published on every look, so a neighbour that is spinning too never
-      // reads a CPU it has left.
-      //
-      // Where each rank could have a core, the two queued on one CPU are the
-      // scheduler's doing: a wakeup placed one beside the other (gloo's socket thread
-      // wakes a rank from its barrier, and 17-46% of the ops that followed started that
-      // way on the 2-vCPU VM), and they stay there for the whole op, 120-165 us instead
-      // of 41-56.  Neither a yield nor a sleep moved them; so the waiter moves itself
-      // to another CPU of its mask (moveOffCpu), which the scheduler might equally have
-      // chosen, and its mask stays what it was.  Measured, with a CPU hog beside the
-      // ranks, 4-256 KiB: 23-77 us an op instead of 29-368.
-      const int cpu = ::sched_getcpu();
-      publishCpu(cpu);
-      // A mask with nowhere else to go (a rank pinned to the CPU its unpinned neighbour
-      // shares) refuses the move: asked once per wait, not on every look (two system
-      // calls each), it yields for the rest of the wait (SpinGiveWay).
-      if (giveWay.pause(cpu, neighbourOn(cpu))) {
-        publishCpu(::sched_getcpu());
-      }
-      continue;
-    }
-    // Announce the sleep, then look once more: a neighbour that moved a slot after our
-    // last look sees `sleeping` (the fences) and bumps `seq`; a bump before we read the
-    // key made its slot visible to this look, a bump after it fails the futex wait.
-    bell.sleeping.store(1, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_seq_cst); // pairs with ring()'s
-    const uint32_t key = bell.seq.load(std::memory_order_seq_cst);
-    if (!progress() && req->state.load(std::memory_order_acquire) == Request::State::Pending) {
-      // Bounded sleeps: a broken engine (which rings no bell) is noticed within 10 ms.
-      futexWaitShared(&bell.seq, key, std::min<nanoseconds>(deadline - now, milliseconds(10)));
-    }
-    bell.sleeping.store(0, std::memory_order_relaxed);
-    publishCpu(::sched_getcpu()); // woken, perhaps elsewhere
-  }
+    return moved ? WaitLook::Moved : WaitLook::Idle;
+  };
+  const auto nothingElse = [] { return false; }; // a broken group is in every look
+  const auto peerOn = [&](int cpu) { return neighbourOn(cpu); };
+  const auto causes = [&] { return awaited(); };
+  RegionBell& mine = own_->bell();
+  return waiter_.wait(mine.bell, mine.cpu, deadline, WaitCalls{look, nothingElse, peerOn, causes});
 }
 
 } // namespace ringpg

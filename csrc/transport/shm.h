@@ -11,7 +11,8 @@
 // Region layout (one mapped shared-memory area per rank, created by it, mapped by it
 // and both neighbours):
 //   SegmentHeader   magic, a check of the creator's nonce, slot geometry (shm_segment.h)
-//   Bell            the futex word the *creator* sleeps on; its neighbours ring it
+//   RegionBell      the bell the *creator* sleeps on (shm_wait.h), which its neighbours
+//                   ring for a slot it waits for, and the CPU it last waited on
 //   LinkHeader      head (slots published by the creator) / tail (slots released by
 //                   the right neighbour), each on its own cache line
 //   slots[kSlots]   SlotHeader + slotBytes of payload each
@@ -68,6 +69,7 @@
 #include "transport/engine.h"
 #include "transport/link.h"
 #include "transport/request.h"
+#include "transport/shm_wait.h"
 #include "transport/socket.h"
 #include "transport/topology.h"
 #include "transport/wire.h"
@@ -226,11 +228,13 @@ class ShmLink final : public Link {
   // the last look at the slots, so that nothing it wrote is still unread).
   bool failIfNeighbourLeft(const Departures& gone);
   void finish(const RequestPtr& req);
-  // Publishes `cpu`, the one this thread runs on, in our bell for the neighbours' spins.
-  void publishCpu(int cpu);
   // Whether a same-host neighbour last waited on `cpu`, the one this thread runs on:
   // then it is queued behind us (or asleep), and a spin that pauses keeps it from running.
   bool neighbourOn(int cpu);
+  // What a sleep in waitUntil waits for (a slot filled for a posted receive, or one
+  // released for a queued send or a lent buffer): a neighbour's other movements ring
+  // no bell for it.
+  BellCauses awaited() const;
   // The right neighbour's region, whose bell we ring: the left one's when they are
   // the same rank (world size 2).
   Region& toRight();
@@ -239,8 +243,7 @@ class ShmLink final : public Link {
   const int rank_;
   const int left_, right_;
   const size_t slotBytes_;
-  const int spinMicros_;
-  const bool spinYields_;
+  ShmWaiter waiter_; // waitUntil's spin and sleep, on our region's bell
   std::unique_ptr<Region> own_;   // we send into it; our bell is in it
   std::unique_ptr<Region> fromLeft_;  // we receive from it and ring the left's bell
   std::unique_ptr<Region> fromRight_; // mapped for its bell only; null when right == left

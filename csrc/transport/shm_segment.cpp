@@ -2,11 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <c10/util/StringUtil.h>
@@ -14,14 +12,11 @@
 
 #include <cctype>
 #include <cerrno>
-#include <climits>
 #include <cstring>
 #include <ctime>
 #include <sstream>
 
 namespace ringpg {
-
-static_assert(std::atomic<uint32_t>::is_always_lock_free, "a futex word must be plain memory shared between processes");
 
 uint64_t mixNonce(uint64_t x) {
   x ^= x >> 30;
@@ -165,17 +160,6 @@ int reclaimStaleSegments(const std::string& dir, int minAgeSeconds) {
   }
   ::closedir(d);
   return reclaimed;
-}
-
-void futexWaitShared(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
-  timespec ts{static_cast<time_t>(timeout.count() / 1000000000), static_cast<long>(timeout.count() % 1000000000)};
-  // Shared (not FUTEX_PRIVATE): the word lives in memory several processes map.
-  // EAGAIN (the word moved), EINTR and ETIMEDOUT all send the caller round its loop.
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void futexWakeShared(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 } // namespace ringpg

@@ -1,6 +1,6 @@
 // A named POSIX shared-memory segment, mapped: what the shared-memory links' regions
-// (shm.h) and the host arena (arena.h) are made of, and the futex calls their waits
-// sleep and wake on.
+// (shm.h) and the host arena (arena.h) are made of.  Their waits sleep on bells in it
+// (shm_wait.h).
 //
 // Made 0600 with O_EXCL under a name its creator chooses (an unguessable one: a pid and
 // a random nonce), its bytes reserved at once (posix_fallocate: a full /dev/shm fails
@@ -11,8 +11,6 @@
 // announced (SegmentHeader).
 #pragma once
 
-#include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -86,12 +84,5 @@ int segmentCreatorPid(const std::string& name);
 // this user and are older than `minAgeSeconds` (a group may be mapping a younger one);
 // returns how many.
 int reclaimStaleSegments(const std::string& dir, int minAgeSeconds);
-
-// Sleeps while `*word` == `expected`, at most `timeout`, on a futex shared between
-// processes.  Returns on a wake, a change, a signal or the timeout alike: callers look
-// again.
-void futexWaitShared(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout);
-// Wakes every sleeper on `word`.
-void futexWakeShared(std::atomic<uint32_t>* word);
 
 } // namespace ringpg
