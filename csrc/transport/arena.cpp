@@ -149,53 +149,21 @@ std::unique_ptr<HostArena> HostArena::connect(c10d::Store& store, Engine& engine
   }
   // This rank's host's ranks: one arena a host, every group rank in one agreement.
   const std::vector<int>& ranks = topo.ranksOfHost(topo.hostOf[rank]);
-  const int me = topo.localIndex(rank);
   const int members = static_cast<int>(ranks.size());
+  std::unique_ptr<HostArena> self(new HostArena(engine, members, topo.localIndex(rank), ranks, spinMicros, spinYields));
   // Whole pages, and at least a line per member (a reduce-scatter piece has a block
   // of at least one element per member).
-  bufferBytes = roundUp(std::max(bufferBytes, members * kCacheLine), kPage);
-  std::unique_ptr<HostArena> self(new HostArena(engine, members, me, ranks, spinMicros, spinYields));
+  self->bufferBytes_ = roundUp(std::max(bufferBytes, members * kCacheLine), kPage);
   std::string whyNot = wanted ? "" : "not wanted on this rank (RINGPG_TRANSPORT)";
 
   // 1. The host's first rank creates the segment and announces its name and nonce.
   uint64_t nonce = 0;
-  std::string name = "-";
-  if (wanted && me == 0) {
-    // Segments a crashed job left behind go first (their creator is gone).
-    if (const int n = reclaimStaleSegments("/dev/shm", 60); n > 0) {
-      LOG(INFO) << "ringpg: unlinked " << n << " shared-memory segment(s) left by processes that are gone";
-    }
-    nonce = randomNonce();
-    name = segmentName("arena", ::getpid(), nonce);
-    self->seg_ = Segment::create(name, nonce, members, bufferBytes, whyNot);
-    if (!self->seg_) {
-      name = "-";
-    }
-  }
+  const std::string name = wanted && self->me_ == 0 ? self->createSegment(&nonce, &whyNot) : "-";
   const std::vector<std::string> announced =
       allGatherValues(store, prefix + "arena/name", rank, size, c10::str(name, " ", nonce));
-
-  // 2. The others map it and prove they knew the nonce.
-  bool ok = wanted;
-  {
-    std::istringstream in(announced[ranks[0]]);
-    std::string theirName;
-    uint64_t theirNonce = 0;
-    in >> theirName >> theirNonce;
-    if (theirName == "-") {
-      ok = false;
-      if (whyNot.empty()) {
-        whyNot = c10::str("rank ", ranks[0], " could not create it");
-      }
-    } else if (ok && me != 0) {
-      self->seg_ = Segment::open(theirName, theirNonce, members, bufferBytes, whyNot);
-      ok = self->seg_ != nullptr;
-    }
-    if (ok) {
-      nonce = theirNonce;
-      self->seg_->member(me).proof = mixNonce(nonce + me + 1);
-    }
-  }
+  // 2. The others map it, and every member proves it knew the nonce.
+  const bool ok = wanted && self->mapAnnounced(announced[ranks[0]], ranks[0], &nonce, &whyNot);
+  // 3. Every rank says whether it managed, and the arena is used only if all did.
   const std::vector<std::string> verdicts =
       allGatherValues(store, prefix + "arena/verdict", rank, size, ok ? "1" : "0");
   bool all = std::all_of(verdicts.begin(), verdicts.end(), [](const std::string& v) { return v == "1"; });
@@ -205,22 +173,58 @@ std::unique_ptr<HostArena> HostArena::connect(c10d::Store& store, Engine& engine
   if (self->seg_) {
     self->seg_->unlinkName();
   }
-  if (all) {
-    for (const auto m : c10::irange(members)) {
-      if (self->seg_->member(m).proof != mixNonce(nonce + m + 1)) {
-        all = false;
-        whyNot = c10::str("member ", m, " of the host arena left no proof that it is the group's");
-      }
-    }
-  }
+  all = all && self->proofsHold(nonce, &whyNot);
   if (!all) {
     if (why) {
       *why = whyNot.empty() ? std::string("another rank could not map it") : whyNot;
     }
     return nullptr;
   }
-  self->bufferBytes_ = bufferBytes;
   return self;
+}
+
+std::string HostArena::createSegment(uint64_t* nonce, std::string* whyNot) {
+  // Segments a crashed job left behind go first (their creator is gone; older than a
+  // minute, so no group is still mapping them).
+  if (const int n = reclaimStaleSegments("/dev/shm", 60); n > 0) {
+    LOG(INFO) << "ringpg: unlinked " << n << " shared-memory segment(s) left by processes that are gone";
+  }
+  *nonce = randomNonce();
+  const std::string name = segmentName("arena", ::getpid(), *nonce);
+  seg_ = Segment::create(name, *nonce, members_, bufferBytes_, *whyNot);
+  return seg_ ? name : "-";
+}
+
+bool HostArena::mapAnnounced(const std::string& announced, int creator, uint64_t* nonce, std::string* whyNot) {
+  std::istringstream in(announced);
+  std::string name;
+  uint64_t theirNonce = 0;
+  in >> name >> theirNonce;
+  if (name == "-") {
+    if (whyNot->empty()) {
+      *whyNot = c10::str("rank ", creator, " could not create it");
+    }
+    return false;
+  }
+  if (me_ != 0) {
+    seg_ = Segment::open(name, theirNonce, members_, bufferBytes_, *whyNot);
+    if (!seg_) {
+      return false;
+    }
+  }
+  *nonce = theirNonce;
+  seg_->member(me_).proof = mixNonce(*nonce + me_ + 1);
+  return true;
+}
+
+bool HostArena::proofsHold(uint64_t nonce, std::string* whyNot) const {
+  for (const auto m : c10::irange(members_)) {
+    if (seg_->member(m).proof != mixNonce(nonce + m + 1)) {
+      *whyNot = c10::str("member ", m, " of the host arena left no proof that it is the group's");
+      return false;
+    }
+  }
+  return true;
 }
 
 char* HostArena::buffer(int m) const {

@@ -177,6 +177,14 @@ class HostArena {
 
  private:
   HostArena(Engine& engine, int members, int me, std::vector<int> ranks, int spinMicros, bool spinYields);
+  // connect's steps.  createSegment (the host's first rank): creates the segment and
+  // returns its name ("-": it could not; `*whyNot` says why) and `*nonce`;
+  // mapAnnounced: maps the segment `announced` by rank `creator` ("name nonce"), the
+  // creator's own too, and leaves this member's proof; false where it cannot (`*nonce`:
+  // the announced one where it can); proofsHold: every member left its proof.
+  std::string createSegment(uint64_t* nonce, std::string* whyNot);
+  bool mapAnnounced(const std::string& announced, int creator, uint64_t* nonce, std::string* whyNot);
+  bool proofsHold(uint64_t nonce, std::string* whyNot) const;
   bool allArrived(uint64_t step, int* from) const;
   // After this member's arrival at `step`: wakes the members sleeping on it if this
   // arrival completed it.
