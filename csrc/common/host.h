@@ -68,8 +68,8 @@ int usableCpus();
 // mask holds no other CPU or the kernel refuses (a sandbox without sched_setaffinity).
 bool moveOffCpu(int cpu);
 
-// How a thread spinning on a same-host peer gives way, one look at a time (the
-// shared-memory links' waits and the host arena's; ShmLink::waitUntil says why at
+// How a thread spinning on a same-host peer gives way, one look at a time (the waits
+// of the shared-memory links and of the host arena: ShmWaiter::wait, which says why at
 // length): it pauses where every rank has a core, yields where the host's ranks
 // outnumber its CPUs (`yields`); and where the peer it waits for last waited on this
 // thread's own CPU (`sharing`: a wakeup queued one behind the other) it moves to another
