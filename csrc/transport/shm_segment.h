@@ -6,9 +6,9 @@
 // a random nonce), its bytes reserved at once (posix_fallocate: a full /dev/shm fails
 // here, never as a SIGBUS on a later write), and unlinked by its creator as soon as
 // every peer has mapped it; a peer maps only a segment of this user's, of exactly the
-// size it expects, with no group or other permission bits, whose first line says it is
-// the kind, layout and shape it expects, made by the holder of the nonce its creator
-// announced (SegmentHeader).
+// size it expects, with no group or other permission bits, and whose first line
+// (SegmentHeader) names the kind, layout and shape it expects and checks the nonce its
+// creator announced.
 #pragma once
 
 #include <cstddef>
@@ -20,9 +20,9 @@
 
 namespace ringpg {
 
-// splitmix64's finalizer: what a segment holds of its creator's nonce (never the nonce
-// itself, so a mapper proves it knew the nonce only by what the Store carried), and
-// the arena members' proofs.
+// splitmix64's finalizer: what a segment holds of its creator's nonce, and the arena
+// members' proofs.  Never the nonce itself: a member that leaves a proof (arena.h) had
+// the nonce from the Store, not from the segment.
 uint64_t mixNonce(uint64_t x);
 
 // A segment's first line (the kinds' own layouts start on the next; a new segment reads
