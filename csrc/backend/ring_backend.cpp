@@ -472,10 +472,17 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(const char* name, const char
   auto sync = DeviceSync::capture(name, inputs, outputs);
   std::unique_lock<std::mutex> lk(queueMu_);
   RINGPG_CHECK(!stopping_, name, "the process group has been shut down");
-  const uint64_t seq = ++seq_;
+  lk.unlock();
+  // The recorder's entry, before the op can run (a dump shows a hung op as scheduled)
+  // and outside queueMu_: the recorder takes the GIL to gather the caller's Python
+  // stack, and a thread that holds the GIL may be waiting for queueMu_.
+  const FlightRecord::Ticket ticket = flight_.collective(profilingTitle, inputs, outputs, effectiveTimeout(timeout));
+  lk.lock();
+  RINGPG_CHECK(!stopping_, name, "the process group has been shut down"); // stopped meanwhile
+  const uint64_t seq = ++seq_; // under the lock that queues it: queue order == sequence order
   auto work = c10::make_intrusive<RingWork>(getRank(), sig.type, name, seq, profilingTitle, std::move(outputs), inputs,
                                             effectiveTimeout(timeout));
-  work->setFlightTicket(flight_.collective(profilingTitle, inputs, work->result(), effectiveTimeout(timeout)));
+  work->setFlightTicket(ticket);
   if (sync) {
     work->setOnSynchronize([sync] { sync->blockCurrentStream(); });
     fn = [sync, inner = std::move(fn)](OpContext& c) {
