@@ -20,8 +20,8 @@ Algorithm linksAllreduce(const GroupShape& g, const Config& cfg, size_t bytes, b
   // counts is its K ranks' together (K: the most any host holds).
   const size_t sharers = g.hosts > 1 ? static_cast<size_t>(g.mostPerHost) : 1;
   // On one host over shared memory only a rank's ring neighbours share memory with it:
-  // past two ranks the one-shot would reach the others over TCP loopback, which the
-  // ring beat 2-5x at 4 and 8 ranks, 4-64 KiB, on 16 cores.
+  // past two ranks the one-shot would reach the others over TCP loopback, where the
+  // ring beats it (docs/internals.md, "Why these constants").
   const bool overSockets = g.ringFusedEverywhere && g.size > 2;
   if (!overSockets && g.size <= kOneShotMostRanks &&
       bytes * static_cast<size_t>(g.size - 1) * sharers <= cfg.oneShotBytes) {
@@ -43,8 +43,7 @@ Algorithm linksAllreduce(const GroupShape& g, const Config& cfg, size_t bytes, b
 // links are the same two-step exchange the arena would run, with single copy and a
 // pipeline of slots tuned for it, so the arena takes only what it was asked for there
 // and device tensors where device copies reach its buffers directly: then no CPU
-// copies a byte in or out, and two ranks' all-gathers of 4-64 MiB ran 1.7-4.5x, their
-// allreduces 1.2-1.7x, the staged ring's busbw (docs/internals.md).
+// copies a byte in or out (docs/internals.md, "Why these constants").
 bool arenaForLarge(const GroupShape& g, const Config& cfg, bool deviceContiguous) {
   return g.arena && (cfg.algo == Config::Algo::Arena || g.size > 2 || (deviceContiguous && g.arenaReachesDevice));
 }
@@ -119,8 +118,8 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
   // of the others (bytes x (N - 1)) stays small.
   const bool arenaOneShot = g.arena && bytes * static_cast<size_t>(g.size - 1) <= kArenaOneShotVolume;
   // But a reduction at two ranks keeps the links' one-shot, which reduces each fragment
-  // straight out of a slot as it lands: the arena's, which copies the whole buffer in
-  // before anyone reduces, took 1.0-1.2x its time at 4-64 KiB.
+  // straight out of a slot as it lands: the arena's copies the whole buffer in before
+  // anyone reduces (docs/internals.md, "Why these constants").
   const bool arenaReduces = arenaOneShot && (g.size > 2 || cfg.algo == Config::Algo::Arena);
   switch (op) {
     case Collective::Allreduce:

@@ -14,8 +14,8 @@ namespace {
 // Waits for `req`; with `poll`, first polls it for up to 1 ms, yielding between looks.
 // A sleeping waiter adds its wake-up, a delay that differs between the two ends; but
 // the engine's progress thread completes the request, and on a host with fewer cores
-// than busy threads a poll starves it (every polled round then lasted the whole 1 ms
-// under torchrun on 2 cores).  So rounds alternate, polled and not, and the min-RTT
+// than busy threads a poll starves it (every polled round then lasts the whole poll).
+// So rounds alternate, polled and not, and the min-RTT
 // filter keeps whichever kind ran best here.
 void await(OpContext& c, const RequestPtr& req, bool poll) {
   const int64_t until = poll ? traceNow() + 1000 * 1000 : 0;

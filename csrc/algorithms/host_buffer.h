@@ -11,8 +11,8 @@ namespace ringpg {
 // Where a host copy of `t` lives.  A CUDA tensor's goes to pinned memory from torch's
 // caching host allocator: the copies run at DMA speed, and the blocks are reused from op
 // to op.  Pageable copies were the slow part: glibc maps any block over 32 MiB afresh
-// (its largest mmap threshold), so every op faulted its staging pages in again, and
-// reduce-scatter of 64 MiB on an H100 ran at 0.45x gloo's pinned path.
+// (its largest mmap threshold), so every op faulted its staging pages in again
+// (docs/internals.md, "Why these constants").
 inline at::TensorOptions hostOptionsFor(const at::Tensor& t) {
   return t.options().device(at::kCPU).memory_format(at::MemoryFormat::Contiguous).pinned_memory(t.is_cuda());
 }

@@ -289,8 +289,8 @@ void RingSweep::copySend(int step) {
     }
     const char* src = home(chunk, R);
     postSend(step, chunk, j, src, R.length);
-    // Two ranks on one host, 1-8 MiB: 0.73-0.89x the time of copying the whole chunk
-    // after posting every send; 16-64 MiB, where most sends wait for a free slot, even.
+    // Copied segment by segment as each is sent, not as one copy after every send: the
+    // copy overlaps the neighbour's reads (docs/internals.md, "Why these constants").
     copyMaybeStreaming(b_.work + R.offset * es_, src, static_cast<size_t>(R.length) * es_, streaming_);
   }
   if (trace_) {
