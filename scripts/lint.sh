@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Style check (CI): ruff's lint and format rules (pyproject.toml) over the Python, and
-# clang-format (.clang-format) over csrc/, and the function-length rule
-# (scripts/function_lengths.py).  The tools are pinned and installed once from
+# clang-format (.clang-format) over csrc/, and the house rules on csrc/ (no function over
+# 80 lines, no measured figure in a comment: scripts/csrc_rules.py).  The tools are pinned and installed once from
 # PyPI into a cache directory of their own (not the environment ringpg runs in), so every
 # machine checks with the same versions.  --fix rewrites the files instead of checking.
 set -euo pipefail
@@ -26,6 +26,6 @@ fi
 ruff check .
 ruff format --check .
 clang_format --dry-run -Werror "${CXX[@]}"
-# No C++ function over 80 lines (the bindings and the settings table aside).
-python3 scripts/function_lengths.py
+# No C++ function over 80 lines (the bindings and the settings table aside), no figure in a comment.
+python3 scripts/csrc_rules.py
 echo "lint: clean (ruff $RUFF_VERSION, clang-format $CLANG_FORMAT_VERSION)"
