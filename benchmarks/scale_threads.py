@@ -13,8 +13,10 @@ that imported torch, so torch's import is paid once. The Store's server runs in 
 launcher, and each rank has a client of its own (not counted). Printed per world size: the creation time (from the moment every process and
 Store client is up to the last group's return), and per rank: sockets, threads and resident
 memory that creation added; then each op (checked on every rank), timed from the first
-process's start to the last one's end, and the sockets per rank after it. Issue 33;
-figures go to benchmarks/RESULTS.md.
+process's start to the last one's end, and the sockets per rank after it; and what
+creation asked of the Store: requests per rank, the bytes a rank other than 0 read
+(constant in the size: issue 58) and the bytes rank 0 read (every rank's values).
+Issues 33 and 58; figures go to benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ def _process(
         "sockets": open_sockets() - sockets0,
         "threads": threads() - threads0,
         "rss_mb": rss_mb() - rss0,
+        # What each group's creation asked of the Store (RingBackend.store_traffic).
+        "store": {r: g.store_traffic for r, g in groups.items()},
     }
     for op in ops:
         store_barrier(store, f"start {op}", procs)
@@ -125,6 +129,12 @@ def measure(ws: int, procs: int, ops: List[str], timeout_s: float) -> dict:
         "threads": sum(p["threads"] for p in parts) / ws,
         "rss_mb": sum(p["rss_mb"] for p in parts) / ws,
     }
+    store = {r: t for p in parts for r, t in p["store"].items()}
+    others = [store[r]["bytes_read"] for r in range(1, ws)] or [0]
+    res["store_read_B"] = sum(others) / len(others)  # a rank other than 0: constant in ws
+    res["store_read_max_B"] = max(others)
+    res["store_read0_B"] = store[0]["bytes_read"]  # rank 0 reads every rank's values
+    res["store_requests"] = sum(t["requests"] for t in store.values()) / ws
     res["errors"] = [e for p in parts for e in p.get("errors", [])]
     for op in ops:
         start = min(p[op][0] for p in parts)
@@ -149,6 +159,11 @@ def _small_allreduce(b: Any, r: int, ws: int) -> bool:
     return bool((x == ws * (ws - 1) // 2).all())
 
 
+def _barrier(b: Any, r: int, ws: int) -> bool:
+    b.barrier(dist.BarrierOptions()).wait()
+    return True
+
+
 def _alltoall(b: Any, r: int, ws: int) -> bool:
     inp = torch.arange(ws, dtype=torch.int32) + r * ws  # block q goes to rank q
     out = torch.empty(ws, dtype=torch.int32)
@@ -156,14 +171,14 @@ def _alltoall(b: Any, r: int, ws: int) -> bool:
     return bool(torch.equal(out, torch.arange(ws, dtype=torch.int32) * ws + r))
 
 
-_OPS = {"allreduce": _ring_allreduce, "small_allreduce": _small_allreduce, "alltoall": _alltoall}
+_OPS = {"allreduce": _ring_allreduce, "small_allreduce": _small_allreduce, "alltoall": _alltoall, "barrier": _barrier}
 
 
 def main() -> int:
     quick_reverse_lookups()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world-sizes", default="64,256,1024")
-    ap.add_argument("--ops", default="allreduce,small_allreduce,alltoall", help=f"of {','.join(_OPS)}")
+    ap.add_argument("--ops", default="allreduce,small_allreduce,alltoall,barrier", help=f"of {','.join(_OPS)}")
     ap.add_argument("--timeout", type=float, default=300.0, help="each group's timeout, seconds")
     ap.add_argument(
         "--processes", type=int, default=0, help="processes the ranks are spread over (default: one per 256 ranks)"
@@ -181,7 +196,10 @@ def main() -> int:
     print(
         f"# ranks as threads; fd limit per process {soft} -> {hard}; {os.cpu_count()} CPUs; torch {torch.__version__}"
     )
+    # Store: requests a rank made at creation (mean), bytes a rank other than 0 read (mean
+    # and most), and bytes rank 0 read.
     head = f"{'ranks':>5} {'procs':>5} {'create s':>9} {'sockets':>8} {'threads':>8} {'RSS MB':>7}"
+    head += f" {'st req':>6} {'st B':>6} {'st max':>6} {'st B r0':>8}"
     print(head + "".join(f" {o + ' s':>18} {'ok':>3} {'sockets':>8}" for o in ops))
     for ws in (int(w) for w in args.world_sizes.split(",")):
         procs = args.processes or max(1, ws // 256)
@@ -201,6 +219,8 @@ def main() -> int:
             )
         r = measure(ws, procs, run_ops, args.timeout)
         line = f"{ws:5d} {procs:5d} {r['create_s']:9.2f} {r['sockets']:8.2f} {r['threads']:8.2f} {r['rss_mb']:7.2f}"
+        line += f" {r['store_requests']:6.1f} {r['store_read_B']:6.0f} {r['store_read_max_B']:6d}"
+        line += f" {r['store_read0_B']:8d}"
         for o in ops:
             took, ok, socks = r.get(o, (float("nan"), None, float("nan")))
             line += f" {took:18.2f} {'-' if ok is None else 'yes' if ok else 'NO':>3} {socks:8.2f}"

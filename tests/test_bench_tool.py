@@ -637,8 +637,9 @@ def test_scale_reports_creation_and_sockets_per_rank() -> None:
 def test_scale_threads_runs_ranks_as_threads_and_checks_every_op() -> None:
     """benchmarks.scale_threads at 12 ranks in 2 processes: creation leaves a listener and
     two neighbours both ways per rank (5 sockets, the pairs' both ends in the harness), a
-    ring allreduce adds none, recursive doubling adds its partners, an all-to-all every
-    peer; every op checked."""
+    ring allreduce adds none, recursive doubling adds its partners (and the Store
+    connection their addresses are read on), an all-to-all every peer, a barrier none more; every op checked; a rank other than 0 read less from the
+    Store than rank 0, which reads every rank's values."""
     p = subprocess.run(
         [sys.executable, "-m", "benchmarks.scale_threads", "--world-sizes", "12", "--processes", "2"],
         cwd=REPO,
@@ -650,10 +651,14 @@ def test_scale_threads_runs_ranks_as_threads_and_checks_every_op() -> None:
     row = next(line.split() for line in p.stdout.splitlines() if line.split()[:2] == ["12", "2"])
     create_s, sockets = float(row[2]), float(row[3])
     assert 0 < create_s and sockets == 5.0, p.stdout
-    ar, small, a2a = row[6:9], row[9:12], row[12:15]
-    assert [ar[1], small[1], a2a[1]] == ["yes", "yes", "yes"], p.stdout
-    assert float(ar[2]) == 5.0 and 5.0 < float(small[2]) <= 1 + 2 * (2 + 4), p.stdout
-    assert float(a2a[2]) == 1 + 2 * 11, p.stdout
+    requests, read, read_most, read0 = float(row[6]), float(row[7]), int(row[8]), int(row[9])
+    assert 0 < requests and 0 < read <= read_most < read0, p.stdout
+    ar, small, a2a, barrier = row[10:13], row[13:16], row[16:19], row[19:22]
+    assert [ar[1], small[1], a2a[1], barrier[1]] == ["yes"] * 4, p.stdout
+    # From the first dial after creation, a rank reads addresses on a Store connection of
+    # its group's own: one socket more.
+    assert float(ar[2]) == 5.0 and 5.0 < float(small[2]) <= 1 + 2 * (2 + 4) + 1, p.stdout
+    assert float(a2a[2]) == float(barrier[2]) == 1 + 2 * 11 + 1, p.stdout
 
 
 @pytest.mark.multiprocess

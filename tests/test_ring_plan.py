@@ -181,23 +181,44 @@ def test_ring_runs_host_by_host(hosts: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    "values",
-    [[], [b""], [b"", b""], [b"10.0.0.1:29500 123"], [b"1:2:3", b"::", b"9", b"\x00\xff\n"], [b"x" * 1000] * 7],
+    "hosts, form",
+    [
+        ([0], "blocks 1"),
+        ([0] * 8, "blocks 8"),
+        ([0, 0, 1, 1, 2, 2], "blocks 2"),
+        ([0, 0, 0, 1, 1], "blocks 3"),  # the last host short
+        ([0, 1, 0, 1], "cyclic 2"),
+        ([0, 1, 2, 0, 1], "cyclic 3"),
+        ([0, 1, 1, 0], "list 0 1 1 0"),
+        ([0, 0, 1, 0], "list 0 0 1 0"),
+    ],
 )
-def test_store_values_pack_and_unpack_exactly(values: list[bytes]) -> None:
-    """The one Store value holding every rank's (csrc/transport/store_exchange.h): a
-    value may hold the separator, digits, newlines, NULs or nothing; each comes back
-    whole and in rank order."""
-    packed = _C.pack_values(values)
-    assert _C.unpack_values(packed, len(values)) == values
+@pytest.mark.parametrize("cpus_each", [True, False])
+def test_hosts_travel_in_a_form_constant_in_size_for_launchers_layouts(hosts: list, form: str, cpus_each: bool) -> None:
+    """The hosts rank 0 publishes (csrc/transport/topology.h): ranks host by host in
+    blocks, or cyclically, travel in a few bytes whatever their number; other layouts
+    as a list; either way every rank decodes exactly the hosts and CPUs rank 0 found."""
+    count = max(hosts) + 1
+    cpus = [4 + h for h in range(count)] if cpus_each else [16] * count
+    text = _C.encode_hosts(hosts, cpus)
+    assert text.split(";")[0] == form
+    assert _C.decode_hosts(text, len(hosts)) == (hosts, cpus)
+    if form.startswith(("blocks", "cyclic")) and not cpus_each:
+        # Constant in size: the same layout of 1,000 times the ranks is as long.
+        k = int(form.split()[1])
+        step = (lambda r: r // k) if form.startswith("blocks") else (lambda r: r % k)
+        wide = [step(r) for r in range(1000 * len(hosts))]
+        assert _C.encode_hosts(wide, [16] * (max(wide) + 1)) == text
 
 
-@pytest.mark.parametrize("packed, count", [(b"3:ab", 1), (b"x:ab", 1), (b":ab", 1), (b"2:ab", 2), (b"2:ab2", 1)])
-def test_malformed_store_values_are_refused(packed: bytes, count: int) -> None:
-    """A value cut short, a length that is not a number, or another count than the
-    group's is an error naming the Store, never a wrong address or setting."""
+@pytest.mark.parametrize(
+    "text", ["", "blocks 2", "blocks 0;every 4", "rows 2;every 4", "list 0 1;every 4", "cyclic 2;some 4"]
+)
+def test_malformed_hosts_are_refused(text: str) -> None:
+    """A form cut short, of another kind or of fewer ranks than the group's is an error
+    naming the Store, never a wrong topology."""
     with pytest.raises(RuntimeError, match="Store"):
-        _C.unpack_values(packed, count)
+        _C.decode_hosts(text, 4)
 
 
 @pytest.mark.parametrize("size", range(1, 40))

@@ -454,7 +454,7 @@ c10::intrusive_ptr<c10d::Backend> RingBackend::shrink(const std::vector<int64_t>
   // that disagree on them wait on different keys and time out rather than mix).
   std::vector<int64_t> sorted = ranksToExclude;
   std::sort(sorted.begin(), sorted.end());
-  const std::string prefix = c10::str(net_->keyPrefix, "shrink/", ++shrinks_, "/", joined(sorted), "/");
+  const std::string prefix = c10::str(keyPrefix(), "shrink/", ++shrinks_, "/", joined(sorted), "/");
   const auto timeout = optsOverride && optsOverride->timeout.count() > 0 ? optsOverride->timeout : timeout_.load();
   const std::string name =
       optsOverride && !optsOverride->group_name.empty() ? optsOverride->group_name : groupName_ + ":shrunk";

@@ -234,7 +234,10 @@ class RingBackend final : public c10d::Backend {
 
   // This group's namespace in its Store ("ringpg/<instance>/"; "" in a group of one):
   // a link made beside it (the gloo transport's) takes its keys below it.
-  const std::string& keyPrefix() const { return net_->keyPrefix; }
+  std::string keyPrefix() const { return net_->store ? net_->store->prefix() : std::string(); }
+  // What this group's Store calls have cost this rank (creation, and addresses read on
+  // first dials since); zeros in a group made without a Store.
+  StoreTraffic storeTraffic() const { return net_->store ? net_->store->traffic() : StoreTraffic{}; }
 
   // The address this rank's listener used (diagnostics and tests).
   const std::string& localAddress() const { return net_->localAddress; }

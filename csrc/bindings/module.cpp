@@ -342,6 +342,16 @@ void bindBackend(py::module_& m) {
       .def_property_readonly(
           "ring_order", [](const ringpg::RingBackend& b) { return b.topology().ring; },
           "the ranks in ring order: each host's ranks one after another")
+      .def_property_readonly(
+          "store_traffic",
+          [](const ringpg::RingBackend& b) {
+            const ringpg::StoreTraffic t = b.storeTraffic();
+            return py::dict(py::arg("requests") = t.requests, py::arg("bytes_written") = t.bytesWritten,
+                            py::arg("bytes_read") = t.bytesRead);
+          },
+          "what this group's Store calls cost this rank: 'requests', 'bytes_written' (keys and values) and "
+          "'bytes_read' (values), from its creation on (addresses are read on a peer's first use); zeros "
+          "without a Store (docs/scale.md)")
       .def_property_readonly("connected_peers", &ringpg::RingBackend::connectedPeers,
                              "the peers this rank has a TCP connection with: its rings' neighbours from "
                              "creation, others from their first use (RINGPG_TUNING connect=all: every peer)")
@@ -552,19 +562,17 @@ void bindSettingsAndHost(py::module_& m) {
         return ringpg::GlooLink::tagOf(h, index);
       },
       "The Gloo tag of message `index` of an op (transport/gloo_link.h); for the tests");
+  m.def("encode_hosts", &ringpg::encodeHosts, py::arg("host_of"), py::arg("host_cpus"),
+        "The compact form of a group's hosts rank 0 publishes (transport/topology.h); for the tests");
   m.def(
-      "pack_values", [](const std::vector<std::string>& values) { return py::bytes(ringpg::packValues(values)); },
-      "Every rank's value as one Store value (transport/store_exchange.h); for the tests");
-  m.def(
-      "unpack_values",
-      [](const std::string& packed, size_t count) {
-        py::list out;
-        for (const auto& v : ringpg::unpackValues(packed, count)) {
-          out.append(py::bytes(v));
-        }
-        return out;
+      "decode_hosts",
+      [](const std::string& text, int size) {
+        std::vector<int> hostOf;
+        std::vector<int> hostCpus;
+        ringpg::decodeHosts(text, size, &hostOf, &hostCpus);
+        return py::make_tuple(hostOf, hostCpus);
       },
-      py::arg("packed"), py::arg("count"), "The inverse of pack_values; for the tests");
+      py::arg("text"), py::arg("size"), "The inverse of encode_hosts: (host_of, host_cpus); for the tests");
   m.def("cpus_from_cpu_max", &ringpg::cpusFromCpuMax,
         "CPUs a cgroup v2 cpu.max text allows (None: unlimited or unreadable); for tests");
   m.def("cache_bytes_from_text", &ringpg::cacheBytesFromText,

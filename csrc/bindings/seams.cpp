@@ -180,9 +180,8 @@ EngineProbe::EngineProbe(int rank, int size, const std::vector<std::string>& add
   address_ = addr.str();
   rv.localAddress = address_;
   rv.nonce = nonce;
-  rv.book.resize(size);
   for (const auto q : c10::irange(size)) {
-    rv.book[q] = q == rank ? PeerAddress{address_, nonce} : PeerAddress{addrs[q], nonces[q]};
+    rv.book.know(q, q == rank ? PeerAddress{address_, nonce} : PeerAddress{addrs[q], nonces[q]});
   }
   engine_ = std::make_unique<Engine>(rank, size, std::move(rv), /*socketBuffer=*/0, /*congestion=*/"",
                                      /*spinMicros=*/0);

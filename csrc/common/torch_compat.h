@@ -61,6 +61,10 @@
 // 2.15 drops that condition (and keeps each part's rank order, which 2.9 to 2.13 sort).
 #define RINGPG_HAS_BACKEND_SPLIT RINGPG_TORCH_AT_LEAST(2, 9)
 
+// c10d::Store::clone() (a connection of its own to the same store): absent in 2.6,
+// present in 2.9, where split() uses it (releases between unchecked).
+#define RINGPG_HAS_STORE_CLONE RINGPG_TORCH_AT_LEAST(2, 9)
+
 // torch 2.10: c10d::Backend gains the virtuals supportsShrinking() and
 // shrink(ranks_to_exclude, shrink_flags, opts_override), and
 // dist.distributed_c10d.shrink_group() calls shrink() on the survivors only.  Before

@@ -138,9 +138,9 @@ size_t HostArena::segmentBytes() const {
   return seg_->seg->bytes();
 }
 
-std::unique_ptr<HostArena> HostArena::connect(c10d::Store& store, Engine& engine, const std::string& prefix,
-                                              const Topology& topo, int rank, bool wanted, size_t bufferBytes,
-                                              int spinMicros, bool spinYields, std::string* why) {
+std::unique_ptr<HostArena> HostArena::connect(GroupStore& store, Engine& engine, const Topology& topo, int rank,
+                                              bool wanted, size_t bufferBytes, int spinMicros, bool spinYields,
+                                              std::string* why) {
   const int size = topo.size();
   // Facts every rank shares (the topology; the buffer size is an agreed setting), so
   // either every rank takes part in the agreement below or none does.
@@ -156,17 +156,24 @@ std::unique_ptr<HostArena> HostArena::connect(c10d::Store& store, Engine& engine
   self->bufferBytes_ = roundUp(std::max(bufferBytes, members * kCacheLine), kPage);
   std::string whyNot = wanted ? "" : "not wanted on this rank (RINGPG_TRANSPORT)";
 
-  // 1. The host's first rank creates the segment and announces its name and nonce.
+  // 1. The host's first rank creates the segment and announces its name and nonce;
+  //    the others read it.
   uint64_t nonce = 0;
-  const std::string name = wanted && self->me_ == 0 ? self->createSegment(&nonce, &whyNot) : "-";
-  const std::vector<std::string> announced =
-      allGatherValues(store, prefix + "arena/name", rank, size, c10::str(name, " ", nonce));
+  std::string announced;
+  if (self->me_ == 0) {
+    const std::string name = wanted ? self->createSegment(&nonce, &whyNot) : "-";
+    announced = c10::str(name, " ", nonce);
+    store.publish("arena/name", rank, announced);
+  } else {
+    announced = store.read("arena/name", ranks[0]);
+  }
   // 2. The others map it, and every member proves it knew the nonce.
-  const bool ok = wanted && self->mapAnnounced(announced[ranks[0]], ranks[0], &nonce, &whyNot);
-  // 3. Every rank says whether it managed, and the arena is used only if all did.
-  const std::vector<std::string> verdicts =
-      allGatherValues(store, prefix + "arena/verdict", rank, size, ok ? "1" : "0");
-  bool all = std::all_of(verdicts.begin(), verdicts.end(), [](const std::string& v) { return v == "1"; });
+  const bool ok = wanted && self->mapAnnounced(announced, ranks[0], &nonce, &whyNot);
+  // 3. Every rank says whether it managed, and the arena is used only if all did (rank
+  //    0 decides).
+  bool all = store.decide("arena/verdict", rank, size, ok ? "1" : "0", [](const std::vector<std::string>& said) {
+    return std::all_of(said.begin(), said.end(), [](const std::string& v) { return v == "1"; }) ? "1" : "0";
+  }) == "1";
   // Every member has mapped it or given up: the name goes (a crash from now on leaks
   // nothing in /dev/shm), and the proofs, written before the verdicts, are checked
   // alike on every member (the same memory).

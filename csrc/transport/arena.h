@@ -57,8 +57,6 @@
 // runs on its links as before, on every rank alike (an agreement through the Store).
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -69,6 +67,7 @@
 #include "transport/engine.h"
 #include "transport/shm_wait.h"
 #include "transport/socket.h"
+#include "transport/store_exchange.h"
 #include "transport/topology.h"
 
 namespace ringpg {
@@ -115,9 +114,9 @@ class HostArena {
   // on every rank of every host alike, where it cannot (`wanted` false on some rank,
   // no room in /dev/shm, a refused mapping: `*why` says so on the rank that saw it).
   // `spinMicros`, `spinYields`: as the shared-memory links' (ShmLink::connect).
-  static std::unique_ptr<HostArena> connect(c10d::Store& store, Engine& engine, const std::string& prefix,
-                                            const Topology& topo, int rank, bool wanted, size_t bufferBytes,
-                                            int spinMicros, bool spinYields, std::string* why);
+  static std::unique_ptr<HostArena> connect(GroupStore& store, Engine& engine, const Topology& topo, int rank,
+                                            bool wanted, size_t bufferBytes, int spinMicros, bool spinYields,
+                                            std::string* why);
   ~HostArena();
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;

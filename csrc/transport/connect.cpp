@@ -73,17 +73,11 @@ std::vector<SharedSetting> sharedSettings(const Config& cfg, Config::Transport t
   };
 }
 
-void agreeOnSettings(c10d::Store& store, const std::string& prefix, int rank, int size, const Config& cfg,
-                     Config::Transport transport, Deadline deadline) {
-  if (size == 1) {
-    return;
-  }
-  const std::vector<SharedSetting> mine = sharedSettings(cfg, transport);
-  std::string line; // the values, one per setting, '\n'-separated (none holds a newline)
-  for (const auto& s : mine) {
-    line += s.value + "\n";
-  }
-  const std::vector<std::string> lines = allGatherValues(store, prefix + "settings", rank, size, line);
+// The disagreements among the ranks' lines of settings (one line a rank, its values
+// '\n'-separated in sharedSettings' order), as the error's text; "" where they agree.
+// Rank 0's decision (GroupStore::decide), so only rank 0 reads every rank's line.
+std::string settingsDisagreement(const std::vector<SharedSetting>& mine, const std::vector<std::string>& lines) {
+  const int size = static_cast<int>(lines.size());
   std::vector<std::vector<std::string>> values(mine.size()); // [setting][rank]
   for (const auto q : c10::irange(size)) {
     std::vector<std::string> theirs(1);
@@ -94,8 +88,10 @@ void agreeOnSettings(c10d::Store& store, const std::string& prefix, int rank, in
         theirs.back() += static_cast<char>(ch);
       }
     }
-    TORCH_CHECK(theirs.size() > mine.size(), "ringpg: rank ", q, " published ", theirs.size() - 1,
-                " group settings where this rank has ", mine.size(), ": is it running another ringpg build?");
+    if (theirs.size() <= mine.size()) {
+      return c10::str("the number of settings: rank ", q, " published ", theirs.size() - 1, " where rank 0 has ",
+                      mine.size(), "; is it running another ringpg build?");
+    }
     for (const auto i : c10::irange(mine.size())) {
       values[i].push_back(theirs[i]);
     }
@@ -111,9 +107,25 @@ void agreeOnSettings(c10d::Store& store, const std::string& prefix, int rank, in
     }
     why += c10::str(why.empty() ? "" : "; and on ", mine[i].name, " (", listed, "); ", mine[i].rule);
   }
+  return why;
+}
+
+void agreeOnSettings(GroupStore& store, int rank, int size, const Config& cfg, Config::Transport transport,
+                     Deadline deadline) {
+  if (size == 1) {
+    return;
+  }
+  const std::vector<SharedSetting> mine = sharedSettings(cfg, transport);
+  std::string line; // the values, one per setting, '\n'-separated (none holds a newline)
+  for (const auto& s : mine) {
+    line += s.value + "\n";
+  }
+  const std::string why = store.decide("settings", rank, size, line, [&](const std::vector<std::string>& lines) {
+    return settingsDisagreement(mine, lines);
+  });
   if (!why.empty()) {
     // Every rank raises, so the store's host may soon be gone: leave together.
-    leaveTogether(store, prefix + "settings/read", size, deadline);
+    store.leaveTogether("settings/read", size, deadline);
     TORCH_CHECK_VALUE(false, "ringpg: the ranks of a group disagree on ", why);
   }
 }
@@ -136,8 +148,8 @@ std::vector<int> peersToConnect(const Config& cfg, const GroupPlan& plan, const 
 
 // The same-host links of this rank's host ring (shm.h), and how the group's same-host
 // waits spin; `*used`: every rank agreed on shared memory.
-void connectSharedMemory(GroupLinks& g, c10d::Store& store, const Config& cfg, Config::Transport transport, int rank,
-                         Deadline deadline, bool* used) {
+void connectSharedMemory(GroupLinks& g, const Config& cfg, Config::Transport transport, int rank, Deadline deadline,
+                         bool* used) {
   // A slot holds one default-sized segment; larger segments travel as fragments.
   const size_t slotBytes = std::clamp<size_t>(cfg.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
   // Waits spin, pausing while this host's ranks can each have a core, and yielding on
@@ -156,7 +168,7 @@ void connectSharedMemory(GroupLinks& g, c10d::Store& store, const Config& cfg, C
   shmOptions.cmaBytes = cfg.cmaBytes;
   shmOptions.measureCopy = !cfg.cmaBytesSet && cfg.cmaOpBytes == Config::kCmaOpAuto;
   shmOptions.cmaOpBytes = cfg.cmaOpBytes;
-  g.shm = ShmLink::connect(store, *g.engine, g.keyPrefix, g.topology, rank, shmOptions, deadline, used);
+  g.shm = ShmLink::connect(*g.store, *g.engine, g.topology, rank, shmOptions, deadline, used);
 }
 
 // The host arena of each host's ranks (arena.h), where the algorithms use one, unless
@@ -164,13 +176,12 @@ void connectSharedMemory(GroupLinks& g, c10d::Store& store, const Config& cfg, C
 // The plan's answer and gloo are agreed on every rank (the topology, agreeOnSettings),
 // so a group that does not use one skips the arena's agreement altogether; tcp may be
 // one rank's alone, and that rank's refusal reaches the others through the agreement.
-void connectArena(GroupLinks& g, c10d::Store& store, const Config& cfg, Config::Transport transport, int rank,
-                  const GroupPlan& plan) {
+void connectArena(GroupLinks& g, const Config& cfg, Config::Transport transport, int rank, const GroupPlan& plan) {
   const bool arenaAllowed = transport != Config::Transport::Gloo && plan.hostArena(g.topology);
   const bool arenaWanted = arenaAllowed && transport != Config::Transport::Tcp;
   if (arenaAllowed) {
-    g.arena = HostArena::connect(store, *g.engine, g.keyPrefix, g.topology, rank, arenaWanted, cfg.arenaBytes,
-                                 g.shmSpinMicros, g.shmSpinYields, &g.arenaWhyNot);
+    g.arena = HostArena::connect(*g.store, *g.engine, g.topology, rank, arenaWanted, cfg.arenaBytes, g.shmSpinMicros,
+                                 g.shmSpinYields, &g.arenaWhyNot);
   }
   if (!g.arena && rank == 0 && arenaWanted && !g.arenaWhyNot.empty()) {
     LOG(INFO) << "ringpg: no host arena, the collectives run on the links: " << g.arenaWhyNot;
@@ -180,8 +191,8 @@ void connectArena(GroupLinks& g, c10d::Store& store, const Config& cfg, Config::
 // The links: every peer on the engine, but the neighbours on this host's ring on
 // shared memory; with the gloo transport every collective frame on Gloo's pairs (the
 // engine keeps control: announcements, aborts, point-to-point).
-void wireLinks(GroupLinks& g, const c10::intrusive_ptr<c10d::Store>& store, Config::Transport transport, int rank,
-               int size, std::chrono::milliseconds timeout, bool shmUsed) {
+void wireLinks(GroupLinks& g, Config::Transport transport, int rank, int size, std::chrono::milliseconds timeout,
+               bool shmUsed) {
   g.engineLink = std::make_unique<EngineLink>(*g.engine);
   g.links = LinkTable::engineOnly(*g.engineLink, *g.engine, g.topology);
   if (g.shm) {
@@ -197,7 +208,7 @@ void wireLinks(GroupLinks& g, const c10::intrusive_ptr<c10d::Store>& store, Conf
   if (transport == Config::Transport::Gloo && size > 1) {
     // Gloo's rendezvous on a prefix of this group's keys, after ringpg's own, where
     // ranks that disagree about the transport have failed already.
-    auto glooStore = c10::make_intrusive<c10d::PrefixStore>(g.keyPrefix + "gloo_link/", store);
+    auto glooStore = c10::make_intrusive<c10d::PrefixStore>(g.store->prefix() + "gloo_link/", g.store->store());
     g.gloo = std::make_unique<GlooLink>(makeGlooBackend(glooStore, rank, size, timeout), *g.engine, rank, size);
     std::fill(g.links.to.begin(), g.links.to.end(), g.gloo.get());
     std::fill(g.links.from.begin(), g.links.from.end(), g.gloo.get());
@@ -209,31 +220,35 @@ void wireLinks(GroupLinks& g, const c10::intrusive_ptr<c10d::Store>& store, Conf
 
 } // namespace
 
-// In named steps: rendezvous, the settings' agreement, the engine, the topology, the
+// In named steps: rendezvous, the settings' agreement, the topology, the engine and the
 // rings' sockets, shared memory, the arena, the link table.
 std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                          std::chrono::milliseconds timeout, const Config& cfg,
                                          Config::Transport transport, const GroupPlan& plan) {
   auto g = std::make_unique<GroupLinks>();
   const Deadline deadline = Clock::now() + timeout;
-  Rendezvous rv = rendezvous(*store, rank, size, cfg.ifname);
+  Rendezvous rv = rendezvous(store, rank, size, cfg.ifname);
   g->localAddress = rv.localAddress;
-  g->keyPrefix = rv.keyPrefix;
-  agreeOnSettings(*store, g->keyPrefix, rank, size, cfg, transport, deadline);
-  g->engine =
-      std::make_unique<Engine>(rank, size, std::move(rv), cfg.socketBuffer, cfg.tcpCongestion, cfg.engineSpinMicros());
+  g->store = rv.store;
+  agreeOnSettings(*g->store, rank, size, cfg, transport, deadline);
   // The ring runs host by host (topology.h); its hops between ranks of one host move
   // through shared memory (shm.h).
-  g->topology = exchangeTopology(*store, g->keyPrefix, rank, size);
-  g->engine->connectPeers(peersToConnect(cfg, plan, g->topology, rank, size), deadline);
+  g->topology = exchangeTopology(*g->store, rank, size);
+  // The peers connected now, their addresses read in one round trip before the engine
+  // starts: a peer's hello may then be answered without another read.
+  const std::vector<int> peers = peersToConnect(cfg, plan, g->topology, rank, size);
+  rv.book.learn(peers);
+  g->engine =
+      std::make_unique<Engine>(rank, size, std::move(rv), cfg.socketBuffer, cfg.tcpCongestion, cfg.engineSpinMicros());
+  g->engine->connectPeers(peers, deadline);
   bool shmUsed = false;
-  connectSharedMemory(*g, *store, cfg, transport, rank, Clock::now() + timeout, &shmUsed);
-  connectArena(*g, *store, cfg, transport, rank, plan);
+  connectSharedMemory(*g, cfg, transport, rank, Clock::now() + timeout, &shmUsed);
+  connectArena(*g, cfg, transport, rank, plan);
   g->transport = transport == Config::Transport::Gloo ? "gloo"
                  : !shmUsed                           ? "tcp"
                  : g->topology.hosts == 1             ? "shm"
                                                       : "shm+tcp";
-  wireLinks(*g, store, transport, rank, size, timeout, shmUsed);
+  wireLinks(*g, transport, rank, size, timeout, shmUsed);
   return g;
 }
 

@@ -1,13 +1,15 @@
 // A group's links, connected: the set-up RingBackend runs once and then serves ops over.
 //
-// connectGroup runs every collective step of a group's creation, in order: the
-// addresses (rendezvous.h), the settings every rank must share (one Store exchange;
-// ranks that differ fail here, every one, naming the setting), the engine, the host
-// topology (topology.h), the engine's connections to the peers the algorithms' rings
-// use (the caller says which; other peers are connected on first use, engine.h), the shared-memory links (shm.h) and,
-// for the gloo transport, Gloo's pairs (gloo_link.h, through the factory the bindings
-// install).  What it returns is complete and never rewired: the link each peer's
-// frames take is decided here, once.
+// connectGroup runs every collective step of a group's creation, in order: this rank's
+// address published (rendezvous.h), the settings every rank must share (ranks that
+// differ fail here, every one, naming the setting), the host topology (topology.h), the
+// engine and its connections to the peers the algorithms' rings use (the caller says
+// which; other peers are connected on first use, engine.h), the shared-memory links
+// (shm.h), the host arena (arena.h) and, for the gloo transport, Gloo's pairs
+// (gloo_link.h, through the factory the bindings install).  Each step reads from the
+// Store only the values this rank needs and rank 0's decisions (store_exchange.h).
+// What it returns is complete and never rewired: the link each peer's frames take is
+// decided here, once.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -24,13 +26,16 @@
 #include "transport/gloo_link.h"
 #include "transport/link.h"
 #include "transport/shm.h"
+#include "transport/store_exchange.h"
 #include "transport/topology.h"
 
 namespace ringpg {
 
 struct GroupLinks {
   std::string localAddress; // where this rank listens
-  std::string keyPrefix;    // this group's namespace in its Store ("ringpg/<instance>/")
+  // This group's keys in its Store ("ringpg/<instance>/") and their traffic; null in the
+  // in-process tests' groups.
+  std::shared_ptr<GroupStore> store;
   // Declared before the engine, so destroyed after it: the engine's failure listener
   // wakes the Gloo link's waits.
   std::unique_ptr<GlooLink> gloo; // the gloo transport: every collective frame; else null

@@ -94,7 +94,7 @@ void Engine::connectPeers(const std::vector<int>& peers, Deadline deadline) {
   if (!left.empty()) {
     std::string names;
     for (const int q : left) {
-      names += c10::str(names.empty() ? "" : ", ", q, " (", book_[q].addr, ")");
+      names += c10::str(names.empty() ? "" : ", ", q, " (", book_.describe(q), ")");
     }
     throwNetwork(c10::str("ringpg: rank ", rank_, " timed out during group creation waiting for its connections ",
                           "with rank(s) ", names, ": is each of them alive, and its address reachable from here?"));

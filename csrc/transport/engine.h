@@ -307,7 +307,7 @@ class Engine {
   const int socketBuffer_;       // tuneDataSocket's, for every socket made later
   const std::string congestion_; // likewise
   const uint64_t nonce_;         // what hellos to this rank must quote
-  const std::vector<PeerAddress> book_; // where each peer listens
+  AddressBook book_; // where the peers dialled so far listen (read on first dial)
   std::vector<Peer> peers_;
   // The listener and the connections it gave that are still saying hello: the progress
   // thread's alone (it polls, accepts and closes them; under mu_ all the same).

@@ -36,7 +36,8 @@ void Engine::startDialLocked(int p, Completions& done) {
   TORCH_INTERNAL_ASSERT(P.dial == Dial::kNone && p != rank_);
   SockAddr to;
   try {
-    to = SockAddr::parse(book_[p].addr);
+    // Read from the Store on the first dial (a round trip with mu_ held, once a peer).
+    to = SockAddr::parse(book_.of(p).addr);
   } catch (const std::exception& e) {
     socketFailedHereLocked(c10::str("read rank ", p, "'s address"), e.what(), 0, done);
     return;
@@ -76,7 +77,7 @@ void Engine::advanceDialLocked(int p, Completions& done) {
       dialFailedLocked(p, std::strerror(err), done);
       return;
     }
-    const Hello h{kHelloMagic, kHelloVersion, rank_, p, book_[p].nonce};
+    const Hello h{kHelloMagic, kHelloVersion, rank_, p, book_.of(p).nonce}; // known since the dial
     // A fresh socket's send buffer takes 24 bytes whole, or the connection is dead.
     const ssize_t w = ::send(P.txFd.get(), &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w != static_cast<ssize_t>(sizeof(h))) {
@@ -190,7 +191,7 @@ void Engine::dialFailedLocked(int p, const std::string& why, Completions& done) 
     endPeerQuietlyLocked(p, done);
     return;
   }
-  failLocked(c10::str("ringpg: rank ", rank_, " could not connect to rank ", p, " at ", book_[p].addr,
+  failLocked(c10::str("ringpg: rank ", rank_, " could not connect to rank ", p, " at ", book_.describe(p),
                       " (the first use of that pair): ", why,
                       " (the peer process probably exited, crashed or was killed, or its group failed)"),
              done);

@@ -163,8 +163,9 @@ std::unique_ptr<GroupLinks> loopbackGroupLinks(const std::shared_ptr<LoopbackHub
   TORCH_CHECK(rank >= 0 && rank < size, "ringpg: rank ", rank, " outside an in-process group of ", size);
   auto g = std::make_unique<GroupLinks>();
   g->localAddress = "in-process";
-  Rendezvous rv; // no listener: nobody dials in
-  rv.book.resize(size); // and no address: a frame for the engine fails the group when it dials
+  // No listener (nobody dials in) and no Store (a frame for the engine fails the group
+  // when it dials: there is no address to read).
+  Rendezvous rv;
   g->engine = std::make_unique<Engine>(rank, size, std::move(rv), /*socketBuffer=*/0, /*congestion=*/"",
                                        /*spinMicros=*/0);
   g->topology = Topology::singleHost(size);

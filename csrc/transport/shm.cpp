@@ -156,9 +156,8 @@ RegionAddress parseRegionAddress(const std::string& text) {
 
 } // namespace
 
-std::unique_ptr<ShmLink> ShmLink::connect(c10d::Store& store, Engine& engine, const std::string& prefix,
-                                          const Topology& topo, int rank, const ShmOptions& opt, Deadline deadline,
-                                          bool* used) {
+std::unique_ptr<ShmLink> ShmLink::connect(GroupStore& store, Engine& engine, const Topology& topo, int rank,
+                                          const ShmOptions& opt, Deadline deadline, bool* used) {
   *used = false;
   const int size = topo.size();
   // No two ranks share a host: every rank knows it from the same topology, so none
@@ -175,15 +174,23 @@ std::unique_ptr<ShmLink> ShmLink::connect(c10d::Store& store, Engine& engine, co
   std::unique_ptr<ShmLink> self(
       new ShmLink(engine, rank, topo.hostLeft(rank), topo.hostRight(rank), slotBytes, opt.spinMicros, opt.spinYields));
   std::string createWhy;
-  const std::vector<std::string> regions = self->publishRegion(store, prefix, size, opt, &createWhy);
+  const NeighbourRegions regions = self->publishRegion(store, opt, &createWhy);
   const ShmVerdict verdict = self->mapNeighbours(regions, opt, createWhy);
 
-  const std::vector<std::string> verdicts =
-      allGatherValues(store, prefix + "shm/verdict", rank, size,
-                      c10::str(verdict.ok ? 1 : 0, verdict.cmaOk ? 1 : 0, opt.measureCopy ? 1 : 0));
-  const auto allSay = [&](size_t digit) {
-    return std::all_of(verdicts.begin(), verdicts.end(), [&](const std::string& v) { return v[digit] == '1'; });
-  };
+  // Three yes-or-no digits a rank; rank 0 decides the group's: each digit is 1 where
+  // every rank's is.
+  const std::string agreed = store.decide("shm/verdict", rank, size,
+                                          c10::str(verdict.ok ? 1 : 0, verdict.cmaOk ? 1 : 0, opt.measureCopy ? 1 : 0),
+                                          [](const std::vector<std::string>& said) {
+                                            std::string all = "111";
+                                            for (const auto& v : said) {
+                                              for (size_t d = 0; d < all.size(); ++d) {
+                                                all[d] = d < v.size() && v[d] == '1' ? all[d] : '0';
+                                              }
+                                            }
+                                            return all;
+                                          });
+  const auto allSay = [&](size_t digit) { return digit < agreed.size() && agreed[digit] == '1'; };
   const bool cmaWanted = opt.wanted() && opt.cmaBytes > 0;
   if (cmaWanted && !allSay(1) && !verdict.cmaWhy.empty()) {
     LOG(INFO) << "ringpg: rank " << rank << " cannot read rank " << self->left_
@@ -195,7 +202,7 @@ std::unique_ptr<ShmLink> ShmLink::connect(c10d::Store& store, Engine& engine, co
     self->own_->unlinkName();
   }
   if (!allSay(0)) {
-    giveUp(store, prefix, rank, size, opt, verdict.why, deadline);
+    giveUp(store, rank, size, opt, verdict.why, deadline);
     return nullptr;
   }
   *used = true;
@@ -204,7 +211,7 @@ std::unique_ptr<ShmLink> ShmLink::connect(c10d::Store& store, Engine& engine, co
   self->cmaBytes_ = allSay(1) ? opt.cmaBytes : 0;
   self->copy_ = SameHostCopy{self->cmaBytes_ > 0, self->cmaBytes_ > 0};
   if (self->cmaBytes_ > 0 && allSay(2)) {
-    self->chooseCopyByMeasuring(store, prefix, size, deadline);
+    self->chooseCopyByMeasuring(store, size, deadline);
   } else if (self->cmaBytes_ > 0 && opt.cmaOpBytes >= 0) {
     // This rank's sends from the size it asked (no rank measured: it said so above).
     self->copy_ = SameHostCopy{false, true, static_cast<size_t>(opt.cmaOpBytes)};
@@ -213,8 +220,7 @@ std::unique_ptr<ShmLink> ShmLink::connect(c10d::Store& store, Engine& engine, co
   return self->sendsRight_ || self->receivesLeft_ ? std::move(self) : nullptr;
 }
 
-std::vector<std::string> ShmLink::publishRegion(c10d::Store& store, const std::string& prefix, int size,
-                                                const ShmOptions& opt, std::string* createWhy) {
+ShmLink::NeighbourRegions ShmLink::publishRegion(GroupStore& store, const ShmOptions& opt, std::string* createWhy) {
   const uint64_t nonce = randomNonce();
   const std::string name = segmentName("", ::getpid(), nonce);
   // Our region holds our bell (the futex this rank sleeps on, which a same-host
@@ -227,12 +233,26 @@ std::vector<std::string> ShmLink::publishRegion(c10d::Store& store, const std::s
   }
   // Name and nonce of our region, and where it sits in this process (pid and address:
   // the right neighbour probes single copy by reading its header from here).
-  return allGatherValues(store, prefix + "shm/region", rank_, size,
-                         c10::str(own_ ? name : std::string("-"), " ", nonce, " ", ::getpid(), " ",
-                                  reinterpret_cast<uintptr_t>(own_ ? own_->base : nullptr)));
+  store.publish("shm/region", rank_,
+                c10::str(own_ ? name : std::string("-"), " ", nonce, " ", ::getpid(), " ",
+                         reinterpret_cast<uintptr_t>(own_ ? own_->base : nullptr)));
+  // Only the neighbours' (one round trip): a rank maps no other region.
+  std::vector<int> shared;
+  for (const int q : {left_, right_}) {
+    if (q != rank_) {
+      shared.push_back(q);
+    }
+  }
+  NeighbourRegions out;
+  if (!shared.empty()) {
+    const std::vector<std::string> read = store.readMany("shm/region", shared);
+    out.left = left_ != rank_ ? read.front() : "";
+    out.right = right_ != rank_ ? read.back() : "";
+  }
+  return out;
 }
 
-ShmVerdict ShmLink::mapNeighbours(const std::vector<std::string>& regions, const ShmOptions& opt,
+ShmVerdict ShmLink::mapNeighbours(const NeighbourRegions& regions, const ShmOptions& opt,
                                   const std::string& createWhy) {
   ShmVerdict v;
   if (!opt.wanted()) {
@@ -257,7 +277,7 @@ ShmVerdict ShmLink::mapNeighbours(const std::vector<std::string>& regions, const
     return Region::open(at.name, at.nonce, slotBytes_, v.why);
   };
   if (v.ok && leftShared) {
-    const RegionAddress at = parseRegionAddress(regions[left_]);
+    const RegionAddress at = parseRegionAddress(regions.left);
     fromLeft_ = mapPeer(left_, at);
     leftPid_ = at.pid;
     v.ok = fromLeft_ != nullptr;
@@ -273,17 +293,17 @@ ShmVerdict ShmLink::mapNeighbours(const std::vector<std::string>& regions, const
     }
   }
   if (v.ok && rightShared && right_ != left_) {
-    fromRight_ = mapPeer(right_, parseRegionAddress(regions[right_]));
+    fromRight_ = mapPeer(right_, parseRegionAddress(regions.right));
     v.ok = fromRight_ != nullptr;
   }
   return v;
 }
 
-void ShmLink::giveUp(c10d::Store& store, const std::string& prefix, int rank, int size, const ShmOptions& opt,
-                     const std::string& why, Deadline deadline) {
+void ShmLink::giveUp(GroupStore& store, int rank, int size, const ShmOptions& opt, const std::string& why,
+                     Deadline deadline) {
   if (opt.setting == Config::Transport::Shm) {
     // Every rank raises, so the store's host may soon be gone: leave together.
-    leaveTogether(store, prefix + "shm/read", size, deadline);
+    store.leaveTogether("shm/read", size, deadline);
   }
   TORCH_CHECK(opt.setting != Config::Transport::Shm, "ringpg: RINGPG_TRANSPORT=shm, but rank ", rank,
               " cannot use shared memory with its same-host ring neighbours",
@@ -294,11 +314,11 @@ void ShmLink::giveUp(c10d::Store& store, const std::string& prefix, int rank, in
   }
 }
 
-void ShmLink::chooseCopyByMeasuring(c10d::Store& store, const std::string& prefix, int size, Deadline deadline) {
+void ShmLink::chooseCopyByMeasuring(GroupStore& store, int size, Deadline deadline) {
   // Single copy only where it measured faster than the slots (shm.h), for each size
   // class of op on its own: each rank with a link times one segment each way (the host
-  // rings' links all run at once, as in a ring step), warm and cold, and every rank
-  // sums the same figures, so all choose alike.  Keys no op reaches (an op's key is its
+  // rings' links all run at once, as in a ring step), warm and cold; rank 0 sums every
+  // rank's figures and every rank reads the same sums, so all choose alike.  Keys no op reaches (an op's key is its
   // sequence number, counted from 1), so no probe frame is taken for an op's.
   constexpr uint64_t kLastKeys = ~uint64_t{0} - 8 * kProbeRounds;
   std::pair<double, double> warm{0.0, 0.0};
@@ -307,21 +327,25 @@ void ShmLink::chooseCopyByMeasuring(c10d::Store& store, const std::string& prefi
     warm = probeCopies(slotBytes_, /*cold=*/false, kLastKeys, deadline);
     cold = probeCopies(slotBytes_, /*cold=*/true, kLastKeys + 4 * kProbeRounds, deadline);
   }
-  const std::vector<std::string> times =
-      allGatherValues(store, prefix + "shm/copy", rank_, size,
-                      c10::str(warm.first, " ", warm.second, " ", cold.first, " ", cold.second));
+  const std::string sums =
+      store.decide("shm/copy", rank_, size, c10::str(warm.first, " ", warm.second, " ", cold.first, " ", cold.second),
+                   [](const std::vector<std::string>& times) {
+                     std::array<double, 4> sum{};
+                     for (const std::string& t : times) {
+                       std::istringstream in(t);
+                       for (double& x : sum) {
+                         double v = 0.0;
+                         in >> v;
+                         x += v;
+                       }
+                     }
+                     return c10::str(sum[0], " ", sum[1], " ", sum[2], " ", sum[3]);
+                   });
   CopyProbe& p = copyProbe_;
   p.measured = true;
   p.bytes = slotBytes_;
-  for (const std::string& t : times) {
-    std::istringstream in(t);
-    std::array<double, 4> v{};
-    in >> v[0] >> v[1] >> v[2] >> v[3];
-    p.lentMicros += v[0];
-    p.copiedMicros += v[1];
-    p.coldLentMicros += v[2];
-    p.coldCopiedMicros += v[3];
-  }
+  std::istringstream in(sums);
+  in >> p.lentMicros >> p.copiedMicros >> p.coldLentMicros >> p.coldCopiedMicros;
   // Single copy pins the peer's pages on every read, and a measurement of a few
   // exchanges on a busy host can tip either way by a few percent: it must win clearly.
   constexpr double kClearWin = 0.9;

@@ -54,8 +54,6 @@
 // number, dtype, sizes, fragment offset) before a byte is written to a user buffer.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -71,6 +69,7 @@
 #include "transport/request.h"
 #include "transport/shm_wait.h"
 #include "transport/socket.h"
+#include "transport/store_exchange.h"
 #include "transport/topology.h"
 #include "transport/wire.h"
 
@@ -116,9 +115,8 @@ class ShmLink final : public Link {
   // host, setting Tcp on some rank, shared memory unavailable, or this rank alone on
   // its host.  Setting Shm raises instead of falling back.  `engine`: the group's
   // failure state, which outlives the links.
-  static std::unique_ptr<ShmLink> connect(c10d::Store& store, Engine& engine, const std::string& prefix,
-                                          const Topology& topo, int rank, const ShmOptions& options, Deadline deadline,
-                                          bool* used);
+  static std::unique_ptr<ShmLink> connect(GroupStore& store, Engine& engine, const Topology& topo, int rank,
+                                          const ShmOptions& options, Deadline deadline, bool* used);
   ~ShmLink() override;
   ShmLink(const ShmLink&) = delete;
   ShmLink& operator=(const ShmLink&) = delete;
@@ -205,17 +203,18 @@ class ShmLink final : public Link {
   // frames' keys are `firstKey` and the 4 * kProbeRounds - 1 after it.
   std::pair<double, double> probeCopies(size_t bytes, bool cold, uint64_t firstKey, Deadline deadline);
   // connect's steps.  publishRegion: creates our region (where we have a same-host
-  // neighbour; `*createWhy` says why it could not) and gathers every rank's address
-  // of theirs; mapNeighbours: maps the neighbours' regions and probes that we may read
+  // neighbour; `*createWhy` says why it could not), publishes where it is and reads
+  // where its same-host neighbours' are; mapNeighbours: maps the neighbours' regions and probes that we may read
   // the left's memory; giveUp: where some rank could not (raises under setting Shm);
   // chooseCopyByMeasuring: keeps single copy only where it measured faster.
-  std::vector<std::string> publishRegion(c10d::Store& store, const std::string& prefix, int size, const ShmOptions& opt,
-                                         std::string* createWhy);
-  ShmVerdict mapNeighbours(const std::vector<std::string>& regions, const ShmOptions& opt,
-                           const std::string& createWhy);
-  static void giveUp(c10d::Store& store, const std::string& prefix, int rank, int size, const ShmOptions& opt,
-                     const std::string& why, Deadline deadline);
-  void chooseCopyByMeasuring(c10d::Store& store, const std::string& prefix, int size, Deadline deadline);
+  struct NeighbourRegions { // the neighbours' region addresses ("" where not shared)
+    std::string left, right;
+  };
+  NeighbourRegions publishRegion(GroupStore& store, const ShmOptions& opt, std::string* createWhy);
+  ShmVerdict mapNeighbours(const NeighbourRegions& regions, const ShmOptions& opt, const std::string& createWhy);
+  static void giveUp(GroupStore& store, int rank, int size, const ShmOptions& opt, const std::string& why,
+                     Deadline deadline);
+  void chooseCopyByMeasuring(GroupStore& store, int size, Deadline deadline);
   static constexpr int kProbeRounds = 3;
   void failAll(const std::string& reason, bool network);
   // Why each neighbour has left the group (Engine::goneFrom; "" while it is present),

@@ -4,9 +4,11 @@
 #include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 
-#include <charconv>
 #include <chrono>
+#include <numeric>
 #include <thread>
+
+#include "common/torch_compat.h"
 
 namespace ringpg {
 
@@ -22,66 +24,109 @@ std::string stringOf(const std::vector<uint8_t>& b) {
 
 } // namespace
 
-std::string packValues(const std::vector<std::string>& values) {
-  std::string out;
-  for (const auto& v : values) {
-    out += std::to_string(v.size());
-    out += ':';
-    out += v;
-  }
-  return out;
+std::shared_ptr<GroupStore> GroupStore::forNewGroup(c10::intrusive_ptr<c10d::Store> store, int rank) {
+  const std::string key = c10::str("ringpg/instance/", rank);
+  const int64_t instance = store->add(key, 1);
+  auto g = std::make_shared<GroupStore>(std::move(store), c10::str("ringpg/", instance, "/"));
+  g->count(key.size(), 0);
+  return g;
 }
 
-std::vector<std::string> unpackValues(const std::string& packed, size_t count) {
-  std::vector<std::string> out;
-  const char* at = packed.data();
-  const char* const end = packed.data() + packed.size();
-  while (at < end) {
-    size_t len = 0;
-    const auto [colon, ec] = std::from_chars(at, end, len); // digits only: no sign, no space
-    TORCH_CHECK(ec == std::errc() && colon < end && *colon == ':' && len <= static_cast<size_t>(end - colon - 1),
-                "ringpg: a malformed value in the Store (at byte ", at - packed.data(), ")");
-    out.emplace_back(colon + 1, len);
-    at = colon + 1 + len;
-  }
-  TORCH_CHECK(out.size() == count, "ringpg: the Store holds ", out.size(), " values where ", count,
-              " ranks were expected: is another job using this Store's keys?");
-  return out;
+GroupStore::GroupStore(c10::intrusive_ptr<c10d::Store> store, std::string prefix)
+    : GroupStore(std::move(store), std::move(prefix), std::make_shared<Counts>()) {}
+
+GroupStore::GroupStore(c10::intrusive_ptr<c10d::Store> store, std::string prefix, std::shared_ptr<Counts> counts)
+    : store_(std::move(store)), prefix_(std::move(prefix)), counts_(std::move(counts)) {}
+
+void GroupStore::count(uint64_t written, uint64_t read) const {
+  counts_->requests.fetch_add(1, std::memory_order_relaxed);
+  counts_->written.fetch_add(written, std::memory_order_relaxed);
+  counts_->read.fetch_add(read, std::memory_order_relaxed);
 }
 
-std::vector<std::string> allGatherValues(c10d::Store& store, const std::string& key, int rank, int size,
-                                         const std::string& mine) {
+std::string GroupStore::keyOf(const std::string& key, int q) const {
+  return c10::str(prefix_, key, "/", q);
+}
+
+void GroupStore::publish(const std::string& key, int rank, const std::string& value) {
+  const std::string k = keyOf(key, rank);
+  store_->set(k, bytesOf(value));
+  count(k.size() + value.size(), 0);
+}
+
+std::string GroupStore::read(const std::string& key, int q) {
+  const std::string k = keyOf(key, q);
+  std::string value = stringOf(store_->get(k));
+  count(k.size(), value.size());
+  return value;
+}
+
+std::vector<std::string> GroupStore::readMany(const std::string& key, const std::vector<int>& ranks) {
+  std::vector<std::string> keys;
+  uint64_t written = 0;
+  for (const int q : ranks) {
+    keys.push_back(keyOf(key, q));
+    written += keys.back().size();
+  }
+  std::vector<std::string> values;
+  uint64_t read = 0;
+  for (const auto& b : store_->multiGet(keys)) { // one round trip where the Store has it (TCPStore)
+    values.push_back(stringOf(b));
+    read += values.back().size();
+  }
+  count(written, read);
+  return values;
+}
+
+std::string GroupStore::decide(const std::string& key, int rank, int size, const std::string& mine,
+                               const Decision& decision) {
   if (size == 1) {
-    return {mine};
+    return decision({mine});
   }
-  store.set(c10::str(key, "/", rank), bytesOf(mine));
-  // The add is counted after this rank's set, so the rank that brings the count to
-  // `size` knows that every value is in.
-  if (store.add(key + "/arrived", 1) == size) {
+  publish(key, rank, mine);
+  // The decision's key is not a rank's: -1.
+  if (rank == 0) {
+    std::vector<int> ranks(size);
+    std::iota(ranks.begin(), ranks.end(), 0);
     std::vector<std::string> keys;
-    keys.reserve(size);
-    for (const auto q : c10::irange(size)) {
-      keys.push_back(c10::str(key, "/", q));
+    for (const int q : ranks) {
+      keys.push_back(keyOf(key, q));
     }
-    std::vector<std::string> all;
-    all.reserve(size);
-    for (const auto& b : store.multiGet(keys)) { // one round trip where the Store has it (TCPStore)
-      all.push_back(stringOf(b));
-    }
-    store.set(key + "/all", bytesOf(packValues(all)));
+    store_->wait(keys); // every rank's value is in (a multiGet need not wait)
+    count(keys.size() * keys.back().size(), 0);
+    publish(key, -1, decision(readMany(key, ranks)));
   }
-  return unpackValues(stringOf(store.get(key + "/all")), static_cast<size_t>(size));
+  return read(key, -1);
 }
 
-void leaveTogether(c10d::Store& store, const std::string& key, int size, Deadline deadline) {
+void GroupStore::leaveTogether(const std::string& key, int size, Deadline deadline) {
+  const std::string k = prefix_ + key;
   try {
-    store.add(key, 1);
-    while (store.add(key, 0) < size && Clock::now() < deadline) {
+    store_->add(k, 1);
+    count(k.size(), 0);
+    while (store_->add(k, 0) < size && Clock::now() < deadline) {
+      count(k.size(), 0);
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   } catch (const std::exception&) {
     // The store's host has left: every rank it waited for has been and gone.
   }
+}
+
+GroupStore GroupStore::ownConnection() const {
+#if RINGPG_HAS_STORE_CLONE
+  try {
+    return GroupStore(store_->clone(), prefix_, counts_);
+  } catch (const c10::Error&) {
+    // A Store that cannot be cloned (one written in Python, say) is shared as it is.
+  }
+#endif
+  return GroupStore(store_, prefix_, counts_);
+}
+
+StoreTraffic GroupStore::traffic() const {
+  return StoreTraffic{counts_->requests.load(std::memory_order_relaxed),
+                      counts_->written.load(std::memory_order_relaxed), counts_->read.load(std::memory_order_relaxed)};
 }
 
 } // namespace ringpg

@@ -1,5 +1,6 @@
 #include "transport/topology.h"
 
+#include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 #include <unistd.h>
@@ -7,6 +8,8 @@
 #include <algorithm>
 #include <fstream>
 #include <numeric>
+#include <sstream>
+#include <unordered_map>
 
 #include "common/config.h"
 #include "common/host.h"
@@ -16,18 +19,20 @@
 namespace ringpg {
 
 Topology Topology::fromHosts(const std::vector<std::string>& hostIds) {
-  const int n = static_cast<int>(hostIds.size());
-  Topology t;
-  t.hostOf.resize(n);
-  std::vector<std::string> seen; // hosts in order of first appearance
-  for (const auto r : c10::irange(n)) {
-    auto it = std::find(seen.begin(), seen.end(), hostIds[r]);
-    t.hostOf[r] = static_cast<int>(it - seen.begin());
-    if (it == seen.end()) {
-      seen.push_back(hostIds[r]);
-    }
+  std::unordered_map<std::string, int> index; // host -> its number, by first appearance
+  std::vector<int> hostOf;
+  hostOf.reserve(hostIds.size());
+  for (const auto& id : hostIds) {
+    hostOf.push_back(index.emplace(id, static_cast<int>(index.size())).first->second);
   }
-  t.hosts = std::max<int>(1, static_cast<int>(seen.size()));
+  return fromHostIndexes(hostOf);
+}
+
+Topology Topology::fromHostIndexes(const std::vector<int>& hostOf) {
+  const int n = static_cast<int>(hostOf.size());
+  Topology t;
+  t.hostOf = hostOf;
+  t.hosts = std::max(1, n == 0 ? 0 : *std::max_element(hostOf.begin(), hostOf.end()) + 1);
   t.ring.resize(n);
   std::iota(t.ring.begin(), t.ring.end(), 0);
   // Stable: within a host the ranks keep their order.
@@ -94,14 +99,81 @@ std::string hostIdentity() {
   return c10::str(host, "|", firstLine("/proc/sys/kernel/random/boot_id"), "|", netns);
 }
 
-Topology exchangeTopology(c10d::Store& store, const std::string& prefix, int rank, int size) {
-  if (size == 1) {
-    Topology t = Topology::singleHost(1);
-    t.hostCpus = {usableCpus()};
-    return t;
+std::string encodeHosts(const std::vector<int>& hostOf, const std::vector<int>& hostCpus) {
+  const int n = static_cast<int>(hostOf.size());
+  const int hosts = n == 0 ? 0 : *std::max_element(hostOf.begin(), hostOf.end()) + 1;
+  // Host 0's ranks come first in blocks: K is where host 0's run ends.
+  const int k =
+      static_cast<int>(std::find_if(hostOf.begin(), hostOf.end(), [](int h) { return h != 0; }) - hostOf.begin());
+  bool blocks = k > 0;
+  bool cyclic = hosts > 0;
+  for (const auto r : c10::irange(n)) {
+    blocks = blocks && hostOf[r] == r / k;
+    cyclic = cyclic && hostOf[r] == r % hosts;
   }
-  // One value a rank, in one round trip: "IDENTITY\nSHARE" (a share holds no newline).
-  const auto values = allGatherValues(store, prefix + "host", rank, size, hostIdentity() + "\n" + cpuShareText());
+  std::string out;
+  if (blocks) {
+    out = c10::str("blocks ", k);
+  } else if (cyclic) {
+    out = c10::str("cyclic ", hosts);
+  } else {
+    out = "list";
+    for (const int h : hostOf) {
+      out += c10::str(" ", h);
+    }
+  }
+  const bool sameCpus =
+      !hostCpus.empty() && std::all_of(hostCpus.begin(), hostCpus.end(), [&](int c) { return c == hostCpus[0]; });
+  out += sameCpus ? c10::str(";every ", hostCpus[0]) : std::string(";each");
+  if (!sameCpus) {
+    for (const int c : hostCpus) {
+      out += c10::str(" ", c);
+    }
+  }
+  return out;
+}
+
+void decodeHosts(const std::string& text, int size, std::vector<int>* hostOf, std::vector<int>* hostCpus) {
+  const size_t semi = text.find(';');
+  TORCH_CHECK(semi != std::string::npos, "ringpg: a malformed host topology in the Store: '", text, "'");
+  std::istringstream hosts(text.substr(0, semi));
+  std::istringstream cpus(text.substr(semi + 1));
+  std::string form;
+  hosts >> form;
+  hostOf->assign(size, 0);
+  int m = 0;
+  if (form == "blocks" || form == "cyclic") {
+    hosts >> m;
+    TORCH_CHECK(!hosts.fail() && m > 0, "ringpg: a malformed host topology in the Store: '", text, "'");
+    for (const auto r : c10::irange(size)) {
+      (*hostOf)[r] = form == "blocks" ? r / m : r % m;
+    }
+  } else {
+    TORCH_CHECK(form == "list", "ringpg: a malformed host topology in the Store: '", text, "'");
+    for (auto& h : *hostOf) {
+      hosts >> h;
+    }
+    TORCH_CHECK(!hosts.fail(), "ringpg: a host topology of fewer than ", size, " ranks in the Store");
+  }
+  const int count = size == 0 ? 0 : *std::max_element(hostOf->begin(), hostOf->end()) + 1;
+  cpus >> form;
+  hostCpus->assign(count, 0);
+  if (form == "every") {
+    cpus >> m;
+    std::fill(hostCpus->begin(), hostCpus->end(), m);
+  } else {
+    for (auto& c : *hostCpus) {
+      cpus >> c;
+    }
+  }
+  TORCH_CHECK(!cpus.fail() && (form == "every" || form == "each"), "ringpg: a malformed host topology in the Store: '",
+              text, "'");
+}
+
+namespace {
+
+// Rank 0's decision over every rank's "IDENTITY\nSHARE": the compact form of the hosts.
+std::string decideHosts(const std::vector<std::string>& values) {
   std::vector<std::string> ids;
   std::vector<std::string> shares;
   for (const auto& v : values) {
@@ -109,14 +181,34 @@ Topology exchangeTopology(c10d::Store& store, const std::string& prefix, int ran
     ids.push_back(nl == std::string::npos ? v : v.substr(0, nl));
     shares.push_back(nl == std::string::npos ? std::string() : v.substr(nl + 1));
   }
-  Topology t = Topology::fromHosts(ids);
+  const Topology t = Topology::fromHosts(ids);
+  std::vector<int> cpus;
   for (const auto& ranks : t.hostRanks) {
     std::vector<std::string> mine;
     for (const int r : ranks) {
       mine.push_back(shares[r]);
     }
-    t.hostCpus.push_back(cpusTogether(mine));
+    cpus.push_back(cpusTogether(mine));
   }
+  return encodeHosts(t.hostOf, cpus);
+}
+
+} // namespace
+
+Topology exchangeTopology(GroupStore& store, int rank, int size) {
+  if (size == 1) {
+    Topology t = Topology::singleHost(1);
+    t.hostCpus = {usableCpus()};
+    return t;
+  }
+  // One value a rank: "IDENTITY\nSHARE" (a share holds no newline).  Rank 0 alone reads
+  // them all and publishes the compact form every rank decodes.
+  const std::string encoded = store.decide("host", rank, size, hostIdentity() + "\n" + cpuShareText(), decideHosts);
+  std::vector<int> hostOf;
+  std::vector<int> cpus;
+  decodeHosts(encoded, size, &hostOf, &cpus);
+  Topology t = Topology::fromHostIndexes(hostOf);
+  t.hostCpus = std::move(cpus);
   return t;
 }
 

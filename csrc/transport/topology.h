@@ -1,17 +1,18 @@
 // Which ranks of a group share a host, and the ring order that follows from it.
 //
-// Each rank publishes its host identity under the group's keys; every rank reads all
-// of them and computes the same Topology, so both ends of every link decide alike.
+// Each rank publishes its host identity under the group's keys; rank 0 reads them all
+// and publishes the hosts in a compact form (encodeHosts) that every rank decodes into
+// the same Topology, so both ends of every link decide alike.
 // Hosts are numbered by first appearance in rank order, and the ring visits the ranks
 // of one host one after another (ascending), host after host: whatever order the
 // launcher gave the ranks, the ring crosses each host boundary once per direction.
 //   hosts of ranks 0..3:  A B A B   ->  ring 0 2 1 3  (0->2 and 1->3 stay on a host)
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <string>
 #include <vector>
+
+#include "transport/store_exchange.h"
 
 namespace ringpg {
 
@@ -31,6 +32,8 @@ struct Topology {
 
   // The topology of ranks whose host identities are `hostIds` (index = rank).
   static Topology fromHosts(const std::vector<std::string>& hostIds);
+  // The topology of ranks on hosts numbered by first appearance (hostOf[rank]).
+  static Topology fromHostIndexes(const std::vector<int>& hostOf);
   // A group of `size` ranks on one host (a group of one; ring = rank order).
   static Topology singleHost(int size);
 
@@ -71,9 +74,18 @@ struct Topology {
 // their own stand for separate hosts).
 std::string hostIdentity();
 
+// The compact form of a group's hosts: the host of each rank (numbered by first
+// appearance) and the CPUs each host's ranks may run on together.  Constant in size for
+// the layouts launchers make, host by host in blocks of K ("blocks K": torchrun's
+// --nproc-per-node) or cyclically ("cyclic H"), a list of N otherwise ("list h0 h1 ...");
+// then ";every C" (each host's ranks share C CPUs) or ";each c0 c1 ...".  Pure, for the tests.
+std::string encodeHosts(const std::vector<int>& hostOf, const std::vector<int>& hostCpus);
+// The inverse, for a group of `size`; TORCH_CHECK-fails on a malformed form.
+void decodeHosts(const std::string& text, int size, std::vector<int>* hostOf, std::vector<int>* hostCpus);
+
 // Collective over the group: publishes this rank's host identity and CPU share
-// (cpuShareText) under `prefix` and reads everyone's (the store's own timeout bounds
-// each read).
-Topology exchangeTopology(c10d::Store& store, const std::string& prefix, int rank, int size);
+// (cpuShareText); rank 0 decides the hosts and every rank reads its compact form (the
+// store's own timeout bounds each read).
+Topology exchangeTopology(GroupStore& store, int rank, int size);
 
 } // namespace ringpg
