@@ -44,9 +44,9 @@ Engine::Engine(int rank, int size, Rendezvous rv, int socketBuffer, const std::s
 
 std::string Engine::congestionControl() {
   std::lock_guard<std::mutex> lk(mu_); // sockets appear as peers connect
-  for (const auto& p : peers_) {
-    if (p.txFd.valid()) {
-      return congestionControlOf(p.txFd.get());
+  for (const int q : peers_.used()) {
+    if (peers_[q].txFd.valid()) {
+      return congestionControlOf(peers_[q].txFd.get());
     }
   }
   return "";
@@ -104,11 +104,12 @@ void Engine::connectPeers(const std::vector<int>& peers, Deadline deadline) {
 std::vector<int> Engine::connectedPeers() {
   std::lock_guard<std::mutex> lk(mu_); // the peers' sockets
   std::vector<int> connected;
-  for (const auto q : c10::irange(size_)) {
+  for (const int q : peers_.used()) {
     if (peers_[q].txFd.valid() || peers_[q].rxFd.valid()) {
       connected.push_back(q);
     }
   }
+  std::sort(connected.begin(), connected.end());
   return connected;
 }
 
@@ -333,7 +334,7 @@ void Engine::shutdown(Deadline deadline) {
   std::vector<int> connected; // a peer never dialled has nothing to be told
   {
     std::lock_guard<std::mutex> lk(mu_); // the dial states
-    for (const auto q : c10::irange(size_)) {
+    for (const int q : peers_.used()) {
       if (q != rank_ && peers_[q].dial != Dial::kNone) {
         connected.push_back(q);
       }
@@ -406,7 +407,7 @@ bool Engine::collectPollSet(PollSet& set) {
     set.who.emplace_back(static_cast<int>(i), Role::kInbound);
     set.timeoutMs = 100; // wake to drop connections whose hello window passed
   }
-  for (const auto q : c10::irange(size_)) {
+  for (const int q : peers_.used()) { // the body makes no peer: the list holds still
     Peer& P = peers_[q];
     if (q == rank_ || P.rx.closed()) {
       continue; // a peer that said goodbye sends and takes nothing more

@@ -205,6 +205,35 @@ class Engine {
     bool rxBusy = false;
     bool txBusy = false;
   };
+  // The peers' state, made on a peer's first use (a dial, a hello, a queued send or
+  // receive): a rank holds a Peer only for the peers its ops have used, so its memory
+  // and the progress loop's pass grow with those (two for a ring), not with the group
+  // (one pointer a rank).  Guarded by mu_, as the state it holds.
+  class PeerTable {
+   public:
+    explicit PeerTable(int size) : slots_(size) {}
+    // Peer q's state, made now if it had none.
+    Peer& operator[](int q) {
+      auto& slot = slots_[q];
+      if (!slot) {
+        slot = std::make_unique<Peer>();
+        used_.push_back(q);
+      }
+      return *slot;
+    }
+    // Peer q's state, or a never-used peer's (nothing connected, nothing queued).
+    const Peer& operator[](int q) const {
+      static const Peer kUnused;
+      return slots_[q] ? *slots_[q] : kUnused;
+    }
+    // The peers with state, in the order of their first use (a loop that may use a new
+    // peer iterates a copy).
+    const std::vector<int>& used() const { return used_; }
+
+   private:
+    std::vector<std::unique_ptr<Peer>> slots_;
+    std::vector<int> used_;
+  };
   using Completions = std::vector<RequestPtr>;
   // A connection accepted from the listener whose hello has not fully arrived.
   struct Inbound {
@@ -308,7 +337,7 @@ class Engine {
   const std::string congestion_; // likewise
   const uint64_t nonce_;         // what hellos to this rank must quote
   AddressBook book_; // where the peers dialled so far listen (read on first dial)
-  std::vector<Peer> peers_;
+  PeerTable peers_;
   // The listener and the connections it gave that are still saying hello: the progress
   // thread's alone (it polls, accepts and closes them; under mu_ all the same).
   Fd listener_;

@@ -53,7 +53,9 @@ void Engine::failLocked(const std::string& reason, Completions& done, bool netwo
     }
     q.clear();
   };
-  for (auto& P : peers_) {
+  const std::vector<int> used = peers_.used();
+  for (const int q : used) {
+    Peer& P = peers_[q];
     if (P.txBusy && !P.txq.empty()) {
       // Its writer fails it once send() returns (see writePeer).
       P.txq.pop_front();
@@ -81,7 +83,8 @@ void Engine::broadcastAbortLocked() {
   FrameHeader h = frameOfKind(FrameKind::Abort);
   const std::string why = broken_.substr(0, kMaxAbortBytes);
   h.nbytes = why.size();
-  for (const auto q : c10::irange(size_)) {
+  const std::vector<int> used = peers_.used();
+  for (const int q : used) {
     Peer& P = peers_[q];
     if (q == rank_ || !P.txFd.valid()) {
       continue;

@@ -355,20 +355,27 @@ void Engine::deliverStashed(const RequestPtr& req, const Stashed& s, int from, C
 }
 
 bool Engine::matchP2PStash(const RequestPtr& req, Completions& done) {
-  for (const auto q : c10::irange(size_)) {
-    if (q == rank_ || (req->peer >= 0 && req->peer != q)) {
+  // The lowest-ranked source whose stash holds the tag (a stash is a used peer's).
+  int from = -1;
+  std::deque<Stashed>::iterator match;
+  for (const int q : peers_.used()) { // the body makes no peer: the list holds still
+    if (q == rank_ || (req->peer >= 0 && req->peer != q) || (from >= 0 && q > from)) {
       continue;
     }
     auto& stash = peers_[q].p2pStash;
-    for (auto it = stash.begin(); it != stash.end(); ++it) {
-      if (it->hdr.key == req->hdr.key) {
-        deliverStashed(req, *it, q, done);
-        stash.erase(it);
-        return true;
-      }
+    const auto it =
+        std::find_if(stash.begin(), stash.end(), [&](const Stashed& s) { return s.hdr.key == req->hdr.key; });
+    if (it != stash.end()) {
+      from = q;
+      match = it;
     }
   }
-  return false;
+  if (from < 0) {
+    return false;
+  }
+  deliverStashed(req, *match, from, done);
+  peers_[from].p2pStash.erase(match);
+  return true;
 }
 
 } // namespace ringpg
