@@ -63,7 +63,15 @@ def _on_ranks(ranks: range, fn: Callable[[int], Any]) -> List[Any]:
 
 
 def _process(
-    index: int, procs: int, _port: int, ws: int, ops: List[str], timeout_s: float, store_port: int, q: Any
+    index: int,
+    procs: int,
+    _port: int,
+    ws: int,
+    ops: List[str],
+    timeout_s: float,
+    store_port: int,
+    backend: str,
+    q: Any,
 ) -> None:
     """Process `index` of `procs`: holds ranks index*ws/procs ... as threads."""
     from ringpg._loader import load_extension
@@ -72,6 +80,9 @@ def _process(
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     torch.set_num_threads(1)
     os.environ.setdefault("RINGPG_TRANSPORT", "tcp")
+    # gloo-lazy: ProcessGroupGloo connecting each pair on first use (torch's
+    # TORCH_GLOO_LAZY_INIT), as ringpg does; plain gloo connects every pair at creation.
+    os.environ["TORCH_GLOO_LAZY_INIT"] = "1" if backend == "gloo-lazy" else "0"
     C = load_extension()
     per = ws // procs
     mine = range(index * per, (index + 1) * per)
@@ -87,20 +98,22 @@ def _process(
     sockets0, threads0, rss0 = open_sockets(), threads(), rss_mb()
     store_barrier(store, "go", procs)
     go = time.time()
-    groups = dict(
-        zip(
-            mine,
-            _on_ranks(mine, lambda r: C.RingBackend(stores[r], r, ws, timedelta(seconds=timeout_s), f"t{ws}", "tcp")),
-        )
-    )
+
+    def make(r: int) -> Any:
+        if backend == "ringpg":
+            return C.RingBackend(stores[r], r, ws, timedelta(seconds=timeout_s), f"t{ws}", "tcp")
+        return dist.ProcessGroupGloo(stores[r], r, ws, timedelta(seconds=timeout_s))
+
+    groups = dict(zip(mine, _on_ranks(mine, make)))
     res: dict = {
         "go": go,
         "created": time.time(),
         "sockets": open_sockets() - sockets0,
         "threads": threads() - threads0,
         "rss_mb": rss_mb() - rss0,
-        # What each group's creation asked of the Store (RingBackend.store_traffic).
-        "store": {r: g.store_traffic for r, g in groups.items()},
+        # What each group's creation asked of the Store (RingBackend.store_traffic; gloo
+        # does not count its own).
+        "store": {r: g.store_traffic for r, g in groups.items()} if backend == "ringpg" else {},
     }
     for op in ops:
         store_barrier(store, f"start {op}", procs)
@@ -112,15 +125,16 @@ def _process(
             res.setdefault("errors", []).append(f"{op}: {e}")
         res[op] = (t0, time.time(), ok, open_sockets() - sockets0)
     store_barrier(store, "done", procs)
-    _on_ranks(mine, lambda r: groups[r].shutdown())
+    if backend == "ringpg":
+        _on_ranks(mine, lambda r: groups[r].shutdown())
     q.put(res)
 
 
-def measure(ws: int, procs: int, ops: List[str], timeout_s: float) -> dict:
+def measure(ws: int, procs: int, ops: List[str], timeout_s: float, backend: str) -> dict:
     """ws ranks as threads of `procs` processes (forked from a server that imported
     torch), over a TCPStore served here."""
     server = dist.TCPStore("127.0.0.1", 0, procs + 1, True, wait_for_workers=False)
-    parts = run_ranks(_process, procs, (ws, ops, timeout_s, server.port), timeout_s + 60, "forkserver")
+    parts = run_ranks(_process, procs, (ws, ops, timeout_s, server.port, backend), timeout_s + 60, "forkserver")
     res: dict = {
         "ranks": ws,
         # From the first process's start (every process and Store client up) to the last group.
@@ -130,11 +144,12 @@ def measure(ws: int, procs: int, ops: List[str], timeout_s: float) -> dict:
         "rss_mb": sum(p["rss_mb"] for p in parts) / ws,
     }
     store = {r: t for p in parts for r, t in p["store"].items()}
-    others = [store[r]["bytes_read"] for r in range(1, ws)] or [0]
-    res["store_read_B"] = sum(others) / len(others)  # a rank other than 0: constant in ws
-    res["store_read_max_B"] = max(others)
-    res["store_read0_B"] = store[0]["bytes_read"]  # rank 0 reads every rank's values
-    res["store_requests"] = sum(t["requests"] for t in store.values()) / ws
+    if store:
+        others = [store[r]["bytes_read"] for r in range(1, ws)] or [0]
+        res["store_read_B"] = sum(others) / len(others)  # a rank other than 0: constant in ws
+        res["store_read_max_B"] = max(others)
+        res["store_read0_B"] = store[0]["bytes_read"]  # rank 0 reads every rank's values
+        res["store_requests"] = sum(t["requests"] for t in store.values()) / ws
     res["errors"] = [e for p in parts for e in p.get("errors", [])]
     for op in ops:
         start = min(p[op][0] for p in parts)
@@ -181,6 +196,13 @@ def main() -> int:
     ap.add_argument("--ops", default="allreduce,small_allreduce,alltoall,barrier", help=f"of {','.join(_OPS)}")
     ap.add_argument("--timeout", type=float, default=300.0, help="each group's timeout, seconds")
     ap.add_argument(
+        "--backend",
+        choices=("ringpg", "gloo-lazy", "gloo"),
+        default="ringpg",
+        help="whose groups: ringpg's, or ProcessGroupGloo's connecting on first use (gloo-lazy) or every "
+        "pair at creation (gloo: 2(N-1) sockets a rank, so a few hundred ranks a process at most)",
+    )
+    ap.add_argument(
         "--processes", type=int, default=0, help="processes the ranks are spread over (default: one per 256 ranks)"
     )
     args = ap.parse_args()
@@ -194,7 +216,8 @@ def main() -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the Store's server: a socket per rank
     print(
-        f"# ranks as threads; fd limit per process {soft} -> {hard}; {os.cpu_count()} CPUs; torch {torch.__version__}"
+        f"# {args.backend} ranks as threads; fd limit per process {soft} -> {hard}; {os.cpu_count()} CPUs; "
+        f"torch {torch.__version__}"
     )
     # Store: requests a rank made at creation (mean), bytes a rank other than 0 read (mean
     # and most), and bytes rank 0 read.
@@ -217,10 +240,13 @@ def main() -> int:
             print(
                 f"# {ws} ranks: alltoall {algo} (RINGPG_TUNING alltoall): about {need} descriptors per process, {verdict}"
             )
-        r = measure(ws, procs, run_ops, args.timeout)
+        r = measure(ws, procs, run_ops, args.timeout, args.backend)
         line = f"{ws:5d} {procs:5d} {r['create_s']:9.2f} {r['sockets']:8.2f} {r['threads']:8.2f} {r['rss_mb']:7.2f}"
-        line += f" {r['store_requests']:6.1f} {r['store_read_B']:6.0f} {r['store_read_max_B']:6d}"
-        line += f" {r['store_read0_B']:8d}"
+        if "store_requests" in r:
+            line += f" {r['store_requests']:6.1f} {r['store_read_B']:6.0f} {r['store_read_max_B']:6d}"
+            line += f" {r['store_read0_B']:8d}"
+        else:
+            line += f" {'-':>6} {'-':>6} {'-':>6} {'-':>8}"
         for o in ops:
             took, ok, socks = r.get(o, (float("nan"), None, float("nan")))
             line += f" {took:18.2f} {'-' if ok is None else 'yes' if ok else 'NO':>3} {socks:8.2f}"
