@@ -49,18 +49,24 @@ def _on_threads(ws: int, fn: Callable[[int], Any]) -> List[Any]:
     return out
 
 
-def _groups(ws: int) -> List[Any]:
+def _groups(ws: int, per_host: int = 0) -> List[Any]:
+    """ws ranks' groups; with `per_host`, rank r's group claims emulated host r // per_host."""
     store = dist.HashStore()
-    return _on_threads(ws, lambda r: _C.RingBackend(store, r, ws, timedelta(seconds=60), f"traffic{ws}", "tcp"))
+
+    def make(r: int) -> Any:
+        host = f"emulated-{r // per_host}" if per_host else ""
+        return _C.RingBackend(store, r, ws, timedelta(seconds=60), f"traffic{ws}", "tcp", host_id=host)
+
+    return _on_threads(ws, make)
 
 
-def _allreduce(groups: List[Any]) -> None:
+def _allreduce(groups: List[Any], numel: int = 8) -> None:
     ws = len(groups)
 
     def one(r: int) -> None:
-        t = torch.full((8,), float(r + 1))
+        t = torch.full((numel,), float(r + 1))
         groups[r].allreduce([t]).wait()
-        assert torch.equal(t, torch.full((8,), float(ws * (ws + 1) // 2))), (r, t)
+        assert torch.equal(t, torch.full((numel,), float(ws * (ws + 1) // 2))), (r, t)
 
     _on_threads(ws, one)
 
@@ -87,3 +93,23 @@ def test_a_rank_other_than_0_reads_as_much_from_the_store_at_4_ranks_as_at_32() 
     for r in range(1, 32):
         extra = after[r]["requests"] - big[r]["requests"]
         assert 0 < extra <= 5, (r, big[r], after[r])  # log2(32) partners, less the neighbours known
+
+
+def test_ranks_as_threads_given_host_ids_run_as_those_hosts() -> None:
+    """RingBackend's host_id (RINGPG_HOSTID for one group) emulates hosts among ranks that
+    share a process: rank 0 decides the hosts from them, the hierarchical algorithms run
+    (host rings, then rings across hosts) and give the right sum; hosts of two ranks in
+    blocks travel in the compact form, so a rank other than 0 still reads as much at 16
+    ranks as at 4."""
+    plain = _groups(4)
+    assert plain[1].hosts == 1 and plain[1].algorithm_for("allreduce", 1 << 20) == "ring"
+    small, large = _groups(4, per_host=2), _groups(16, per_host=2)
+    for groups in (small, large):
+        ws = len(groups)
+        assert [g.hosts for g in groups] == [ws // 2] * ws
+        assert [g.host_of for g in groups] == [[r // 2 for r in range(ws)]] * ws
+        assert {g.algorithm_for("allreduce", 1 << 20) for g in groups} == {"hier"}
+    most_small = max(g.store_traffic["bytes_read"] for g in small[1:])
+    most_large = max(g.store_traffic["bytes_read"] for g in large[1:])
+    assert most_large <= most_small + 2 * 25, (most_small, most_large)
+    _allreduce(large, numel=1 << 16)  # 256 KiB: the hierarchical allreduce, not recursive doubling

@@ -25,11 +25,15 @@ namespace ringpg {
 
 namespace {
 
-// The process's Config with `algoChoice` (a Config::Algo name; "" keeps RINGPG_ALGO's)
-// and `copyChoice` ("cma", "slots" or "auto", as RINGPG_CMA_BYTES set, 0 or unset; ""
-// keeps RINGPG_CMA_BYTES's).
-Config configWithChoices(const std::string& algoChoice, const std::string& copyChoice) {
+// The process's Config with `algoChoice` (a Config::Algo name; "" keeps RINGPG_ALGO's),
+// `copyChoice` ("cma", "slots" or "auto", as RINGPG_CMA_BYTES set, 0 or unset; ""
+// keeps RINGPG_CMA_BYTES's) and `hostChoice` (the rank's host identity; "" keeps
+// RINGPG_HOSTID's).
+Config configWithChoices(const std::string& algoChoice, const std::string& copyChoice, const std::string& hostChoice) {
   Config c = Config::get();
+  if (!hostChoice.empty()) {
+    c.hostId = hostChoice;
+  }
   if (!algoChoice.empty()) {
     c.algo = Config::algoNamed(algoChoice, "algo ");
   }
@@ -111,9 +115,9 @@ std::unique_ptr<GroupLinks> connectForBackend(const c10::intrusive_ptr<c10d::Sto
 
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout, std::string groupName, const std::string& transportChoice,
-                         const std::string& algoChoice, const std::string& copyChoice)
+                         const std::string& algoChoice, const std::string& copyChoice, const std::string& hostChoice)
     : RingBackend(
-          store, rank, size, timeout, std::move(groupName), configWithChoices(algoChoice, copyChoice),
+          store, rank, size, timeout, std::move(groupName), configWithChoices(algoChoice, copyChoice, hostChoice),
           transportChoice.empty() ? Config::get().transport : Config::transportNamed(transportChoice, "transport ")) {}
 
 RingBackend::RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -39,7 +39,8 @@ class RingBackend final : public c10d::Backend {
   // `transportChoice`: this group's Config::Transport ("" = RINGPG_TRANSPORT's).
   // `algoChoice`: this group's Config::Algo ("" = RINGPG_ALGO's).  `copyChoice`: how
   // its large same-host messages move ("cma", "slots", "auto"; "" = RINGPG_CMA_BYTES's,
-  // ringpg.use_copy).  Ranks that disagree
+  // ringpg.use_copy).  `hostChoice`: this rank's host identity ("" = RINGPG_HOSTID's;
+  // ranks as threads of one process emulate hosts with it).  Ranks that disagree
   // on a setting the group must share (gloo or shm on some ranks only, the algorithm,
   // the segment, one-shot or hierarchical piece size, tracing on or off) fail here,
   // every one of them, with a ValueError naming it and each rank's value.
@@ -47,7 +48,7 @@ class RingBackend final : public c10d::Backend {
   // constructor below does.
   RingBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
               std::string groupName, const std::string& transportChoice = "", const std::string& algoChoice = "",
-              const std::string& copyChoice = "");
+              const std::string& copyChoice = "", const std::string& hostChoice = "");
   // A group over links it is given, connected already: what connectGroup returned (the
   // constructor above), or links a test built in one process (transport/loopback_link.h).
   // `net` must hold an engine (the group's failure state and control channel) and a

@@ -237,7 +237,7 @@ void bindBackend(py::module_& m) {
   backend
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, std::string groupName, const std::string& transport,
-                       const std::string& algo, const std::string& copy) {
+                       const std::string& algo, const std::string& copy, const std::string& hostId) {
              // The GIL is released for the group's set-up (it waits on the Store and on
              // peers) inside the factory, not by a call_guard: with a call_guard pybind11
              // would register the new instance with the GIL still released, racing other
@@ -246,13 +246,14 @@ void bindBackend(py::module_& m) {
              // when two ranks created groups at once.
              py::gil_scoped_release noGil;
              return c10::make_intrusive<ringpg::RingBackend>(store, rank, size, timeout, std::move(groupName),
-                                                             transport, algo, copy);
+                                                             transport, algo, copy, hostId);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name") = "",
-           py::arg("transport") = "", py::arg("algo") = "", py::arg("copy") = "",
+           py::arg("transport") = "", py::arg("algo") = "", py::arg("copy") = "", py::arg("host_id") = "",
            "`transport` (auto, shm, tcp, gloo; \"\": RINGPG_TRANSPORT's), `algo` (auto, ring, hier; \"\": "
            "RINGPG_ALGO's) and `copy` (auto, cma, slots; \"\": RINGPG_CMA_BYTES's) pick this group's links, "
-           "algorithm and same-host copy; every rank must pass the same")
+           "algorithm and same-host copy; every rank must pass the same.  `host_id` (\"\": RINGPG_HOSTID's) is "
+           "this rank's host identity: ranks with equal identities share a host (ranks as threads emulate hosts)")
       .def_property_readonly("local_address", &ringpg::RingBackend::localAddress)
       .def_property_readonly("_key_prefix", &ringpg::RingBackend::keyPrefix,
                              "this group's namespace in its Store (links made beside it key below it)")

@@ -233,7 +233,7 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   agreeOnSettings(*g->store, rank, size, cfg, transport, deadline);
   // The ring runs host by host (topology.h); its hops between ranks of one host move
   // through shared memory (shm.h).
-  g->topology = exchangeTopology(*g->store, rank, size);
+  g->topology = exchangeTopology(*g->store, rank, size, cfg);
   // The peers connected now, their addresses read in one round trip before the engine
   // starts: a peer's hello may then be answered without another read.
   const std::vector<int> peers = peersToConnect(cfg, plan, g->topology, rank, size);

@@ -86,8 +86,7 @@ std::string firstLine(const char* path) {
 
 } // namespace
 
-std::string hostIdentity() {
-  const Config& cfg = Config::get();
+std::string hostIdentity(const Config& cfg) {
   if (!cfg.hostId.empty()) {
     return "id:" + cfg.hostId;
   }
@@ -195,7 +194,7 @@ std::string decideHosts(const std::vector<std::string>& values) {
 
 } // namespace
 
-Topology exchangeTopology(GroupStore& store, int rank, int size) {
+Topology exchangeTopology(GroupStore& store, int rank, int size, const Config& cfg) {
   if (size == 1) {
     Topology t = Topology::singleHost(1);
     t.hostCpus = {usableCpus()};
@@ -203,7 +202,7 @@ Topology exchangeTopology(GroupStore& store, int rank, int size) {
   }
   // One value a rank: "IDENTITY\nSHARE" (a share holds no newline).  Rank 0 alone reads
   // them all and publishes the compact form every rank decodes.
-  const std::string encoded = store.decide("host", rank, size, hostIdentity() + "\n" + cpuShareText(), decideHosts);
+  const std::string encoded = store.decide("host", rank, size, hostIdentity(cfg) + "\n" + cpuShareText(), decideHosts);
   std::vector<int> hostOf;
   std::vector<int> cpus;
   decodeHosts(encoded, size, &hostOf, &cpus);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/config.h"
 #include "transport/store_exchange.h"
 
 namespace ringpg {
@@ -69,10 +70,10 @@ struct Topology {
   bool anyHostShared() const;
 };
 
-// This process's host identity: RINGPG_HOSTID, else hostname, kernel boot id and
-// network namespace (ranks the benchmark's network emulation puts in namespaces of
-// their own stand for separate hosts).
-std::string hostIdentity();
+// A group's host identity under its settings: cfg.hostId (RINGPG_HOSTID, or the
+// group's host_id), else hostname, kernel boot id and network namespace (ranks the
+// benchmark's network emulation puts in namespaces of their own stand for separate hosts).
+std::string hostIdentity(const Config& cfg);
 
 // The compact form of a group's hosts: the host of each rank (numbered by first
 // appearance) and the CPUs each host's ranks may run on together.  Constant in size for
@@ -83,9 +84,9 @@ std::string encodeHosts(const std::vector<int>& hostOf, const std::vector<int>& 
 // The inverse, for a group of `size`; TORCH_CHECK-fails on a malformed form.
 void decodeHosts(const std::string& text, int size, std::vector<int>* hostOf, std::vector<int>* hostCpus);
 
-// Collective over the group: publishes this rank's host identity and CPU share
-// (cpuShareText); rank 0 decides the hosts and every rank reads its compact form (the
-// store's own timeout bounds each read).
-Topology exchangeTopology(GroupStore& store, int rank, int size);
+// Collective over the group: publishes this rank's host identity (under `cfg`) and CPU
+// share (cpuShareText); rank 0 decides the hosts and every rank reads its compact form
+// (the store's own timeout bounds each read).
+Topology exchangeTopology(GroupStore& store, int rank, int size, const Config& cfg);
 
 } // namespace ringpg
