@@ -61,12 +61,19 @@ std::string GroupStore::read(const std::string& key, int q) {
   return value;
 }
 
-std::vector<std::string> GroupStore::readMany(const std::string& key, const std::vector<int>& ranks) {
+std::vector<std::string> GroupStore::keysOf(const std::string& key, const std::vector<int>& ranks) const {
   std::vector<std::string> keys;
-  uint64_t written = 0;
+  keys.reserve(ranks.size());
   for (const int q : ranks) {
     keys.push_back(keyOf(key, q));
-    written += keys.back().size();
+  }
+  return keys;
+}
+
+std::vector<std::string> GroupStore::readKeys(const std::vector<std::string>& keys) {
+  uint64_t written = 0;
+  for (const auto& k : keys) {
+    written += k.size();
   }
   std::vector<std::string> values;
   uint64_t read = 0;
@@ -78,25 +85,41 @@ std::vector<std::string> GroupStore::readMany(const std::string& key, const std:
   return values;
 }
 
+std::vector<std::string> GroupStore::readMany(const std::string& key, const std::vector<int>& ranks) {
+  return readKeys(keysOf(key, ranks));
+}
+
 std::string GroupStore::decide(const std::string& key, int rank, int size, const std::string& mine,
                                const Decision& decision) {
   if (size == 1) {
     return decision({mine});
   }
   publish(key, rank, mine);
-  // The decision's key is not a rank's: -1.
-  if (rank == 0) {
-    std::vector<int> ranks(size);
-    std::iota(ranks.begin(), ranks.end(), 0);
-    std::vector<std::string> keys;
-    for (const int q : ranks) {
-      keys.push_back(keyOf(key, q));
-    }
-    store_->wait(keys); // every rank's value is in (a multiGet need not wait)
-    count(keys.size() * keys.back().size(), 0);
-    publish(key, -1, decision(readMany(key, ranks)));
+  // The decision goes under key -1 (not a rank's), marked as made or failed.
+  constexpr char kMade = '+';
+  constexpr char kFailed = '!';
+  if (rank != 0) {
+    const std::string v = read(key, -1);
+    TORCH_CHECK(!v.empty() && v[0] != kFailed, "ringpg: rank 0 could not decide the group's ", key, ": ",
+                v.empty() ? std::string("(no reason given)") : v.substr(1));
+    return v.substr(1);
   }
-  return read(key, -1);
+  std::vector<int> ranks(size);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  const std::vector<std::string> keys = keysOf(key, ranks);
+  store_->wait(keys); // every rank's value is in (a multiGet need not wait)
+  count(std::accumulate(keys.begin(), keys.end(), uint64_t{0},
+                        [](uint64_t n, const std::string& k) { return n + k.size(); }),
+        0);
+  std::string made;
+  try {
+    made = decision(readKeys(keys));
+  } catch (const std::exception& e) {
+    publish(key, -1, kFailed + std::string(e.what()));
+    throw;
+  }
+  publish(key, -1, kMade + made);
+  return made;
 }
 
 void GroupStore::leaveTogether(const std::string& key, int size, Deadline deadline) {

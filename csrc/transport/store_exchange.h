@@ -61,7 +61,9 @@ class GroupStore {
   // Store has multiGet).
   std::vector<std::string> readMany(const std::string& key, const std::vector<int>& ranks);
   // Collective over a group of `size`: every rank publishes `mine`, rank 0 reads them all
-  // and publishes decision(values), which every rank returns.
+  // and publishes decision(values), which every rank returns.  Where the decision throws
+  // on rank 0, it publishes the error, so every other rank raises it at once (not at the
+  // Store's timeout).
   std::string decide(const std::string& key, int rank, int size, const std::string& mine, const Decision& decision);
   // Every rank of a group of `size` adds one to `key` and waits until all have (or
   // `deadline` passes; a store gone meanwhile means its host has been and left): a step
@@ -84,6 +86,9 @@ class GroupStore {
   GroupStore(c10::intrusive_ptr<c10d::Store> store, std::string prefix, std::shared_ptr<Counts> counts);
   void count(uint64_t written, uint64_t read) const;
   std::string keyOf(const std::string& key, int q) const;
+  std::vector<std::string> keysOf(const std::string& key, const std::vector<int>& ranks) const;
+  // The values of `keys` (one round trip where the Store has multiGet).
+  std::vector<std::string> readKeys(const std::vector<std::string>& keys);
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::string prefix_;
