@@ -239,7 +239,8 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   const std::vector<int> peers = peersToConnect(cfg, plan, g->topology, rank, size);
   rv.book.learn(peers);
   g->engine =
-      std::make_unique<Engine>(rank, size, std::move(rv), cfg.socketBuffer, cfg.tcpCongestion, cfg.engineSpinMicros());
+      std::make_unique<Engine>(rank, size, std::move(rv), cfg.socketBuffer, cfg.tcpCongestion, cfg.engineSpinMicros(),
+                               std::max<std::chrono::milliseconds>(timeout, std::chrono::seconds(5)));
   g->engine->connectPeers(peers, deadline);
   bool shmUsed = false;
   connectSharedMemory(*g, cfg, transport, rank, Clock::now() + timeout, &shmUsed);

@@ -28,9 +28,11 @@ using RxState = FrameReceiver::State;
 
 } // namespace
 
-Engine::Engine(int rank, int size, Rendezvous rv, int socketBuffer, const std::string& congestion, int spinMicros)
-    : rank_(rank), size_(size), spinMicros_(spinMicros), socketBuffer_(socketBuffer), congestion_(congestion),
-      nonce_(rv.nonce), book_(std::move(rv.book)), peers_(size), listener_(std::move(rv.listener)) {
+Engine::Engine(int rank, int size, Rendezvous rv, int socketBuffer, const std::string& congestion, int spinMicros,
+               std::chrono::milliseconds helloWindow)
+    : rank_(rank), size_(size), spinMicros_(spinMicros), helloWindow_(helloWindow), socketBuffer_(socketBuffer),
+      congestion_(congestion), nonce_(rv.nonce), book_(std::move(rv.book)), peers_(size),
+      listener_(std::move(rv.listener)) {
   if (listener_.valid()) {
     setNonBlocking(listener_.get(), true);
   }

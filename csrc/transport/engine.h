@@ -84,7 +84,11 @@ class Engine {
  public:
   // `listener`, `nonce`, `book`: the rendezvous' (rendezvous.h); no peer is connected yet.
   // `congestion`: TCP congestion control for every data socket, "" = the host's default.
-  Engine(int rank, int size, Rendezvous rv, int socketBuffer, const std::string& congestion, int spinMicros);
+  // `helloWindow`: how long an accepted connection may take to say hello before it is
+  // dropped (the group's timeout: a peer's dial can wait behind its Store reads, which at
+  // thousands of ranks take seconds; a stray client holds a descriptor no longer).
+  Engine(int rank, int size, Rendezvous rv, int socketBuffer, const std::string& congestion, int spinMicros,
+         std::chrono::milliseconds helloWindow = std::chrono::seconds(5));
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -333,6 +337,7 @@ class Engine {
   const int rank_;
   const int size_;
   const int spinMicros_;
+  const std::chrono::milliseconds helloWindow_;
   const int socketBuffer_;       // tuneDataSocket's, for every socket made later
   const std::string congestion_; // likewise
   const uint64_t nonce_;         // what hellos to this rank must quote

@@ -20,14 +20,6 @@ namespace ringpg {
 
 using engine_detail::wouldBlock;
 
-namespace {
-
-// How long an accepted connection may take to say hello before it is dropped (a stray
-// client that connects and stays silent must not hold a slot for long).
-constexpr auto kHelloWindow = std::chrono::seconds(5);
-
-} // namespace
-
 // ---------------------------------------------------------------------------------
 // Connecting on first use
 
@@ -125,7 +117,7 @@ void Engine::acceptLocked(Completions& done) {
     if (fd < 0) {
       return; // EAGAIN, or a connection reset before it was taken: nothing to do
     }
-    inbound_.push_back(Inbound{Fd(fd), Hello{}, 0, Clock::now() + kHelloWindow});
+    inbound_.push_back(Inbound{Fd(fd), Hello{}, 0, Clock::now() + helloWindow_});
   }
 }
 
