@@ -79,6 +79,8 @@ COLLECTIVES = (
 )
 NO_BYTES = ("barrier", "all_to_all")  # chosen on the group alone: ranks' splits differ
 ARENA = ("arena", "arena_oneshot")
+# What the links run for an op that is not the ring's (every other: "ring").
+LINKS_ALGORITHM = {"broadcast": "chain", "gather": "direct", "scatter": "direct", "all_to_all": "direct"}
 
 
 # ============================================= the choice, every shape of 1 to 64 ranks
@@ -113,11 +115,11 @@ def test_the_arena_serves_every_op_of_a_group_on_one_host(size: int) -> None:
                     assert got == "arena", (op, size, nbytes, got)
             elif op == "all_to_all":
                 # From three ranks; at two, every block over the one link between them.
-                assert got == ("arena" if size > 2 else "ring"), (op, size, nbytes, got)
+                assert got == ("arena" if size > 2 else "direct"), (op, size, nbytes, got)
             elif size > 2 or small or op == "barrier":
                 assert got == "arena", (op, size, nbytes, got)
             else:
-                assert got == "ring", (op, size, nbytes, got)
+                assert got == LINKS_ALGORITHM.get(op, "ring"), (op, size, nbytes, got)
             # Asked for, the arena takes every size, two ranks too.
             forced = _choose(op, size, 0 if op in NO_BYTES else nbytes, algo="arena")
             assert forced in ARENA, (op, size, nbytes, forced)
@@ -146,13 +148,29 @@ def test_without_an_arena_the_links_algorithms_run_as_before(size: int) -> None:
             fused,
         )
         for op in COLLECTIVES[1:]:
-            assert _choose(op, size, nbytes, arena=False) in ("ring", "local"), (op, size)
+            if op == "all_to_all":
+                # Every pair below 512 ranks (RINGPG_TUNING alltoall=auto), Bruck's from 512.
+                assert _choose(op, size, 0, arena=False) == ("local" if size == 1 else "direct"), size
+                assert _choose(op, 512, 0, arena=False) == "bruck"
+                continue
+            if op == "barrier":
+                # A token's allreduce: one byte where the one-shot or doubling carries it.
+                want = _choose("allreduce", size, 1, arena=False)
+                assert _choose(op, size, nbytes, arena=False) == want, (size, want)
+                assert _choose(op, size, nbytes, arena=False, ring_fused=False) == (
+                    _choose("allreduce", size, 1, arena=False, ring_fused=False)
+                ), size
+                continue
+            want = "local" if size == 1 else LINKS_ALGORITHM.get(op, "ring")
+            assert _choose(op, size, nbytes, arena=False) == want, (op, size)
     # Hosts of equal numbers of ranks: the hierarchical algorithms, never the arena.
     if size >= 4 and size % 2 == 0:
         shape = {"hosts": 2, "most_per_host": size // 2, "hierarchical": True, "ring_fused": False}
         assert _choose("allreduce", size, 1 << 26, arena=False, **shape) == "hier"
         assert _choose("reduce_scatter", size, 1 << 26, arena=False, **shape) == "hier"
         assert _choose("all_gather", size, 1 << 26, arena=False, **shape) == "hier"
+        # A barrier's one byte: the one-shot, then recursive doubling, never the rings.
+        assert _choose("barrier", size, 0, arena=False, **shape) == ("oneshot" if size <= 8 else "doubling")
 
 
 @pytest.mark.inprocess

@@ -60,6 +60,12 @@ const char* algorithmName(Algorithm a) {
       return "doubling";
     case Algorithm::Ring:
       return "ring";
+    case Algorithm::Chain:
+      return "chain";
+    case Algorithm::Direct:
+      return "direct";
+    case Algorithm::Bruck:
+      return "bruck";
     case Algorithm::StagedRing:
       return "staged_ring";
     case Algorithm::Hier:
@@ -146,20 +152,25 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
       // Contiguous device tensors: chunked copies overlap the ring (staged_ring.h).
       return deviceContiguous ? Algorithm::StagedRing : Algorithm::Ring;
     case Collective::Broadcast:
+      return arenaOneShot || arenaForLarge(g, cfg, deviceContiguous) ? Algorithm::Arena : Algorithm::Chain;
     case Collective::Gather:
     case Collective::Scatter:
-      return arenaOneShot || arenaForLarge(g, cfg, deviceContiguous) ? Algorithm::Arena : Algorithm::Ring;
+      return arenaOneShot || arenaForLarge(g, cfg, deviceContiguous) ? Algorithm::Arena : Algorithm::Direct;
     case Collective::Barrier:
-      return g.arena ? Algorithm::Arena : Algorithm::Ring;
+      // Every member's arrival on the arena; else a token's allreduce: one byte where the
+      // one-shot or recursive doubling carries it (log2 N rounds, not a ring's 2(N-1) or
+      // the host rings' at thousands of ranks), else the ring's (collectives::barrier).
+      return g.arena ? Algorithm::Arena : linksAllreduce(g, cfg, 1, false);
     case Collective::AllToAll:
       // The arena from three ranks, where the links reach a non-neighbour only over TCP;
       // at two, each block goes straight over the one link between them (single copy
       // where it pays), where the arena copies every byte twice.  A set alltoall
       // (direct, bruck) asks for the links' algorithm.
-      return g.arena && cfg.allToAll == Config::AllToAll::Auto && (g.size > 2 || cfg.algo == Config::Algo::Arena) &&
-                     arenaAllToAllSlot(cfg.arenaBytes, g.size) > 0
-                 ? Algorithm::Arena
-                 : Algorithm::Ring;
+      if (g.arena && cfg.allToAll == Config::AllToAll::Auto && (g.size > 2 || cfg.algo == Config::Algo::Arena) &&
+          arenaAllToAllSlot(cfg.arenaBytes, g.size) > 0) {
+        return Algorithm::Arena;
+      }
+      return cfg.bruckAllToAll(g.size) ? Algorithm::Bruck : Algorithm::Direct;
   }
   return Algorithm::Ring;
 }

@@ -30,8 +30,11 @@ enum class Algorithm : uint8_t {
   Local,        // one rank, or nothing to move: no peer is involved
   OneShot,      // over the links: every rank sends its whole buffer to every peer
   Doubling,     // over the links: recursive doubling (many ranks, small buffers)
-  Ring,         // over the links: the flat ring (broadcast: the chain along it; gather,
-                //   scatter: straight between root and rank)
+  Ring,         // over the links: the flat ring
+  Chain,        // over the links: a broadcast passed along the ring from the root
+  Direct,       // over the links: straight between ranks (gather, scatter: root and rank;
+                //   all-to-all: every pair)
+  Bruck,        // over the links: Bruck's all-to-all, ceil(log2 p) rounds (direct.h)
   StagedRing,   // the ring over pinned host memory in chunks, for large CUDA tensors
   Hier,         // host rings, then rings across hosts (algorithms/hierarchical.h)
   ArenaOneShot, // the host arena: every member reduces every member's buffer

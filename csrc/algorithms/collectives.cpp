@@ -288,13 +288,17 @@ void allreduceCoalesced(OpContext& c, const std::vector<at::Tensor>& ts, const R
 }
 
 void barrier(OpContext& c) {
-  if (onArena(chooseFor(c, Collective::Barrier, 0))) {
+  const Algorithm algo = chooseFor(c, Collective::Barrier, 0);
+  if (onArena(algo)) {
     arenaBarrier(c); // one step: every member has arrived
     return;
   }
-  // One byte per rank through the ring: every rank's chunk is non-empty, so no rank
-  // leaves before it has heard, directly or through the ring, from every other.
-  at::Tensor token = at::zeros({c.size()}, at::TensorOptions().dtype(at::kByte));
+  // A token's allreduce, which the choice of an allreduce of its size runs: the one-shot
+  // and recursive doubling have every rank hear from every other for one byte; through
+  // the rings a byte a rank, so every chunk is non-empty and no rank leaves before it
+  // has heard, directly or through the ring, from every other.
+  const bool rings = algo == Algorithm::Ring || algo == Algorithm::Hier;
+  at::Tensor token = at::zeros({rings ? c.size() : 1}, at::TensorOptions().dtype(at::kByte));
   hostAllreduce(c, token, Reduction{});
 }
 
@@ -485,10 +489,11 @@ namespace {
 // The blocks' exchange, over the arena or the links as choice.h says.
 void allToAllOf(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
                 const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
-  if (onArena(chooseFor(c, Collective::AllToAll, 0))) {
+  const Algorithm algo = chooseFor(c, Collective::AllToAll, 0);
+  if (onArena(algo)) {
     arenaAllToAll(c, sendBuf, sendBytes, recvBuf, recvBytes);
   } else {
-    ringpg::allToAll(c, sendBuf, sendBytes, recvBuf, recvBytes);
+    ringpg::allToAll(c, algo == Algorithm::Bruck, sendBuf, sendBytes, recvBuf, recvBytes);
   }
 }
 

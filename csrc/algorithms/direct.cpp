@@ -275,9 +275,9 @@ void bruckAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const 
 
 } // namespace
 
-void allToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
+void allToAll(OpContext& c, bool bruck, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
               const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
-  if (c.config().bruckAllToAll(c.size())) {
+  if (bruck) {
     bruckAllToAll(c, sendBuf, sendBytes, recvBuf, recvBytes);
   } else {
     directAllToAll(c, sendBuf, sendBytes, recvBuf, recvBytes);

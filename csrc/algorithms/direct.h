@@ -36,12 +36,13 @@ void recursiveDoublingAllreduce(OpContext& c, char* data, int64_t count, size_t 
                                 const std::function<void(char*, int64_t)>& finalize);
 
 // Rank sends sendBuf[q] (sendBytes[q]) to q and receives recvBuf[q] (recvBytes[q]) from q,
-// straight or by Bruck's rounds (Config::bruckAllToAll, agreed by every rank): ceil(log2 p)
-// rounds in which a rank sends the blocks it holds at one ring distance (ring_plan.h's
-// Bruck) to one peer, a message of their sizes and then one of their bytes (a block's
-// size is known only to its sender and its final receiver, so it travels with it).
-// A block whose size differs from what its final receiver expects fails the op there.
-void allToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
+// straight (`bruck` false: every pair) or by Bruck's rounds (the choice, choice.h, agreed
+// by every rank): ceil(log2 p) rounds in which a rank sends the blocks it holds at one
+// ring distance (ring_plan.h's Bruck) to one peer, a message of their sizes and then one
+// of their bytes (a block's size is known only to its sender and its final receiver, so
+// it travels with it).  A block whose size differs from what its final receiver expects
+// fails the op there.
+void allToAll(OpContext& c, bool bruck, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
               const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes);
 
 } // namespace ringpg
