@@ -2,6 +2,12 @@
 
     python -m benchmarks.scale_threads                      # 64, 256 and 1024 ranks
     python -m benchmarks.scale_threads --world-sizes 64 --ops allreduce,alltoall
+    python -m benchmarks.scale_threads --world-sizes 10000 --ranks-per-host 8 \
+        --ops barrier,allreduce_1m --timeout 1200               # issue 58's run
+
+With ``--ranks-per-host K`` each rank's group gets the host identity of emulated host
+r // K (RingBackend's ``host_id``, RINGPG_HOSTID for one group), so the hierarchical
+algorithms run: rings inside each host, then K rings across the hosts.
 
 Each rank is a thread that creates its own ringpg group (``RingBackend``, over real
 loopback sockets, ``RINGPG_TRANSPORT=tcp``), as torchft's tests run ranks as threads; the
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import resource
 import threading
 import time
@@ -37,6 +44,7 @@ from devkit.machine import open_sockets, rss_mb, threads
 
 # One ring allreduce's elements per rank: 256 KiB, past the small allreduce's limit.
 RING_NUMEL = 1 << 16
+MIB_NUMEL = 1 << 18  # allreduce_1m: 1 MiB of float32 a rank
 SMALL_NUMEL = 8  # recursive doubling past 8 ranks
 
 
@@ -58,7 +66,9 @@ def _on_ranks(ranks: range, fn: Callable[[int], Any]) -> List[Any]:
     for t in threads:
         t.join()
     if errors:
-        raise errors[0]
+        # A rank that failed first names its own cause; the others name the rank that
+        # aborted the group: raise a first failure where one is here.
+        raise next((e for e in errors if "aborted the group" not in str(e)), errors[0])
     return out
 
 
@@ -71,6 +81,7 @@ def _process(
     timeout_s: float,
     store_port: int,
     backend: str,
+    per_host: int,
     q: Any,
 ) -> None:
     """Process `index` of `procs`: holds ranks index*ws/procs ... as threads."""
@@ -101,7 +112,8 @@ def _process(
 
     def make(r: int) -> Any:
         if backend == "ringpg":
-            return C.RingBackend(stores[r], r, ws, timedelta(seconds=timeout_s), f"t{ws}", "tcp")
+            host = f"emulated-{r // per_host}" if per_host else ""
+            return C.RingBackend(stores[r], r, ws, timedelta(seconds=timeout_s), f"t{ws}", "tcp", host_id=host)
         return dist.ProcessGroupGloo(stores[r], r, ws, timedelta(seconds=timeout_s))
 
     groups = dict(zip(mine, _on_ranks(mine, make)))
@@ -130,11 +142,12 @@ def _process(
     q.put(res)
 
 
-def measure(ws: int, procs: int, ops: List[str], timeout_s: float, backend: str) -> dict:
+def measure(ws: int, procs: int, ops: List[str], timeout_s: float, backend: str, per_host: int = 0) -> dict:
     """ws ranks as threads of `procs` processes (forked from a server that imported
-    torch), over a TCPStore served here."""
+    torch), over a TCPStore served here; `per_host` ranks an emulated host (0: one host)."""
     server = dist.TCPStore("127.0.0.1", 0, procs + 1, True, wait_for_workers=False)
-    parts = run_ranks(_process, procs, (ws, ops, timeout_s, server.port, backend), timeout_s + 60, "forkserver")
+    limit = timeout_s * (len(ops) + 1) + 60  # creation and each op may take a group's timeout
+    parts = run_ranks(_process, procs, (ws, ops, timeout_s, server.port, backend, per_host), limit, "forkserver")
     res: dict = {
         "ranks": ws,
         # From the first process's start (every process and Store client up) to the last group.
@@ -161,11 +174,55 @@ def measure(ws: int, procs: int, ops: List[str], timeout_s: float, backend: str)
     return res
 
 
-def _ring_allreduce(b: Any, r: int, ws: int) -> bool:
-    x = torch.full((RING_NUMEL,), float(r % 7))
+_expected: dict = {}
+_expected_lock = threading.Lock()
+
+
+def _allreduce_of(numel: int, b: Any, r: int, ws: int) -> bool:
+    """An allreduce of numel float32 (rank r holds r % 7) on every rank, compared with one
+    expected tensor a process (a comparison's own tensor a rank would add a quarter of
+    the buffer to every rank's memory: at 10,000 ranks on one machine that counts)."""
+    x = torch.full((numel,), float(r % 7))
     b.allreduce([x]).wait()
-    want = float(sum(q % 7 for q in range(ws)))
-    return bool((x == want).all())
+    with _expected_lock:
+        want = _expected.get((numel, ws))
+        if want is None:
+            want = _expected[(numel, ws)] = torch.full((numel,), float(sum(q % 7 for q in range(ws))))
+    return torch.equal(x, want)
+
+
+def _ring_allreduce(b: Any, r: int, ws: int) -> bool:
+    return _allreduce_of(RING_NUMEL, b, r, ws)
+
+
+def _mib_allreduce(b: Any, r: int, ws: int) -> bool:
+    return _allreduce_of(MIB_NUMEL, b, r, ws)
+
+
+def _all_gather_object(b: Any, r: int, ws: int) -> bool:
+    """torch's all_gather_object as it runs on a group (distributed_c10d.py): each rank's
+    pickle's size all-gathered, then every pickle padded to the largest and all-gathered;
+    checked on the gathered bytes (each rank's object is {"rank": r, "host": ...})."""
+
+    def pickled(q: int) -> torch.Tensor:
+        return torch.frombuffer(bytearray(pickle.dumps({"rank": q, "host": f"h{q // 8}"})), dtype=torch.uint8)
+
+    mine = pickled(r)
+    sizes = torch.empty(ws, dtype=torch.int64)
+    b._allgather_base(sizes, torch.tensor([mine.numel()], dtype=torch.int64)).wait()
+    most = int(sizes.max())
+    out = torch.empty(ws * most, dtype=torch.uint8)
+    padded = torch.zeros(most, dtype=torch.uint8)
+    padded[: mine.numel()] = mine
+    b._allgather_base(out, padded).wait()
+    rows = out.view(ws, most)
+    # Spot-checked at a few ranks (every rank's unpickling of every object would be the
+    # harness's own N^2 Python work): the sizes, then those ranks' objects.
+    return all(
+        int(sizes[q]) == pickled(q).numel()
+        and pickle.loads(rows[q, : int(sizes[q])].numpy().tobytes()) == {"rank": q, "host": f"h{q // 8}"}
+        for q in {0, ws // 2, ws - 1, (r + 1) % ws}
+    )
 
 
 def _small_allreduce(b: Any, r: int, ws: int) -> bool:
@@ -186,7 +243,33 @@ def _alltoall(b: Any, r: int, ws: int) -> bool:
     return bool(torch.equal(out, torch.arange(ws, dtype=torch.int32) * ws + r))
 
 
-_OPS = {"allreduce": _ring_allreduce, "small_allreduce": _small_allreduce, "alltoall": _alltoall, "barrier": _barrier}
+_OPS = {
+    "allreduce": _ring_allreduce,
+    "small_allreduce": _small_allreduce,
+    "alltoall": _alltoall,
+    "barrier": _barrier,
+    "allreduce_1m": _mib_allreduce,
+    "all_gather_object": _all_gather_object,
+}
+
+
+def _processes(ws: int, fd_limit: int) -> int:
+    """The fewest processes, at least one per 256 ranks, that split ws evenly and hold
+    their ranks' sockets after recursive doubling (its ceil(log2 ws) partners both ways,
+    the rings' six neighbours, the listener and two Store connections; a process holds
+    both ends of its own ranks' pairs) within the descriptor limit."""
+    per_rank = 2 * ((ws - 1).bit_length() + 6) + 4
+    least = max(-(-ws // 256), -(-ws * per_rank // fd_limit))
+    return next(p for p in range(least, ws + 1) if ws % p == 0)
+
+
+def _sysctl(name: str) -> str:
+    """A kernel setting's value as /proc/sys shows it ("?" where it cannot be read)."""
+    try:
+        with open(f"/proc/sys/{name}") as f:
+            return " ".join(f.read().split())
+    except OSError:
+        return "?"
 
 
 def main() -> int:
@@ -203,7 +286,17 @@ def main() -> int:
         "pair at creation (gloo: 2(N-1) sockets a rank, so a few hundred ranks a process at most)",
     )
     ap.add_argument(
-        "--processes", type=int, default=0, help="processes the ranks are spread over (default: one per 256 ranks)"
+        "--processes",
+        type=int,
+        default=0,
+        help="processes the ranks are spread over (default: the fewest, at least one per 256 ranks, that split "
+        "them evenly and hold their sockets within the descriptor limit)",
+    )
+    ap.add_argument(
+        "--ranks-per-host",
+        type=int,
+        default=0,
+        help="emulated hosts of K ranks each (each group's host_id; default: every rank on this one host)",
     )
     args = ap.parse_args()
     ops = [o for o in args.ops.split(",") if o]
@@ -217,15 +310,19 @@ def main() -> int:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the Store's server: a socket per rank
     print(
         f"# {args.backend} ranks as threads; fd limit per process {soft} -> {hard}; {os.cpu_count()} CPUs; "
-        f"torch {torch.__version__}"
+        f"torch {torch.__version__}; {args.ranks_per_host or 'all'} ranks a host"
     )
+    # On loopback every rank's listener and Store connections take a port of the
+    # ephemeral range, and every rank's threads a pid: the machine's limits on the size.
+    ports, pid_max = _sysctl("net/ipv4/ip_local_port_range"), _sysctl("kernel/pid_max")
+    print(f"# ephemeral ports {ports}; pid_max {pid_max}")
     # Store: requests a rank made at creation (mean), bytes a rank other than 0 read (mean
     # and most), and bytes rank 0 read.
     head = f"{'ranks':>5} {'procs':>5} {'create s':>9} {'sockets':>8} {'threads':>8} {'RSS MB':>7}"
     head += f" {'st req':>6} {'st B':>6} {'st max':>6} {'st B r0':>8}"
     print(head + "".join(f" {o + ' s':>18} {'ok':>3} {'sockets':>8}" for o in ops))
     for ws in (int(w) for w in args.world_sizes.split(",")):
-        procs = args.processes or max(1, ws // 256)
+        procs = args.processes or _processes(ws, hard)
         if ws % procs:
             ap.error(f"{ws} ranks do not split evenly over {procs} processes")
         # The direct all-to-all connects every pair: 2(ws - 1) sockets per rank, and a
@@ -240,7 +337,9 @@ def main() -> int:
             print(
                 f"# {ws} ranks: alltoall {algo} (RINGPG_TUNING alltoall): about {need} descriptors per process, {verdict}"
             )
-        r = measure(ws, procs, run_ops, args.timeout, args.backend)
+        if args.ranks_per_host and ws % args.ranks_per_host:
+            ap.error(f"{ws} ranks do not split evenly into hosts of {args.ranks_per_host}")
+        r = measure(ws, procs, run_ops, args.timeout, args.backend, args.ranks_per_host)
         line = f"{ws:5d} {procs:5d} {r['create_s']:9.2f} {r['sockets']:8.2f} {r['threads']:8.2f} {r['rss_mb']:7.2f}"
         if "store_requests" in r:
             line += f" {r['store_requests']:6.1f} {r['store_read_B']:6.0f} {r['store_read_max_B']:6d}"
@@ -251,8 +350,10 @@ def main() -> int:
             took, ok, socks = r.get(o, (float("nan"), None, float("nan")))
             line += f" {took:18.2f} {'-' if ok is None else 'yes' if ok else 'NO':>3} {socks:8.2f}"
         print(line, flush=True)
-        for e in r["errors"][:3]:
-            print(f"#   {e[:300]}")
+        # First failures (their own cause) before the ranks that heard of one.
+        for e in sorted(r["errors"], key=lambda e: "aborted the group" in e)[:3]:
+            # A chain of "rank A aborted the group: ..." ends in the first failure's cause.
+            print(f"#   {e if len(e) <= 400 else e[:120] + ' ... ' + e[-280:]}")
     return 0
 
 
