@@ -204,8 +204,11 @@ def _all_gather_object(b: Any, r: int, ws: int) -> bool:
     pickle's size all-gathered, then every pickle padded to the largest and all-gathered;
     checked on the gathered bytes (each rank's object is {"rank": r, "host": ...})."""
 
+    def obj(q: int) -> dict:
+        return {"rank": q, "host": f"h{q // 8}"}
+
     def pickled(q: int) -> torch.Tensor:
-        return torch.frombuffer(bytearray(pickle.dumps({"rank": q, "host": f"h{q // 8}"})), dtype=torch.uint8)
+        return torch.frombuffer(bytearray(pickle.dumps(obj(q))), dtype=torch.uint8)
 
     mine = pickled(r)
     sizes = torch.empty(ws, dtype=torch.int64)
@@ -219,8 +222,7 @@ def _all_gather_object(b: Any, r: int, ws: int) -> bool:
     # Spot-checked at a few ranks (every rank's unpickling of every object would be the
     # harness's own N^2 Python work): the sizes, then those ranks' objects.
     return all(
-        int(sizes[q]) == pickled(q).numel()
-        and pickle.loads(rows[q, : int(sizes[q])].numpy().tobytes()) == {"rank": q, "host": f"h{q // 8}"}
+        int(sizes[q]) == pickled(q).numel() and pickle.loads(rows[q, : int(sizes[q])].numpy().tobytes()) == obj(q)
         for q in {0, ws // 2, ws - 1, (r + 1) % ws}
     )
 

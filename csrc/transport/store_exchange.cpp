@@ -22,6 +22,12 @@ std::string stringOf(const std::vector<uint8_t>& b) {
   return std::string(b.begin(), b.end());
 }
 
+// What sending `keys` costs (a wait's or a multiGet's request).
+uint64_t keyBytes(const std::vector<std::string>& keys) {
+  return std::accumulate(keys.begin(), keys.end(), uint64_t{0},
+                         [](uint64_t n, const std::string& k) { return n + k.size(); });
+}
+
 } // namespace
 
 std::shared_ptr<GroupStore> GroupStore::forNewGroup(c10::intrusive_ptr<c10d::Store> store, int rank) {
@@ -71,17 +77,13 @@ std::vector<std::string> GroupStore::keysOf(const std::string& key, const std::v
 }
 
 std::vector<std::string> GroupStore::readKeys(const std::vector<std::string>& keys) {
-  uint64_t written = 0;
-  for (const auto& k : keys) {
-    written += k.size();
-  }
   std::vector<std::string> values;
   uint64_t read = 0;
   for (const auto& b : store_->multiGet(keys)) { // one round trip where the Store has it (TCPStore)
     values.push_back(stringOf(b));
     read += values.back().size();
   }
-  count(written, read);
+  count(keyBytes(keys), read);
   return values;
 }
 
@@ -108,9 +110,7 @@ std::string GroupStore::decide(const std::string& key, int rank, int size, const
   std::iota(ranks.begin(), ranks.end(), 0);
   const std::vector<std::string> keys = keysOf(key, ranks);
   store_->wait(keys); // every rank's value is in (a multiGet need not wait)
-  count(std::accumulate(keys.begin(), keys.end(), uint64_t{0},
-                        [](uint64_t n, const std::string& k) { return n + k.size(); }),
-        0);
+  count(keyBytes(keys), 0);
   std::string made;
   try {
     made = decision(readKeys(keys));
