@@ -48,6 +48,7 @@ from harness import (
     reduce_op,
     ref_all_gather,
     ref_all_reduce,
+    ref_all_reduce_many,
     ref_broadcast,
     ref_reduce_scatter,
     run_scenario,
@@ -295,14 +296,6 @@ def _ops_for(dtype: torch.dtype) -> tuple[str, ...]:
     return ops
 
 
-def _reduce_ref(x: torch.Tensor, op: str, ref: Any) -> torch.Tensor:
-    if op in BITWISE:
-        out = x.clone()
-        dist.all_reduce(out, op=reduce_op(op), group=ref)  # gloo has them
-        return out
-    return ref_all_reduce(x, op, ref)
-
-
 def arena_battery(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
     import ringpg
 
@@ -314,40 +307,43 @@ def arena_battery(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
         for op in COLLECTIVES:
             chk.true(f"{op} runs in the arena", b.algorithm_for(op, 1 << 20) in ARENA, b.algorithm_for(op, 1 << 20))
     for dtype in DTYPES:
-        for n in _numels(ws, dtype):
-            tag = f"dtype={dtype_name(dtype)} ws={ws} n={n}"
-            for op in _ops_for(dtype):
-                kind = data_kind(op)
-                x = make_data(rank, f"ar {op} {tag}", (n,), dtype, kind)
-                got = x.clone()
+        ns = _numels(ws, dtype)
+        tags = {n: f"dtype={dtype_name(dtype)} ws={ws} n={n}" for n in ns}
+        for op in _ops_for(dtype):
+            kind = data_kind(op)
+            xs = {n: make_data(rank, f"ar {op} {tags[n]}", (n,), dtype, kind) for n in ns}
+            fulls = {n: make_data(rank, f"rs {op} {tags[n]}", (n * ws,), dtype, kind) for n in ns}
+            ys = {n: make_data(rank, f"reduce {op} {tags[n]}", (n,), dtype, kind) for n in ns}
+            # gloo's results for every size at once (one call: its latency, not the data, is the cost).
+            refs = iter(ref_all_reduce_many([*xs.values(), *fulls.values(), *ys.values()], op, ref))
+            want_ar, want_full, want_reduce = ({n: next(refs) for n in ns} for _ in range(3))
+            for n in ns:
+                tag = tags[n]
+                got = xs[n].clone()
                 dist.all_reduce(got, op=reduce_op(op), group=test)
-                chk.equal(f"all_reduce op={op} {tag}", got, _reduce_ref(x, op, ref))
-                full = make_data(rank, f"rs {op} {tag}", (n * ws,), dtype, kind)
-                before = full.clone()
+                chk.equal(f"all_reduce op={op} {tag}", got, want_ar[n])
+                before = fulls[n].clone()
                 out = sentinel_like((n,), dtype)
-                dist.reduce_scatter_tensor(out, full, op=reduce_op(op), group=test)
-                if op in BITWISE:
-                    expected = _reduce_ref(full, op, ref).narrow(0, rank * n, n)
-                else:
-                    expected = ref_reduce_scatter(before, op, ref)
-                chk.equal(f"reduce_scatter_tensor op={op} {tag}", out, expected)
-                chk.equal(f"reduce_scatter_tensor op={op} {tag} [input unchanged]", full, before)
+                dist.reduce_scatter_tensor(out, fulls[n], op=reduce_op(op), group=test)
+                chk.equal(f"reduce_scatter_tensor op={op} {tag}", out, want_full[n].narrow(0, rank * n, n))
+                chk.equal(f"reduce_scatter_tensor op={op} {tag} [input unchanged]", fulls[n], before)
                 root = (n + len(op)) % ws
-                y = make_data(rank, f"reduce {op} {tag}", (n,), dtype, kind)
-                got = y.clone()
+                got = ys[n].clone()
                 dist.reduce(got, dst=root, op=reduce_op(op), group=test)
-                expected = _reduce_ref(y, op, ref)
                 if rank == root:
-                    chk.equal(f"reduce op={op} root={root} {tag}", got, expected)
+                    chk.equal(f"reduce op={op} root={root} {tag}", got, want_reduce[n])
+        for n in ns:
+            tag = tags[n]
             x = make_data(rank, f"ag {tag}", (n,), dtype)
+            want = ref_all_gather(x, ref)
             out = sentinel_like((n * ws,), dtype)
             dist.all_gather_into_tensor(out, x, group=test)
-            chk.equal(f"all_gather_into_tensor {tag}", out, ref_all_gather(x, ref))
+            chk.equal(f"all_gather_into_tensor {tag}", out, want)
             # In place: the input is this rank's chunk of the output (FSDP's call).
             inplace = sentinel_like((n * ws,), dtype)
             inplace.narrow(0, rank * n, n).copy_(x)
             dist.all_gather_into_tensor(inplace, inplace.narrow(0, rank * n, n), group=test)
-            chk.equal(f"all_gather_into_tensor in place {tag}", inplace, ref_all_gather(x, ref))
+            chk.equal(f"all_gather_into_tensor in place {tag}", inplace, want)
             for root in range(ws):
                 x = make_data(rank, f"bc {tag} root={root}", (n,), dtype)
                 got = x.clone()

@@ -23,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.commands import run_module
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _bench(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench", *args], cwd=cwd, capture_output=True, text=True, timeout=240
-    )
+    return run_module("benchmarks.bench", *args, cwd=cwd, timeout=240)
 
 
 @pytest.mark.multiprocess
@@ -397,13 +396,11 @@ def test_a_vllm_library_that_is_missing_or_does_not_load_is_a_skipped_column(tmp
     if lib == "not-a-library":
         path.write_text("not an ELF file\n")
     out = tmp_path / "vllm.json"
-    p = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench", *_tiny("--backends", "ringpg,vllm,gloo", "--ops", "ar")]
-        + ["--json", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    p = run_module(
+        "benchmarks.bench",
+        *_tiny("--backends", "ringpg,vllm,gloo", "--ops", "ar"),
+        "--json",
+        str(out),
         env={**os.environ, "RINGPG_VLLM_LIB": str(path)},
     )
     assert p.returncode == 0, p.stdout + p.stderr
@@ -566,21 +563,9 @@ def test_workload_counts_checked_ops_and_reports_memory_and_faults() -> None:
     """benchmarks.workload (issue 35's method), briefly: both backends run, every result is
     checked (a wrong one makes the exit status 1), and the table, the RSS samples and the
     page faults by thread come out."""
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.workload",
-            "--seconds",
-            "0.1",
-            "--rss-ops",
-            "500",
-            "--ops",
-            "reduce_scatter_tensor,all_gather_into_tensor",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    p = run_module(
+        "benchmarks.workload",
+        *("--seconds", "0.1", "--rss-ops", "500", "--ops", "reduce_scatter_tensor,all_gather_into_tensor"),
         timeout=180,
     )
     assert p.returncode == 0, p.stdout + p.stderr
@@ -606,22 +591,8 @@ def test_scale_reports_creation_and_sockets_per_rank() -> None:
     leaves; a ringpg rank holds one socket to and one from each of its two ring
     neighbours, its listener (kept for peers connecting on first use) and its Store
     client; under RINGPG_TUNING connect=all, both to every peer."""
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.scale",
-            "--world-sizes",
-            "5",
-            "--backends",
-            "ringpg,ringpg-all,gloo",
-            "--repeat",
-            "1",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    p = run_module(
+        "benchmarks.scale", "--world-sizes", "5", "--backends", "ringpg,ringpg-all,gloo", "--repeat", "1", timeout=180
     )
     assert p.returncode == 0, p.stdout + p.stderr
     rows = {line.split()[1]: line.split() for line in p.stdout.splitlines() if line.split()[:1] == ["5"]}
@@ -640,13 +611,7 @@ def test_scale_threads_runs_ranks_as_threads_and_checks_every_op() -> None:
     ring allreduce adds none, recursive doubling adds its partners (and the Store
     connection their addresses are read on), an all-to-all every peer, a barrier none more; every op checked; a rank other than 0 read less from the
     Store than rank 0, which reads every rank's values."""
-    p = subprocess.run(
-        [sys.executable, "-m", "benchmarks.scale_threads", "--world-sizes", "12", "--processes", "2"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    p = run_module("benchmarks.scale_threads", "--world-sizes", "12", "--processes", "2", timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr
     row = next(line.split() for line in p.stdout.splitlines() if line.split()[:2] == ["12", "2"])
     create_s, sockets = float(row[2]), float(row[3])
@@ -668,14 +633,11 @@ def test_hugepages_reach_the_ranks(choice: str) -> None:
     """--hugepages sets torch's huge-page switch in the ranks' own environment (the header
     is written by rank 0 from what it reads there), over a user's own setting."""
     env = dict(os.environ, THP_MEM_ALLOC_ENABLE="0" if choice == "on" else "1")
-    p = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench", *_tiny("--backends", "ringpg", "--ops", "ar", "--dtypes", "float32")]
-        + ["--hugepages", choice, "--no-save"],
-        cwd=REPO,
+    p = run_module(
+        "benchmarks.bench",
+        *_tiny("--backends", "ringpg", "--ops", "ar", "--dtypes", "float32"),
+        *("--hugepages", choice, "--no-save"),
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
     )
     assert p.returncode == 0, p.stdout + p.stderr
     assert f" hugepages={choice} " in p.stdout, p.stdout
@@ -686,13 +648,10 @@ def test_hugepages_reach_the_ranks(choice: str) -> None:
 @pytest.mark.parametrize("mode", [[], ["--after-barrier"]], ids=["back-to-back", "after-barrier"])
 def test_backtoback_times_each_op_and_backend(mode: list) -> None:
     """benchmarks.backtoback: one line per op, size and backend, each a positive time."""
-    p = subprocess.run(
-        [sys.executable, "-m", "benchmarks.backtoback", "--ops", "ar,rs,ag", "--max-bytes", "4KiB"]
-        + ["--backends", "ringpg,gloo,floor", "--iters", "40", "--rounds", "2", *mode],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    p = run_module(
+        "benchmarks.backtoback",
+        *("--ops", "ar,rs,ag", "--max-bytes", "4KiB", "--backends", "ringpg,gloo,floor", "--iters", "40"),
+        *("--rounds", "2", *mode),
     )
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [line.split() for line in p.stdout.splitlines() if not line.startswith("#")]

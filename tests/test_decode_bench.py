@@ -9,12 +9,11 @@ requires the eager mode on both backends.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
+from harness.commands import run_module
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -22,13 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_decode_quick_check_reports_both_backends_exact() -> None:
-    p = subprocess.run(
-        [sys.executable, "-m", "benchmarks.decode", "--quick", "--check", "--compile-backend", "aot_eager"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    p = run_module("benchmarks.decode", "--quick", "--check", "--compile-backend", "aot_eager", timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     rows: Dict[str, List[str]] = {}
     for line in p.stdout.splitlines():

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from typing import Any
@@ -31,6 +29,7 @@ import torch
 import torch.distributed as dist
 from harness import TRANSPORT_ENV_DICTS as TRANSPORTS
 from harness import init_ringpg as _init
+from harness.commands import run_module
 
 from devkit.settings import TUNING
 
@@ -168,12 +167,7 @@ def test_flight_recorder_names_the_rank_that_skipped_the_op(skipped_all_reduce: 
     for r in (0, 1):
         assert res[r]["dumped_at_error"], res[r]  # before the error reached the caller
     # torch's own analyzer over the three dumps.
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", dump_dir, "--prefix", DUMP_PREFIX],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_module("torch.distributed.flight_recorder.fr_trace", dump_dir, "--prefix", DUMP_PREFIX, timeout=120)
     report = proc.stdout + proc.stderr
     assert proc.returncode == 0, report
     # "Not all ranks joining collective, sequence number: 3 ... collective: ringpg:all_reduce

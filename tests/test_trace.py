@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from typing import Any, Dict, List
 
@@ -18,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from harness import Groups, InitSpec, WorkerPool, backend_under_test
+from harness.commands import run_module
 
 from devkit.settings import tuning
 
@@ -281,14 +281,7 @@ def test_walkthrough_sums_match_the_result(traced: Dict[str, Any]) -> None:
 @pytest.mark.multiprocess
 def test_cli_merges_and_walks_through(traced: Dict[str, Any], tmp_path: Any) -> None:
     out = tmp_path / "cli.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.run(
-        [sys.executable, "-m", "ringpg.trace", traced["dir"], "-o", str(out), "--walkthrough"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    proc = run_module("ringpg.trace", traced["dir"], "-o", str(out), "--walkthrough", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "3 ranks" in proc.stdout and "a0+b0+c0" in proc.stdout
     json.loads(out.read_text())

@@ -21,6 +21,8 @@ One module a room; every test imports what it needs from ``harness`` itself:
   collectives' exact checks, the coalesced APIs, the ReduceOps);
 * :mod:`harness.transports`: a battery on each transport (``on_transports`` for
   conftest's ``bpool``, ``check_transport``);
+* :mod:`harness.commands`: :func:`run_module`, a command line (``python -m ...``) run
+  in a child forked from one process that imported torch;
 * :mod:`harness.surface`: raw-byte data, a reduction reference for every (dtype,
   ReduceOp) pair, and :func:`harness.surface.guarded` for the API-surface batteries.
 
@@ -103,6 +105,7 @@ from .references import (
     rank_block,
     ref_all_gather,
     ref_all_reduce,
+    ref_all_reduce_many,
     ref_broadcast,
     ref_reduce_scatter,
     sentinel_like,

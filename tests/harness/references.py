@@ -2,7 +2,8 @@
 
 Each reference runs the gloo op on a copy of the input; AVG is SUM divided by the
 group size (gloo has no AVG), and reduce_scatter's reference is a block of a gloo
-all_reduce, so it does not depend on gloo's reduce_scatter.
+all_reduce, so it does not depend on gloo's reduce_scatter.  :func:`ref_all_reduce_many`
+reduces many inputs of one dtype in one gloo call.
 """
 
 from __future__ import annotations
@@ -29,6 +30,17 @@ def ref_all_reduce(x: torch.Tensor, op: str, group: Any) -> torch.Tensor:
     if op == "AVG":
         out = divide_by_world(out, dist.get_world_size(group))
     return out
+
+
+def ref_all_reduce_many(xs: Sequence[torch.Tensor], op: str, group: Any) -> list[torch.Tensor]:
+    """:func:`ref_all_reduce` of each of ``xs`` (one dtype), in one gloo all_reduce of them
+    end to end: the reduction is elementwise, so each comes out as its own call would give
+    it, and a battery of many small cases pays gloo's latency once (12 ms an op at 7 ranks
+    on 2 cores, where the ops under test take 2)."""
+    if not xs:
+        return []
+    flat = ref_all_reduce(torch.cat([x.reshape(-1) for x in xs]), op, group)
+    return [part.reshape(x.shape) for part, x in zip(flat.split([x.numel() for x in xs]), xs)]
 
 
 def ref_reduce_scatter(full_input: torch.Tensor, op: str, group: Any) -> torch.Tensor:
