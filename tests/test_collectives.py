@@ -82,6 +82,7 @@ from harness import (
     ref_all_reduce,
     ref_broadcast,
     ref_reduce_scatter,
+    ref_reduce_scatter_many,
     run_workers,
     sentinel_like,
     skip_case,
@@ -127,13 +128,14 @@ TRANSPORTS = tuple(TRANSPORT_ENVS)
 
 def reduce_scatter_list_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
     chk = Checker(rank)
-    for dtype, op, shape in reducing_cases(groups.backend, layout, ws):
-        case = case_name("reduce_scatter(list)", op, dtype, ws, shape)
-        x = make_data(rank, case, stacked_shape(shape, ws), dtype, data_kind(op))
-        inputs = [x.narrow(0, i * shape[0], shape[0]).clone() for i in range(ws)]
-        out = sentinel_like(shape, dtype)
-        dist.reduce_scatter(out, inputs, op=reduce_op(op), group=groups.test)
-        chk.equal(case, out, ref_reduce_scatter(x, op, groups.ref))
+    for dtype, op, shapes in reducing_cases(groups.backend, layout, ws):
+        cases = [case_name("reduce_scatter(list)", op, dtype, ws, shape) for shape in shapes]
+        xs = [make_data(rank, c, stacked_shape(s, ws), dtype, data_kind(op)) for c, s in zip(cases, shapes)]
+        for case, shape, x, want in zip(cases, shapes, xs, ref_reduce_scatter_many(xs, op, groups.ref)):
+            inputs = [x.narrow(0, i * shape[0], shape[0]).clone() for i in range(ws)]
+            out = sentinel_like(shape, dtype)
+            dist.reduce_scatter(out, inputs, op=reduce_op(op), group=groups.test)
+            chk.equal(case, out, want)
     return chk.report()
 
 

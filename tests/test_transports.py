@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import pytest
 import torch
@@ -67,8 +67,9 @@ from harness import (
     reduce_op,
     ref_all_gather,
     ref_all_reduce,
+    ref_all_reduce_many,
     ref_broadcast,
-    ref_reduce_scatter,
+    ref_reduce_scatter_many,
     run_workers,
     sentinel_like,
     skip_case,
@@ -212,35 +213,38 @@ def transport_state_worker(rank: int, ws: int, groups: Groups, args: Any) -> dic
 
 
 def check_reductions(
-    chk: Checker, rank: int, ws: int, groups: Groups, dtype: torch.dtype, n: int, ops: tuple[str, ...]
+    chk: Checker, rank: int, ws: int, groups: Groups, dtype: torch.dtype, ns: Sequence[int], ops: tuple[str, ...]
 ) -> None:
-    """all_reduce of ``n`` elements and reduce_scatter_tensor to ``n`` per rank under each
-    of ``ops`` (gloo's gaps skipped), against gloo on the same inputs."""
+    """all_reduce of each of ``ns`` elements and reduce_scatter_tensor to as many per rank
+    under each of ``ops`` (gloo's gaps skipped), against gloo on the same inputs (one gloo
+    call an op for every size: its latency, not the data, is the cost)."""
     g, ref = groups.test, groups.ref
-    tag = f"dtype={dtype_name(dtype)} ws={ws} numel={n}"
+    tags = [f"dtype={dtype_name(dtype)} ws={ws} numel={n}" for n in ns]
     for op in ops:
         if skip_case(groups.backend, op, dtype):
             continue
-        case = f"all_reduce op={op} {tag}"
-        x = make_data(rank, case, (n,), dtype, data_kind(op))
-        got = x.clone()
-        dist.all_reduce(got, op=reduce_op(op), group=g)
-        chk.equal(case, got, ref_all_reduce(x, op, ref))
+        cases = [f"all_reduce op={op} {tag}" for tag in tags]
+        xs = [make_data(rank, case, (n,), dtype, data_kind(op)) for case, n in zip(cases, ns)]
+        for case, x, want in zip(cases, xs, ref_all_reduce_many(xs, op, ref)):
+            got = x.clone()
+            dist.all_reduce(got, op=reduce_op(op), group=g)
+            chk.equal(case, got, want)
 
-        case = f"reduce_scatter_tensor op={op} {tag}"
-        x = make_data(rank, case, (n * ws,), dtype, data_kind(op))
-        out = sentinel_like((n,), dtype)
-        dist.reduce_scatter_tensor(out, x.clone(), op=reduce_op(op), group=g)
-        chk.equal(case, out, ref_reduce_scatter(x, op, ref))
+        cases = [f"reduce_scatter_tensor op={op} {tag}" for tag in tags]
+        xs = [make_data(rank, case, (n * ws,), dtype, data_kind(op)) for case, n in zip(cases, ns)]
+        for case, n, x, want in zip(cases, ns, xs, ref_reduce_scatter_many(xs, op, ref)):
+            out = sentinel_like((n,), dtype)
+            dist.reduce_scatter_tensor(out, x.clone(), op=reduce_op(op), group=g)
+            chk.equal(case, out, want)
 
 
 def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
     chk = Checker(rank)
     g, ref = groups.test, groups.ref
     for dtype in DTYPES:
+        check_reductions(chk, rank, ws, groups, dtype, numels(ws, dtype), REDUCE_OPS)
         for n in numels(ws, dtype):
             tag = f"dtype={dtype_name(dtype)} ws={ws} numel={n}"
-            check_reductions(chk, rank, ws, groups, dtype, n, REDUCE_OPS)
 
             case = f"all_gather_into_tensor {tag}"
             x = make_data(rank, case, (n,), dtype)
@@ -377,7 +381,7 @@ def large_reduce_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckR
     last segment and a short last piece), against gloo; and which copy the group uses."""
     chk = Checker(rank)
     for dtype in (torch.float32, torch.bfloat16, torch.int32):
-        check_reductions(chk, rank, ws, groups, dtype, LENT_REDUCE_BYTES // dtype.itemsize + 7, ("SUM", "MAX"))
+        check_reductions(chk, rank, ws, groups, dtype, [LENT_REDUCE_BYTES // dtype.itemsize + 7], ("SUM", "MAX"))
     return chk.report()
 
 
@@ -559,8 +563,8 @@ def oneshot_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport
     chk = Checker(rank)
     for dtype in (torch.float32, torch.bfloat16, torch.int32):
         per_slot = SMALL_SLOT // dtype.itemsize
-        for n in (1000, SHM_SLOTS * per_slot, SHM_SLOTS * per_slot + 1, (SHM_SLOTS + 4) * per_slot + 3):
-            check_reductions(chk, rank, ws, groups, dtype, n, REDUCE_OPS)
+        ns = (1000, SHM_SLOTS * per_slot, SHM_SLOTS * per_slot + 1, (SHM_SLOTS + 4) * per_slot + 3)
+        check_reductions(chk, rank, ws, groups, dtype, ns, REDUCE_OPS)
     return chk.report()
 
 

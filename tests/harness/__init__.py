@@ -108,6 +108,7 @@ from .references import (
     ref_all_reduce_many,
     ref_broadcast,
     ref_reduce_scatter,
+    ref_reduce_scatter_many,
     sentinel_like,
 )
 from .scenarios import (

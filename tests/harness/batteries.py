@@ -32,7 +32,8 @@ from harness import (
     reduce_op,
     ref_all_gather,
     ref_all_reduce,
-    ref_reduce_scatter,
+    ref_all_reduce_many,
+    ref_reduce_scatter_many,
     sentinel_like,
     skip_case,
 )
@@ -68,37 +69,39 @@ def stacked_shape(shape: Sequence[int], ws: int) -> tuple[int, ...]:
     return (shape[0] * ws, *shape[1:])
 
 
-def reducing_cases(backend: str, layout: str, ws: int) -> Iterator[tuple[torch.dtype, str, tuple[int, ...]]]:
-    """Every (dtype, op, shape) a reducing collective is checked on (gloo's gaps skipped in gloo mode)."""
+def reducing_cases(backend: str, layout: str, ws: int) -> Iterator[tuple[torch.dtype, str, list[tuple[int, ...]]]]:
+    """Every (dtype, op) a reducing collective is checked on (gloo's gaps skipped in gloo
+    mode), with the shapes it is checked at."""
     for dtype in DTYPES:
         for op in OPS:
             if skip_case(backend, op, dtype):
                 continue
-            for shape in block_shapes(layout, ws, dtype):
-                yield dtype, op, shape
+            yield dtype, op, list(block_shapes(layout, ws, dtype))
 
 
 def all_reduce_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
     chk = Checker(rank)
-    for dtype, op, shape in reducing_cases(groups.backend, layout, ws):
-        case = case_name("all_reduce", op, dtype, ws, shape)
-        x = make_data(rank, case, shape, dtype, data_kind(op))
-        got = x.clone()
-        dist.all_reduce(got, op=reduce_op(op), group=groups.test)
-        chk.equal(case, got, ref_all_reduce(x, op, groups.ref))
+    for dtype, op, shapes in reducing_cases(groups.backend, layout, ws):
+        cases = [case_name("all_reduce", op, dtype, ws, shape) for shape in shapes]
+        xs = [make_data(rank, case, shape, dtype, data_kind(op)) for case, shape in zip(cases, shapes)]
+        for case, x, want in zip(cases, xs, ref_all_reduce_many(xs, op, groups.ref)):
+            got = x.clone()
+            dist.all_reduce(got, op=reduce_op(op), group=groups.test)
+            chk.equal(case, got, want)
     return chk.report()
 
 
 def reduce_scatter_tensor_worker(rank: int, ws: int, groups: Groups, layout: str) -> CheckReport:
     chk = Checker(rank)
-    for dtype, op, shape in reducing_cases(groups.backend, layout, ws):
-        case = case_name("reduce_scatter_tensor", op, dtype, ws, shape)
-        x = make_data(rank, case, stacked_shape(shape, ws), dtype, data_kind(op))
-        x_before = x.clone()
-        out = sentinel_like(shape, dtype)
-        dist.reduce_scatter_tensor(out, x, op=reduce_op(op), group=groups.test)
-        chk.equal(case, out, ref_reduce_scatter(x_before, op, groups.ref))
-        chk.equal(case + " [input must be left unchanged]", x, x_before)
+    for dtype, op, shapes in reducing_cases(groups.backend, layout, ws):
+        cases = [case_name("reduce_scatter_tensor", op, dtype, ws, shape) for shape in shapes]
+        xs = [make_data(rank, c, stacked_shape(s, ws), dtype, data_kind(op)) for c, s in zip(cases, shapes)]
+        for case, shape, x, want in zip(cases, shapes, xs, ref_reduce_scatter_many(xs, op, groups.ref)):
+            x_before = x.clone()
+            out = sentinel_like(shape, dtype)
+            dist.reduce_scatter_tensor(out, x, op=reduce_op(op), group=groups.test)
+            chk.equal(case, out, want)
+            chk.equal(case + " [input must be left unchanged]", x, x_before)
     return chk.report()
 
 
@@ -134,8 +137,8 @@ def deprecated_coalesced_worker(rank: int, ws: int, groups: Groups, args: Any) -
                 xs = [make_data(rank, f"{case} [{i}]", s, dtype) for i, s in enumerate(COALESCED_SHAPES)]
                 got = [x.clone() for x in xs]
                 dist.all_reduce_coalesced(got, op=reduce_op(op), group=groups.test)
-                for i, (g, x) in enumerate(zip(got, xs)):
-                    chk.equal(f"{case} [tensor {i}]", g, ref_all_reduce(x, op, groups.ref))
+                for i, (g, want) in enumerate(zip(got, ref_all_reduce_many(xs, op, groups.ref))):
+                    chk.equal(f"{case} [tensor {i}]", g, want)
 
             case = f"all_gather_coalesced dtype={dtype_name(dtype)} ws={ws}"
             xs = [make_data(rank, f"{case} [{i}]", s, dtype) for i, s in enumerate(COALESCED_SHAPES)]
@@ -164,8 +167,8 @@ def coalescing_manager_worker(rank: int, ws: int, groups: Groups, args: Any) -> 
                 dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g)
         if async_ops:
             cm.wait()
-        for i, (t, x) in enumerate(zip(got, xs)):
-            chk.equal(f"{case} [tensor {i}]", t, ref_all_reduce(x, "MAX", groups.ref))
+        for i, (t, want) in enumerate(zip(got, ref_all_reduce_many(xs, "MAX", groups.ref))):
+            chk.equal(f"{case} [tensor {i}]", t, want)
 
         # Mixed dtypes: each output only has to match its own input.
         dtypes = (torch.float32, torch.int64, torch.bfloat16)
@@ -189,8 +192,8 @@ def coalescing_manager_worker(rank: int, ws: int, groups: Groups, args: Any) -> 
                     dist.reduce_scatter_tensor(o, x.clone(), op=reduce_op(op), group=g)
             if async_ops:
                 cm.wait()
-            for i, (o, x) in enumerate(zip(outs, xs)):
-                chk.equal(f"{case} [tensor {i}]", o, ref_reduce_scatter(x, op, groups.ref))
+            for i, (o, want) in enumerate(zip(outs, ref_reduce_scatter_many(xs, op, groups.ref))):
+                chk.equal(f"{case} [tensor {i}]", o, want)
     return finish(chk, groups.test)
 
 
@@ -207,8 +210,8 @@ def functional_coalesced_worker(rank: int, ws: int, groups: Groups, args: Any) -
         case = f"funcol reduce_scatter_tensor_coalesced op={op} dtype=float32 ws={ws}"
         xs = [make_data(rank, f"{case} [{i}]", (s[0] * ws, *s[1:]), torch.float32) for i, s in enumerate(shapes)]
         outs = funcol.reduce_scatter_tensor_coalesced(xs, op, [0] * len(xs), groups.test)
-        for i, (o, x) in enumerate(zip(outs, xs)):
-            chk.equal(f"{case} [tensor {i}]", funcol.wait_tensor(o), ref_reduce_scatter(x, op.upper(), groups.ref))
+        for i, (o, want) in enumerate(zip(outs, ref_reduce_scatter_many(xs, op.upper(), groups.ref))):
+            chk.equal(f"{case} [tensor {i}]", funcol.wait_tensor(o), want)
     return finish(chk, groups.test)
 
 

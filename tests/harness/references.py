@@ -51,6 +51,11 @@ def ref_reduce_scatter(full_input: torch.Tensor, op: str, group: Any) -> torch.T
     return rank_block(ref_all_reduce(full_input, op, group), group)
 
 
+def ref_reduce_scatter_many(full_inputs: Sequence[torch.Tensor], op: str, group: Any) -> list[torch.Tensor]:
+    """:func:`ref_reduce_scatter` of each of ``full_inputs`` (one dtype), in one gloo call."""
+    return [rank_block(r, group) for r in ref_all_reduce_many(full_inputs, op, group)]
+
+
 def ref_all_gather(x: torch.Tensor, group: Any) -> torch.Tensor:
     """gloo all_gather_into_tensor of ``x``, concatenated along dim 0."""
     ws = dist.get_world_size(group)
