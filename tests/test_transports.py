@@ -349,6 +349,8 @@ def assert_copy_as_documented(env: tuple[tuple[str, str], ...], transport: str, 
         want = documented_copy(p) if p is not None else "slots"
         if p is not None:
             assert all(v > 0 for v in p.values()), p
+            # Cold: what a two-rank op of the streaming class's smallest size sends a step.
+            assert p["cold_bytes"] == max(p["bytes"], _C.streaming_op_bytes() // 2), p
     assert copies == [want if s else "" for s in shared], (copies, probes)
     assert [p is not None for p in probes] == [measured and s for s in shared], probes
 

@@ -54,9 +54,10 @@ std::string copyProbeText(const ShmLink::CopyProbe& p) {
     return "";
   }
   const auto us = [](double v) { return std::round(v * 10) / 10; }; // 0.1 us is all a probe resolves
-  return c10::str("(measured, ", p.bytes / 1024, " KiB each way summed over the ranks, single copy / slots: ops below ",
-                  kStreamingOpBytes >> 20, " MiB ", us(p.lentMicros), " / ", us(p.copiedMicros), " us warm, from it ",
-                  us(p.coldLentMicros), " / ", us(p.coldCopiedMicros), " us cold)");
+  return c10::str("(measured each way, summed over the ranks, single copy / slots: ops below ", kStreamingOpBytes >> 20,
+                  " MiB ", us(p.lentMicros), " / ", us(p.copiedMicros), " us for ", p.bytes / 1024,
+                  " KiB warm, from it ", us(p.coldLentMicros), " / ", us(p.coldCopiedMicros), " us for ",
+                  p.coldBytes / 1024, " KiB cold)");
 }
 
 // A copy of `table` with `hook` added under `id` (TORCH_CHECK: a new id, a callable hook).

@@ -289,6 +289,7 @@ void bindBackend(py::module_& m) {
             }
             py::dict d;
             d["bytes"] = p.bytes;
+            d["cold_bytes"] = p.coldBytes;
             d["cma_us"] = p.lentMicros;
             d["slots_us"] = p.copiedMicros;
             d["cold_cma_us"] = p.coldLentMicros;
@@ -296,9 +297,10 @@ void bindBackend(py::module_& m) {
             return d;
           },
           "what the group measured at creation to choose same_host_copy, the same on every rank: "
-          "{'bytes', 'cma_us', 'slots_us', 'cold_cma_us', 'cold_slots_us'}, microseconds to move `bytes` "
-          "each way around the host rings by single copy and through the slots (each rank's best of three, "
-          "summed over the ranks), with the buffers in the caches and (cold_) evicted from them; single "
+          "{'bytes', 'cold_bytes', 'cma_us', 'slots_us', 'cold_cma_us', 'cold_slots_us'}, microseconds to "
+          "move `bytes` each way around the host rings by single copy and through the slots (each rank's best "
+          "of three, summed over the ranks), with the buffers in the caches, and (cold_) `cold_bytes` evicted "
+          "from them; single "
           "copy for ops below streaming_op_bytes() where cma_us < 0.9 x slots_us, for ops from it where "
           "cold_cma_us < 0.9 x cold_slots_us; None where nothing was measured (RINGPG_CMA_BYTES set, single "
           "copy refused, no shared-memory link on this rank)")

@@ -1,9 +1,11 @@
 #include "transport/shm.h"
 
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 #include <c10/util/StringUtil.h>
@@ -87,7 +89,14 @@ void admitSameUserReaders() {
 // One mapping of a region (a SharedSegment); the creator also holds its name until
 // it is unlinked.
 struct ShmLink::Region {
-  explicit Region(std::unique_ptr<SharedSegment> mapped) : seg(std::move(mapped)), base(seg->base()) {}
+  explicit Region(std::unique_ptr<SharedSegment> mapped) : seg(std::move(mapped)), base(seg->base()) {
+    // Its pages mapped now: a first touch of each costs microseconds on some hosts (VMs),
+    // which would fall on the copy probe's timed exchanges and on the first ops.  A
+    // kernel without MADV_POPULATE_WRITE refuses, and the pages fault in on first touch.
+#ifdef MADV_POPULATE_WRITE
+    ::madvise(base, seg->bytes(), MADV_POPULATE_WRITE);
+#endif
+  }
   std::unique_ptr<SharedSegment> seg;
   char* base; // seg->base()
 
@@ -314,18 +323,32 @@ void ShmLink::giveUp(GroupStore& store, int rank, int size, const ShmOptions& op
   }
 }
 
+namespace {
+// One wait of the probe's: within the waits' default spin (Config::kAutoShmSpinMicros).
+constexpr std::chrono::microseconds kProbeLook{50};
+
+// The cold probe's message: what a two-rank op of kStreamingOpBytes, the streaming
+// class's smallest, sends a step; at least a segment.  Several segments, as that
+// class's messages are: one alone times neither the slots' turn-taking nor the second
+// copy's memory traffic, where single copy wins.
+size_t coldProbeBytes(size_t slotBytes) {
+  return std::max(slotBytes, kStreamingOpBytes / 2);
+}
+} // namespace
+
 void ShmLink::chooseCopyByMeasuring(GroupStore& store, int size, Deadline deadline) {
   // Single copy only where it measured faster than the slots (shm.h), for each size
-  // class of op on its own: each rank with a link times one segment each way (the host
-  // rings' links all run at once, as in a ring step), warm and cold; rank 0 sums every
-  // rank's figures and every rank reads the same sums, so all choose alike.  Keys no op reaches (an op's key is its
-  // sequence number, counted from 1), so no probe frame is taken for an op's.
+  // class of op on its own: each rank with a link times a segment each way warm, and a
+  // streaming op's step cold (the host rings' links all run at once, as in a ring step);
+  // rank 0 sums every rank's figures and every rank reads the same sums, so all choose
+  // alike.  Keys no op reaches (an op's key is its sequence number, counted from 1), so
+  // no probe frame is taken for an op's.
   constexpr uint64_t kLastKeys = ~uint64_t{0} - 8 * kProbeRounds;
   std::pair<double, double> warm{0.0, 0.0};
   std::pair<double, double> cold{0.0, 0.0};
   if (receivesLeft_) {
     warm = probeCopies(slotBytes_, /*cold=*/false, kLastKeys, deadline);
-    cold = probeCopies(slotBytes_, /*cold=*/true, kLastKeys + 4 * kProbeRounds, deadline);
+    cold = probeCopies(coldProbeBytes(slotBytes_), /*cold=*/true, kLastKeys + 4 * kProbeRounds, deadline);
   }
   const std::string sums =
       store.decide("shm/copy", rank_, size, c10::str(warm.first, " ", warm.second, " ", cold.first, " ", cold.second),
@@ -344,6 +367,7 @@ void ShmLink::chooseCopyByMeasuring(GroupStore& store, int size, Deadline deadli
   CopyProbe& p = copyProbe_;
   p.measured = true;
   p.bytes = slotBytes_;
+  p.coldBytes = coldProbeBytes(slotBytes_);
   std::istringstream in(sums);
   in >> p.lentMicros >> p.copiedMicros >> p.coldLentMicros >> p.coldCopiedMicros;
   // Single copy pins the peer's pages on every read, and a measurement of a few
@@ -570,8 +594,14 @@ bool ShmLink::readLeftInto(const FragmentConsumer& consume, uint64_t remote, siz
 
 std::pair<double, double> ShmLink::probeCopies(size_t bytes, bool cold, uint64_t firstKey, Deadline deadline) {
   uint64_t key = firstKey; // per round, two ways, each a start and a timed exchange
-  std::vector<char> out(bytes);
-  std::vector<char> in(bytes);
+  // From the allocator an op's tensors come from: where single copy reads a peer's
+  // pages, how they were allocated (alignment, huge pages) weighs as much as the bytes.
+  c10::Allocator* alloc = c10::GetCPUAllocator();
+  const c10::DataPtr outBuf = alloc->allocate(bytes);
+  const c10::DataPtr inBuf = alloc->allocate(bytes);
+  char* const out = static_cast<char*>(outBuf.get());
+  char* const in = static_cast<char*>(inBuf.get());
+  std::memset(in, 0, bytes); // its pages' first touch, not in a timed exchange
   std::array<char, 8> tick{};
   std::array<char, 8> tock{};
   // Sends `n` bytes at `src` to the right while receiving as many into `dst` from the
@@ -583,9 +613,15 @@ std::pair<double, double> ShmLink::probeCopies(size_t bytes, bool cold, uint64_t
     const RequestPtr recv = postRecv(left_, h, dst, n);
     const RequestPtr send = post(right_, h, src, n, lend);
     for (const RequestPtr& req : {send, recv}) {
-      if (!waitUntil(req, deadline)) {
-        throwBackend(c10::str("ringpg: rank ", rank_, " timed out at group creation measuring its same-host links",
-                              " (rank ", req == send ? right_ : left_, " did not take part)"));
+      // In waits short enough to end in their spin, never asleep: a sleeper's wakeup is
+      // placed beside its waker, and two ranks on one CPU time the scheduler, not the
+      // copy (single copy the more: the reader and the lender take turns); a spinning
+      // wait moves off a CPU its neighbour waits on, as an op's waits do.
+      while (!waitUntil(req, std::min(deadline, Clock::now() + kProbeLook))) {
+        if (Clock::now() >= deadline) {
+          throwBackend(c10::str("ringpg: rank ", rank_, " timed out at group creation measuring its same-host links",
+                                " (rank ", req == send ? right_ : left_, " did not take part)"));
+        }
       }
       if (req->state.load(std::memory_order_acquire) != Request::State::Done) {
         const std::string why = c10::str("ringpg: rank ", rank_, " could not measure its same-host links at group",
@@ -603,14 +639,14 @@ std::pair<double, double> ShmLink::probeCopies(size_t bytes, bool cold, uint64_t
       // Written just now, as a buffer an op sends usually is: in the sender's cache.  Cold:
       // in memory, as a large op's are; each end evicts both of its buffers (the left
       // neighbour's single copy reads our `out`).
-      std::memset(out.data(), 2 * round + k + 1, bytes);
+      std::memset(out, 2 * round + k + 1, bytes);
       if (cold) {
-        evictFromCaches(out.data(), bytes);
-        evictFromCaches(in.data(), bytes);
+        evictFromCaches(out, bytes);
+        evictFromCaches(in, bytes);
       }
       exchange(tick.data(), tock.data(), tick.size(), /*lend=*/false); // start together
       const auto t0 = Clock::now();
-      exchange(out.data(), in.data(), bytes, lend);
+      exchange(out, in, bytes, lend);
       const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
       best[lend ? 0 : 1] = std::min(best[lend ? 0 : 1], us);
     }

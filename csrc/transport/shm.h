@@ -36,9 +36,9 @@
 // the caches (docs/internals.md, "Single copy or the slots"): process_vm_readv pins the
 // peer's pages and copies once, the slots copy twice at memcpy's speed.  So where
 // RINGPG_CMA_BYTES is left unset the group measures both at creation (probeCopies:
-// one segment each way around the host rings, lent and copied, with its buffers warm
-// and again evicted from the caches) and keeps single copy for each size class of op
-// (SameHostCopy, link.h) only where it was clearly the faster.
+// each way around the host rings, lent and copied, a segment with its buffers warm and
+// a streaming op's step with them evicted from the caches) and keeps single copy for
+// each size class of op (SameHostCopy, link.h) only where it was clearly the faster.
 // When the group breaks (a timeout, a dead peer, abort) a lent send fails at once and
 // its buffer goes back to the caller while the receiver may be reading it; the
 // receiver's group is breaking too, and its op fails once the news arrives (the
@@ -134,12 +134,14 @@ class ShmLink final : public Link {
   uint64_t lentMessages() const { return lentMessages_.load(std::memory_order_relaxed); }
   // What the group measured at creation to choose between single copy and the slots,
   // the same on every rank: microseconds summed over the ranks with a shared-memory
-  // link, each rank's best of kProbeRounds exchanges of `bytes` each way; with the
-  // buffers in the caches (as an op's below kStreamingOpBytes mostly are) and evicted
-  // from them before each exchange (cold: as an op's from there on are).
+  // link, each rank's best of kProbeRounds exchanges each way: of `bytes` (a segment)
+  // with the buffers in the caches (as an op's below kStreamingOpBytes mostly are), and
+  // of `coldBytes` (what a two-rank op of kStreamingOpBytes sends a step) evicted from
+  // them before each exchange (cold: as an op's from there on are).
   struct CopyProbe {
     bool measured = false; // false: no measurement (RINGPG_CMA_BYTES set, or single copy refused)
     size_t bytes = 0;
+    size_t coldBytes = 0;
     double lentMicros = 0;       // single copy
     double copiedMicros = 0;     // through the slots
     double coldLentMicros = 0;   // single copy, cold
