@@ -344,11 +344,12 @@ void ShmLink::chooseCopyByMeasuring(GroupStore& store, int size, Deadline deadli
   // alike.  Keys no op reaches (an op's key is its sequence number, counted from 1), so
   // no probe frame is taken for an op's.
   constexpr uint64_t kLastKeys = ~uint64_t{0} - 8 * kProbeRounds;
+  const size_t coldBytes = coldProbeBytes(slotBytes_);
   std::pair<double, double> warm{0.0, 0.0};
   std::pair<double, double> cold{0.0, 0.0};
   if (receivesLeft_) {
     warm = probeCopies(slotBytes_, /*cold=*/false, kLastKeys, deadline);
-    cold = probeCopies(coldProbeBytes(slotBytes_), /*cold=*/true, kLastKeys + 4 * kProbeRounds, deadline);
+    cold = probeCopies(coldBytes, /*cold=*/true, kLastKeys + 4 * kProbeRounds, deadline);
   }
   const std::string sums =
       store.decide("shm/copy", rank_, size, c10::str(warm.first, " ", warm.second, " ", cold.first, " ", cold.second),
@@ -367,7 +368,7 @@ void ShmLink::chooseCopyByMeasuring(GroupStore& store, int size, Deadline deadli
   CopyProbe& p = copyProbe_;
   p.measured = true;
   p.bytes = slotBytes_;
-  p.coldBytes = coldProbeBytes(slotBytes_);
+  p.coldBytes = coldBytes;
   std::istringstream in(sums);
   in >> p.lentMicros >> p.copiedMicros >> p.coldLentMicros >> p.coldCopiedMicros;
   // Single copy pins the peer's pages on every read, and a measurement of a few
