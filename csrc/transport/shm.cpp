@@ -602,7 +602,8 @@ std::pair<double, double> ShmLink::probeCopies(size_t bytes, bool cold, uint64_t
   const c10::DataPtr inBuf = alloc->allocate(bytes);
   char* const out = static_cast<char*>(outBuf.get());
   char* const in = static_cast<char*>(inBuf.get());
-  std::memset(in, 0, bytes); // its pages' first touch, not in a timed exchange
+  std::memset(in, 0, bytes); // their pages' first touch, not in a timed exchange
+  std::memset(out, 1, bytes);
   std::array<char, 8> tick{};
   std::array<char, 8> tock{};
   // Sends `n` bytes at `src` to the right while receiving as many into `dst` from the
@@ -637,10 +638,12 @@ std::pair<double, double> ShmLink::probeCopies(size_t bytes, bool cold, uint64_t
   for (const auto round : c10::irange(kProbeRounds)) {
     for (const auto k : c10::irange(2)) {
       const bool lend = (round + k) % 2 == 0; // which goes first alternates between rounds
-      // Written just now, as a buffer an op sends usually is: in the sender's cache.  Cold:
-      // in memory, as a large op's are; each end evicts both of its buffers (the left
-      // neighbour's single copy reads our `out`).
-      std::memset(out, 2 * round + k + 1, bytes);
+      // Warm: in the caches, clean (read by the rounds before), as a buffer an op sends
+      // again usually is.  Not written just before each exchange: a single copy of lines
+      // the sender's core holds modified took twice a clean one's time on the 2-vCPU Xeon,
+      // and that probe chose the slots where every op ran as fast or faster by single
+      // copy (docs/internals.md, "Single copy or the slots").  Cold: in memory, as a large
+      // op's are; each end evicts both of its buffers (the left neighbour reads our `out`).
       if (cold) {
         evictFromCaches(out, bytes);
         evictFromCaches(in, bytes);
