@@ -128,6 +128,32 @@ def test_the_arena_serves_every_op_of_a_group_on_one_host(size: int) -> None:
 
 @pytest.mark.inprocess
 @needs_C
+@pytest.mark.parametrize("cached,streaming", [(False, False), (True, False), (False, True), (True, True)])
+def test_two_ranks_gather_as_a_pair_where_the_op_lends(cached: bool, streaming: bool) -> None:
+    """Two ranks on one host's shared-memory link: an all-gather past the arena's volume is
+    one message each way (``pair``) exactly where its size class lends (single copy), and
+    the ring everywhere else: the slots' class, several hosts, three ranks, a set algorithm,
+    device tensors, and every other collective."""
+    copy = {"copy_cached": cached, "copy_streaming": streaming}
+    big = _C.streaming_op_bytes()
+    for nbytes in (4096, 1 << 17, 1 << 20, big - 4, big, 1 << 26):
+        lends = _C.single_copy_for(cached, streaming, nbytes)
+        small = nbytes <= _C.arena_oneshot_volume()
+        for arena in (True, False):
+            got = _choose("all_gather", 2, nbytes, arena=arena, **copy)
+            want = "arena" if arena and small else "pair" if lends else "ring"
+            assert got == want, (nbytes, arena, got)
+        # Only the all-gather, and only on a two-rank shared-memory link the choice is left to.
+        assert _choose("reduce_scatter", 2, nbytes, arena=False, **copy) == "ring"
+        assert _choose("all_gather", 2, nbytes, arena=False, algo="ring", **copy) == "ring"
+        assert _choose("all_gather", 2, nbytes, arena=False, ring_fused=False, **copy) == "ring"
+        assert _choose("all_gather", 3, nbytes, arena=False, **copy) == "ring"
+        assert _choose("all_gather", 2, nbytes, arena=False, hosts=2, most_per_host=1, **copy) == "ring"
+        assert _choose("all_gather", 2, nbytes, arena=False, device_contiguous=True, **copy) == "staged_ring"
+
+
+@pytest.mark.inprocess
+@needs_C
 @pytest.mark.parametrize("size", range(1, 65))
 def test_without_an_arena_the_links_algorithms_run_as_before(size: int) -> None:
     limit = int(tuning_value("oneshot_bytes", {}))  # the default

@@ -510,6 +510,82 @@ def test_use_copy_picks_a_groups_same_host_copy() -> None:
         assert (r["auto"][1] > 0) == (r["auto"][0].split("+")[0] == "cma"), r
 
 
+# ============================================= two ranks' all-gather as a pair
+
+# (id, environment, what a two-rank group runs for an all-gather past the arena's volume):
+# single copy for every op, so one message each way, read straight from the peer's tensor
+# (algorithms/direct.h, pairAllGather); the kernel refusing single copy, and the flat ring
+# asked for: the ring, with the same results.
+PAIR_CONFIGS = [
+    ("cma", (*TRANSPORT_ENVS["shm"], ("RINGPG_CMA_BYTES", "4096")), "pair"),
+    ("cma-refused", (*TRANSPORT_ENVS["shm"], ("RINGPG_CMA_BYTES", "4096"), (REFUSE_CMA_ENV, "1")), "ring"),
+    ("ring", (("RINGPG_CMA_BYTES", "4096"), ("RINGPG_ALGO", "ring")), "ring"),
+]
+
+
+def pair_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
+    """all_gather_into_tensor (out of place, in place, async) and all_gather into a list,
+    odd sizes past the arena's volume in three dtypes, against gloo; what the group says
+    it runs, and how many messages each out-of-place op lent."""
+    import ringpg
+
+    chk = Checker(rank)
+    g, ref = groups.test, groups.ref
+    b = ringpg.backend(g)
+    lent: list[int] = []
+    for dtype in (torch.float32, torch.bfloat16, torch.int8):
+        for n in (40001, (1 << 19) // dtype.itemsize + 3):
+            tag = f"dtype={dtype_name(dtype)} numel={n}"
+            case = f"all_gather_into_tensor {tag}"
+            x = make_data(rank, case, (n,), dtype)
+            out = sentinel_like((n * ws,), dtype)
+            before = b.same_host_lent
+            dist.all_gather_into_tensor(out, x, group=g)
+            lent.append(b.same_host_lent - before)
+            chk.equal(case, out, ref_all_gather(x, ref))
+
+            case = f"all_gather_into_tensor in place {tag}"
+            x = make_data(rank, case, (n,), dtype)
+            out = sentinel_like((n * ws,), dtype)
+            out.narrow(0, rank * n, n).copy_(x)
+            dist.all_gather_into_tensor(out, out.narrow(0, rank * n, n), group=g)
+            chk.equal(case, out, ref_all_gather(x, ref))
+
+            case = f"all_gather_into_tensor async {tag}"
+            x = make_data(rank, case, (n,), dtype)
+            out = sentinel_like((n * ws,), dtype)
+            dist.all_gather_into_tensor(out, x, group=g, async_op=True).wait()
+            chk.equal(case, out, ref_all_gather(x, ref))
+
+            case = f"all_gather {tag}"
+            outs = [sentinel_like((n,), dtype) for _ in range(ws)]
+            dist.all_gather(outs, x, group=g)
+            chk.equal(case, torch.cat(outs), ref_all_gather(x, ref))
+    algos = {b.algorithm_for("all_gather", nbytes) for nbytes in (1 << 17, 1 << 20, 1 << 26)}
+    return {"report": chk.report(), "algos": algos, "lent": lent}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("config", PAIR_CONFIGS, ids=lambda c: c[0])
+def test_two_ranks_all_gather_as_a_pair_matches_gloo(config: tuple[str, Any, str]) -> None:
+    """Where both ranks lend, a two-rank all-gather is one message each way (the group
+    says ``pair`` and lends exactly one message an op); where the kernel refuses single
+    copy or the ring is asked for, the ring runs; every form matches gloo."""
+    name, env, want = config
+    results = run_workers(pair_worker, 2, None, InitSpec(env=env), timeout=240)
+    assert_reports_ok([r["report"] for r in results])
+    if backend_under_test() != "ringpg":
+        return
+    for r in results:
+        assert r["algos"] == {want}, (name, r["algos"])
+        if want == "pair":
+            assert r["lent"] == [1] * len(r["lent"]), r["lent"]
+        elif name == "cma-refused":
+            assert not any(r["lent"]), r["lent"]
+        else:
+            assert all(r["lent"]), r["lent"]
+
+
 # ============================================= all-gather written past the caches
 
 # An all-gather whose output reaches tuning key stream_bytes writes it with streaming stores

@@ -50,6 +50,11 @@ bool arenaForLarge(const GroupShape& g, const Config& cfg, bool deviceContiguous
 
 } // namespace
 
+bool pairApplies(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
+  return g.size == 2 && g.hosts == 1 && g.ringFusedEverywhere && cfg.algo == Config::Algo::Auto && !deviceContiguous &&
+         singleCopyFor(g.copy, bytes);
+}
+
 const char* algorithmName(Algorithm a) {
   switch (a) {
     case Algorithm::Local:
@@ -64,6 +69,8 @@ const char* algorithmName(Algorithm a) {
       return "chain";
     case Algorithm::Direct:
       return "direct";
+    case Algorithm::Pair:
+      return "pair";
     case Algorithm::Bruck:
       return "bruck";
     case Algorithm::StagedRing:
@@ -148,6 +155,9 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
       }
       if (g.hierarchical) {
         return Algorithm::Hier;
+      }
+      if (op == Collective::AllGather && pairApplies(g, cfg, bytes, deviceContiguous)) {
+        return Algorithm::Pair;
       }
       // Contiguous device tensors: chunked copies overlap the ring (staged_ring.h).
       return deviceContiguous ? Algorithm::StagedRing : Algorithm::Ring;

@@ -34,6 +34,8 @@ enum class Algorithm : uint8_t {
   Chain,        // over the links: a broadcast passed along the ring from the root
   Direct,       // over the links: straight between ranks (gather, scatter: root and rank;
                 //   all-to-all: every pair)
+  Pair,         // over the link of two ranks on one host: each block in one message each
+                //   way, read once straight from the sender's tensor (direct.h)
   Bruck,        // over the links: Bruck's all-to-all, ceil(log2 p) rounds (direct.h)
   StagedRing,   // the ring over pinned host memory in chunks, for large CUDA tensors
   Hier,         // host rings, then rings across hosts (algorithms/hierarchical.h)
@@ -56,7 +58,17 @@ struct GroupShape {
   // Device copies reach the arena's buffers by DMA (its segment is registered with the
   // device's runtime: staged_ring.h); asked only for an op on device tensors.
   bool arenaReachesDevice = false;
+  // Which ops' large same-host messages go by single copy (the group's measured plan,
+  // transport/link.h): the same on every rank.
+  SameHostCopy copy{};
 };
+
+// Whether an all-gather on `bytes` runs as a pair exchange (Algorithm::Pair): two ranks
+// on one host's shared-memory link, the op's size class lending (single copy), host
+// tensors, the algorithm left to the choice.  There the ring's segments buy nothing:
+// the receiver reads the sender's whole block in one go, and the sender copies its own
+// block meanwhile (docs/internals.md, "Why these constants").
+bool pairApplies(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous);
 
 // Below this volume (bytes x (ranks - 1): what each member reads of the others) an
 // arena allreduce or reduce reduces everything on every member in one step instead

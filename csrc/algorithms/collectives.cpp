@@ -219,6 +219,13 @@ void hostAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& outp
     arenaAllGather(c, overlaps ? ownSlot : bytes(input), bytes(output), input.numel(), output.element_size());
     return;
   }
+  if (algo == Algorithm::Pair) {
+    // Written past the caches as the ring's would be (RingSweep::streaming_).
+    const size_t streamFrom = c.config().streamFrom();
+    const bool streaming = !readBack && streamFrom > 0 && nbytes(output) >= streamFrom;
+    pairAllGather(c, overlaps ? ownSlot : bytes(input), bytes(output), chunkBytes, streaming);
+    return;
+  }
   if (algo == Algorithm::Hier) {
     // Across hosts (hierarchical.h): in place when its layout is rank order (a cyclic
     // placement, one piece), else through the kept area and copies into rank order.
@@ -251,6 +258,7 @@ GroupShape shapeOf(const LinkTable& links, const Config& cfg) {
   // The whole group's arena: one host's.  A group across hosts has one a host, which
   // only its hierarchical collectives' host phases use.
   g.arena = links.arena != nullptr && t.hosts == 1;
+  g.copy = links.sameHostCopy;
   return g;
 }
 

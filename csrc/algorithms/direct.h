@@ -18,6 +18,16 @@ void gatherTo(OpContext& c, int root, const char* input, size_t nbytes, const st
 // Root sends inputs[q] (`nbytes` each) to every rank q; each rank's lands in `output`.
 void scatterFrom(OpContext& c, int root, const std::vector<const char*>& inputs, char* output, size_t nbytes);
 
+// All-gather between two ranks (Algorithm::Pair): this rank's block `input` (`nbytes`)
+// goes to the peer in one message (lent where the op's size class lends: the peer reads
+// it once, straight from `input`), the peer's lands in its slot of `output` in one
+// receive, and the own block is copied into its slot meanwhile (unless `input` is that
+// slot).  Two flag rounds: the send's descriptor, the receiver's release.  `output`
+// holds both blocks in rank order; `streaming`: it outgrows the caches and is not read
+// back, so the own block (and a received one, through the slots) is written past them,
+// as the ring's all-gather does (RingSweep::streaming_).
+void pairAllGather(OpContext& c, const char* input, char* output, size_t nbytes, bool streaming);
+
 // Small-message allreduce: every rank sends its whole buffer to every peer, then all
 // ranks reduce the p buffers locally in the same order (rank 0, 1, ..., p-1), so the
 // result is bitwise identical everywhere.  One round of latency instead of the ring's

@@ -399,21 +399,25 @@ void bindBuildAndChoice(py::module_& m) {
   m.def(
       "choose_algorithm",
       [](const std::string& op, int size, int hosts, int mostPerHost, bool hierarchical, bool ringFused, bool arena,
-         size_t nbytes, const std::string& algo, int64_t oneShotBytes, bool deviceContiguous, bool arenaReachesDevice) {
+         size_t nbytes, const std::string& algo, int64_t oneShotBytes, bool deviceContiguous, bool arenaReachesDevice,
+         bool copyCached, bool copyStreaming) {
         ringpg::Config cfg;
         cfg.algo = ringpg::Config::algoNamed(algo, "algo=");
         if (oneShotBytes >= 0) {
           cfg.oneShotBytes = static_cast<size_t>(oneShotBytes);
         }
-        ringpg::GroupShape g{size, hosts, mostPerHost, hierarchical, ringFused, arena, arenaReachesDevice};
+        ringpg::GroupShape g{size,      hosts, mostPerHost,        hierarchical,
+                             ringFused, arena, arenaReachesDevice, ringpg::SameHostCopy{copyCached, copyStreaming}};
         return std::string(ringpg::algorithmName(
             ringpg::chooseAlgorithm(ringpg::collectiveNamed(op), g, cfg, nbytes, deviceContiguous)));
       },
       py::arg("op"), py::arg("size"), py::arg("hosts"), py::arg("most_per_host"), py::arg("hierarchical"),
       py::arg("ring_fused"), py::arg("arena"), py::arg("nbytes"), py::arg("algo") = "auto",
       py::arg("oneshot_bytes") = -1, py::arg("device_contiguous") = false, py::arg("arena_reaches_device") = false,
+      py::arg("copy_cached") = false, py::arg("copy_streaming") = false,
       "algorithms/choice.h's decision for a group of this shape (default settings but `algo` and "
-      "`oneshot_bytes`, -1: the default); for the tests");
+      "`oneshot_bytes`, -1: the default; `copy_cached`, `copy_streaming`: the group's single copy by "
+      "size class, transport/link.h's SameHostCopy); for the tests");
   m.def("arena_oneshot_volume", [] { return ringpg::kArenaOneShotVolume; });
   m.def(
       "streaming_op_bytes", [] { return ringpg::kStreamingOpBytes; },
