@@ -63,35 +63,35 @@ void scatterFrom(OpContext& c, int root, const std::vector<const char*>& inputs,
 
 void pairAllGather(OpContext& c, const char* input, char* output, size_t nbytes, bool streaming) {
   TORCH_INTERNAL_ASSERT(c.size() == 2, "ringpg: a pair exchange has two ranks, not ", c.size());
-  if (c.trace()) {
-    c.trace()->algorithm = "pair";
-  }
   OpTrace* const trace = c.trace();
-  const int peer = 1 - c.rank();
-  char* own = output + nbytes * c.rank();
-  const auto bytes = static_cast<int64_t>(nbytes);
-  // RINGPG_TRACE: one event per named step, from `begin` to now.
-  const auto traced = [&](TraceKind kind, const char* name, int64_t begin) {
+  if (trace) {
+    trace->algorithm = "pair";
+  }
+  const int me = c.rank();
+  const int peer = 1 - me;
+  char* own = output + nbytes * me;
+  // RINGPG_TRACE: one event per named step, from `begin` to now; `block`: whose it moves.
+  const auto traced = [&](TraceKind kind, const char* name, int64_t begin, int block) {
     if (trace) {
-      trace->segment(kind, name, begin, 0, peer, 0, peer, bytes);
+      trace->segment(kind, name, begin, 0, block, 0, peer, static_cast<int64_t>(nbytes));
     }
   };
   // Both posted before the copy: the peer reads `input` while this rank copies it.
   int64_t begin = trace ? traceNow() : 0;
   RequestPtr send = c.send(peer, input, nbytes);
   RequestPtr recv = c.recv(peer, output + nbytes * peer, nbytes, streaming);
-  traced(TraceKind::Send, "send", begin);
+  traced(TraceKind::Send, "send", begin, me);
   if (own != input) {
     begin = trace ? traceNow() : 0;
     copyMaybeStreaming(own, input, nbytes, streaming);
-    traced(TraceKind::Primitive, "copy", begin);
+    traced(TraceKind::Primitive, "copy", begin, me);
   }
   begin = trace ? traceNow() : 0;
   c.wait(recv);
-  traced(TraceKind::Recv, "recv", begin);
+  traced(TraceKind::Recv, "recv", begin, peer);
   begin = trace ? traceNow() : 0;
   c.wait(send); // a lent `input` is the peer's to read until it releases the slot
-  traced(TraceKind::Primitive, "finish", begin);
+  traced(TraceKind::Primitive, "finish", begin, me);
 }
 
 void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op,
