@@ -2,7 +2,8 @@
 
 * dead peers (an exit or a SIGKILL while the survivors are blocked in all_reduce, recv,
   reduce_scatter_tensor, a broadcast from the dead rank or an all_reduce on the
-  subgroup {0, 2} of 3), on every transport: each survivor gets a typed error naming
+  subgroup {0, 2} of 3), on every transport, and a peer killed under two ranks' pair
+  all-gather (its block lent by single copy): each survivor gets a typed error naming
   the op within seconds; a frozen peer (SIGSTOP): a timeout at the group's deadline,
   or at the one ``set_timeout`` set later; a dead peer while the survivors wait in each
   collective, on every transport;
@@ -67,6 +68,20 @@ def test_killed_rank_every_survivor_raises_fast(tmp_path: Any, victim: int, how:
     # Typed, naming op and rank, in gloo's words (issue 19 item 5), within seconds; later
     # ops fail at once, with the original cause.
     harness.assert_survivors_raised_fast(res, stamp, "all_reduce", harness.transport_expected(transport, ws))
+
+
+def test_a_killed_peer_fails_a_pair_all_gather_fast(tmp_path: Any) -> None:
+    """Two ranks lending every op's messages (single copy): the all-gather runs as a pair
+    exchange, the survivor's block lent to a peer that dies mid-loop; the survivor raises
+    as for the ring: typed, naming the op, its rank and the lost connection, within
+    seconds.  Where the kernel refuses single copy the ring runs, with the same error."""
+    stamp = str(tmp_path / "died")
+    env = {**TRANSPORTS["shm"], "RINGPG_CMA_BYTES": "4096"}
+    op = "all_gather_into_tensor"
+    res = run_scenario(harness.die_mid_collective, 2, (1, "sigkill", stamp, op), expect={0}, env=env)
+    harness.assert_survivors_raised_fast(res, stamp, op, harness.transport_expected("shm", 2))
+    # RINGPG_CMA_BYTES set: single copy for every op wherever the kernel allows it.
+    assert res[0]["op_algorithm"] == ("pair" if res[0]["copy"] == "cma" else "ring"), res[0]
 
 
 def _freeze_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:

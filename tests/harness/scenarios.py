@@ -120,11 +120,21 @@ def _looped_call(op: str, ws: int) -> Callable[[], None]:
     raise ValueError(f"no looped collective {op!r}")
 
 
+# What ringpg's choice calls the looped tensor collectives, and the bytes it counts for
+# each (an allreduce its buffer; a reduce-scatter its input; an all-gather its output).
+_CHOICE_NAMES = {
+    "all_reduce": "allreduce",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "all_gather_into_tensor": "all_gather",
+}
+
+
 def die_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
     """args = (victim, how, stamp_file, op): every rank loops over ``op``; at the fourth
     call the victim writes the time to ``stamp_file`` and dies (``how``: ``"sigkill"``,
     else ``os._exit(1)``).  A survivor returns its first error (type, message, time), the
-    error of one more op after it, its group's transport and allreduce algorithm."""
+    error of one more op after it, its group's transport, allreduce algorithm and
+    same-host copy, and what ``op`` runs (tensor collectives; None for the others)."""
     victim, how, stamp_file, op = args
     init_ringpg(rank, ws, port)
     call = _looped_call(op, ws)
@@ -132,6 +142,9 @@ def die_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
 
     b = ringpg.backend()
     algorithm = b.allreduce_algorithm if b is not None else None
+    op_algorithm, copy = None, b.same_host_copy if b is not None else None
+    if b is not None and op in _CHOICE_NAMES:
+        op_algorithm = b.algorithm_for(_CHOICE_NAMES[op], DEATH_NUMEL * 4 * (1 if op == "all_reduce" else ws))
     for i in range(1000):
         if rank == victim and i == 3:
             with open(stamp_file, "w") as f:
@@ -152,6 +165,8 @@ def die_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
                 "again": again,
                 "transport": transport_of(dist.group.WORLD),
                 "algorithm": algorithm,
+                "op_algorithm": op_algorithm,
+                "copy": copy,
             }
     return {"type": "", "msg": f"no error after 1000 {op} calls"}
 
