@@ -240,7 +240,7 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   rv.book.learn(peers);
   g->engine =
       std::make_unique<Engine>(rank, size, std::move(rv), cfg.socketBuffer, cfg.tcpCongestion, cfg.engineSpinMicros(),
-                               std::max<std::chrono::milliseconds>(timeout, std::chrono::seconds(5)));
+                               std::max<std::chrono::milliseconds>(timeout, Engine::kMinHelloWindow));
   g->engine->connectPeers(peers, deadline);
   bool shmUsed = false;
   connectSharedMemory(*g, cfg, transport, rank, Clock::now() + timeout, &shmUsed);

@@ -86,9 +86,12 @@ class Engine {
   // `congestion`: TCP congestion control for every data socket, "" = the host's default.
   // `helloWindow`: how long an accepted connection may take to say hello before it is
   // dropped (the group's timeout: a peer's dial can wait behind its Store reads, which at
-  // thousands of ranks take seconds; a stray client holds a descriptor no longer).
+  // thousands of ranks take seconds; a stray client holds a descriptor no longer), at
+  // least kMinHelloWindow: a group made with a shorter timeout still gives a dialling
+  // peer that long.
+  static constexpr std::chrono::seconds kMinHelloWindow{5};
   Engine(int rank, int size, Rendezvous rv, int socketBuffer, const std::string& congestion, int spinMicros,
-         std::chrono::milliseconds helloWindow = std::chrono::seconds(5));
+         std::chrono::milliseconds helloWindow = kMinHelloWindow);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
