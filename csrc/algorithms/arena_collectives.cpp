@@ -189,8 +189,7 @@ void arenaAllGather(OpContext& c, const char* input, char* output, int64_t chunk
   const int me = a.me();
   const int64_t piece = arenaPieceFor(c, /*reduceScatter=*/false, es);
   // An output the caches cannot keep is written past them (Config::streamFrom).
-  const size_t streamFrom = c.config().streamFrom();
-  const bool streaming = streamFrom > 0 && static_cast<size_t>(chunkCount) * members * es >= streamFrom;
+  const bool streaming = c.config().streams(static_cast<size_t>(chunkCount) * members * es);
   for (int64_t o = 0; o < chunkCount; o += piece) {
     const int64_t n = std::min(piece, chunkCount - o);
     const size_t len = static_cast<size_t>(n) * es;

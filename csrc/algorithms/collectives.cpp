@@ -221,8 +221,7 @@ void hostAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& outp
   }
   if (algo == Algorithm::Pair) {
     // Written past the caches as the ring's would be (RingSweep::streaming_).
-    const size_t streamFrom = c.config().streamFrom();
-    const bool streaming = !readBack && streamFrom > 0 && nbytes(output) >= streamFrom;
+    const bool streaming = !readBack && c.config().streams(nbytes(output));
     pairAllGather(c, overlaps ? ownSlot : bytes(input), bytes(output), chunkBytes, streaming);
     return;
   }

@@ -164,9 +164,8 @@ RingSweep::RingSweep(OpContext& c, const RingView& ring, const RingJob& job, con
   // a plain copy's lines, read for ownership, leave the caches unread when the output
   // outgrows them.  An allreduce's gather lands in the buffer its reduce steps just
   // wrote, and streaming there measured slower (docs/internals.md, "Why these constants").
-  const size_t streamFrom = c.config().streamFrom();
-  streaming_ = job.allGather && !job.reduceScatter && !job.outputReadBack && streamFrom > 0 &&
-               static_cast<size_t>(job.count) * es_ >= streamFrom;
+  streaming_ = job.allGather && !job.reduceScatter && !job.outputReadBack &&
+               c.config().streams(static_cast<size_t>(job.count) * es_);
   slotBytes_ = static_cast<size_t>(plan_.segElems) * es_;
   // Fused: the link reduces each fragment as it arrives, with no staging slots.
   slots_ = job.reduceScatter && !fused_ ? c.scratch(slotBytes_ * window_) : nullptr;

@@ -64,6 +64,11 @@ struct Config {
   int64_t streamBytes = kStreamAuto;
   // The output size from which all-gather streams; 0: never.
   size_t streamFrom() const;
+  // Whether an output of `outputBytes` is written past the caches (streamFrom).
+  bool streams(size_t outputBytes) const {
+    const size_t from = streamFrom();
+    return from > 0 && outputBytes >= from;
+  }
   // Microseconds a waiting thread spins before it sleeps (tuning key spin_us); kSpinAuto:
   // shared-memory waits spin kAutoShmSpinMicros, TCP waits do not spin (see
   // shmSpinMicros(); where a host's ranks outnumber its CPUs the spin yields the CPU on
