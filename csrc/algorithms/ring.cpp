@@ -137,8 +137,12 @@ class RingSweep {
   size_t slotBytes_;      // one staging slot: a full segment
   char* slots_ = nullptr; // window_ staging slots for unfused reduce steps; unit u uses u % window_
   std::vector<bool> inputReady_;
+  // Sends not yet seen done: those done are dropped once the list reaches pruneAt_, so a
+  // rank holds about a window of them, not one a unit (thousands on a ring of many hosts).
   std::vector<RequestPtr> sends_;
-  std::vector<RequestPtr> recvs_; // by unit
+  size_t pruneAt_ = kSendsKept;
+  static constexpr size_t kSendsKept = 64;
+  std::vector<RequestPtr> recvs_; // unit u's at u % window_: at most window_ are posted at once
   int64_t posted_ = 0;            // units whose receive is posted (or empty)
   std::vector<int64_t> postedAt_; // traced: when each unit's receive was posted
 };
@@ -170,7 +174,7 @@ RingSweep::RingSweep(OpContext& c, const RingView& ring, const RingJob& job, con
   // Fused: the link reduces each fragment as it arrives, with no staging slots.
   slots_ = job.reduceScatter && !fused_ ? c.scratch(slotBytes_ * window_) : nullptr;
   inputReady_.assign(p_, !job.awaitInput);
-  recvs_.resize(units_);
+  recvs_.resize(static_cast<size_t>(window_));
   if (trace_) {
     if (trace_->algorithm == nullptr) {
       trace_->algorithm = "ring"; // the hierarchical collectives name themselves first
@@ -220,13 +224,13 @@ void RingSweep::postAhead(int64_t done) {
     }
     if (isReduceStep(step) && fused_) {
       needInput(chunk); // the reduction may run during any later wait
-      recvs_[posted_] = c_.recvReduce(ring_.left(), home(chunk, R), b_.input + R.offset * es_, R.length, es_, job_.op,
-                                      step, chunk, posted_ % plan_.segments);
+      recvs_[posted_ % window_] = c_.recvReduce(ring_.left(), home(chunk, R), b_.input + R.offset * es_, R.length, es_,
+                                                job_.op, step, chunk, posted_ % plan_.segments);
     } else if (isReduceStep(step)) {
       // Slot u % window is free again: unit u - window was reduced before u was posted.
-      recvs_[posted_] = c_.recv(ring_.left(), slots_ + (posted_ % window_) * slotBytes_, R.length * es_);
+      recvs_[posted_ % window_] = c_.recv(ring_.left(), slots_ + (posted_ % window_) * slotBytes_, R.length * es_);
     } else {
-      recvs_[posted_] = c_.recv(ring_.left(), home(chunk, R), R.length * es_, streaming_); // lands in place
+      recvs_[posted_ % window_] = c_.recv(ring_.left(), home(chunk, R), R.length * es_, streaming_); // lands in place
     }
   }
 }
@@ -249,6 +253,13 @@ void RingSweep::postSend(int step, int chunk, int64_t j, const char* src, int64_
   constexpr size_t kLentReduceFrom = 4 * 1024 * 1024;
   const bool lentReduce = ring_.size() == 2 && static_cast<size_t>(job_.count) * es_ >= kLentReduceFrom;
   const bool copied = (isReduceStep(step) && !lentReduce) || (job_.reduceScatter && bytes < kLentGatherAfterReduce);
+  if (sends_.size() >= pruneAt_) {
+    // Amortized: the next pass waits until the list has doubled past what stayed.
+    sends_.erase(std::remove_if(sends_.begin(), sends_.end(),
+                                [](const RequestPtr& r) { return r->state.load() == Request::State::Done; }),
+                 sends_.end());
+    pruneAt_ = std::max(kSendsKept, 2 * sends_.size());
+  }
   sends_.push_back(copied ? c_.sendCopied(ring_.right(), src, bytes) : c_.send(ring_.right(), src, bytes));
   if (trace_) {
     trace_->segment(TraceKind::Send, "send", begin, step, chunk, j, ring_.right(), n * static_cast<int64_t>(es_));
@@ -308,12 +319,12 @@ void RingSweep::receiveStep(const char* name, int step, Reduce reduceIt, Final f
       continue;
     }
     const int64_t waitBegin = trace_ ? traceNow() : 0;
-    c_.wait(recvs_[u]);
+    c_.wait(recvs_[u % window_]);
     if (trace_) {
       trace_->segment(TraceKind::Recv, "recv", waitBegin, step, chunk, j, ring_.left(),
                       R.length * static_cast<int64_t>(es_), postedAt_[u]);
     }
-    recvs_[u].reset();
+    recvs_[u % window_].reset();
     char* dst = home(chunk, R);
     if (reduceIt == Reduce::Yes && !fused_) {
       // dst = local contribution (op) what the left neighbour accumulated.
