@@ -113,3 +113,22 @@ def test_ranks_as_threads_given_host_ids_run_as_those_hosts() -> None:
     most_large = max(g.store_traffic["bytes_read"] for g in large[1:])
     assert most_large <= most_small + 2 * 25, (most_small, most_large)
     _allreduce(large, numel=1 << 16)  # 256 KiB: the hierarchical allreduce, not recursive doubling
+
+
+def test_groups_of_one_process_with_the_same_hosts_share_one_topology() -> None:
+    """A topology is tens of bytes a rank of the group (each rank's host, the ring order);
+    ranks as threads of one process (torchft's tests, benchmarks/scale_threads.py at
+    10,000 ranks) hold one copy of it between them, not one a rank."""
+    ws = 16
+    groups = _groups(ws, per_host=2)
+    # Each group holds the arrays at least once (its topology), and every group's copy
+    # is the same one: no fewer holders than groups.
+    assert min(g.topology_holders for g in groups) >= ws, [g.topology_holders for g in groups]
+    assert [g.host_of for g in groups] == [[r // 2 for r in range(ws)]] * ws
+    _allreduce(groups, numel=1 << 16)
+    held = [g.topology_holders for g in groups]
+    # Another layout is another topology (16 ranks on one host), shared by its groups
+    # and not by the first layout's.
+    others = _groups(ws)
+    assert others[0].hosts == 1 and min(g.topology_holders for g in others) >= ws
+    assert [g.topology_holders for g in groups] == held

@@ -21,7 +21,7 @@ FrameHeader OpContext::header() const {
 }
 
 RequestPtr OpContext::send(int peer, const void* data, size_t nbytes) {
-  Link& link = *links_.to[peer];
+  Link& link = *links_.to(peer);
   return lends_ ? link.postSend(peer, header(), data, nbytes) : link.postSendCopied(peer, header(), data, nbytes);
 }
 
@@ -30,11 +30,11 @@ void OpContext::sizeCopies(size_t bytes) {
 }
 
 RequestPtr OpContext::sendCopied(int peer, const void* data, size_t nbytes) {
-  return links_.to[peer]->postSendCopied(peer, header(), data, nbytes);
+  return links_.to(peer)->postSendCopied(peer, header(), data, nbytes);
 }
 
 RequestPtr OpContext::recv(int peer, void* data, size_t nbytes, bool streaming) {
-  RequestPtr req = links_.from[peer]->postRecv(peer, header(), data, nbytes);
+  RequestPtr req = links_.from(peer)->postRecv(peer, header(), data, nbytes);
   req->streaming = streaming; // before any wait moves it: only waits copy out of the slots
   return req;
 }
@@ -76,7 +76,7 @@ std::vector<RequestPtr> OpContext::announce() {
   if (links_.arena) {
     links_.arena->announce(stampOfHeader(header()));
   }
-  if (size_ == 1 || links_.from[left()]->checksFrames()) {
+  if (size_ == 1 || links_.from(left())->checksFrames()) {
     return {};
   }
   return {links_.control->postRecv(left(), header(), nullptr, 0),
@@ -84,7 +84,7 @@ std::vector<RequestPtr> OpContext::announce() {
 }
 
 bool OpContext::fusedRecvReduce(int peer) const {
-  return links_.from[peer]->fusesReceive(peer);
+  return links_.from(peer)->fusesReceive(peer);
 }
 
 RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t count, size_t es, RedOp op, int step,
@@ -101,14 +101,14 @@ RequestPtr OpContext::recvReduce(int peer, char* dst, const char* in, int64_t co
   };
   if (OpTrace* t = trace_) {
     // Traced: the same reduction, timed on the thread whose wait pulled the fragment.
-    return links_.from[peer]->postRecvInto(
+    return links_.from(peer)->postRecvInto(
         peer, header(), static_cast<size_t>(count) * es, [=](const char* src, size_t offset, size_t n) {
           const int64_t begin = traceNow();
           reduceFragment(src, offset, n);
           t->segment(TraceKind::Reduce, "reduce", begin, step, chunk, segment, peer, static_cast<int64_t>(n));
         });
   }
-  return links_.from[peer]->postRecvInto(peer, header(), static_cast<size_t>(count) * es, reduceFragment);
+  return links_.from(peer)->postRecvInto(peer, header(), static_cast<size_t>(count) * es, reduceFragment);
 }
 
 void OpContext::wait(const RequestPtr& req) {

@@ -51,16 +51,16 @@ class OpContext {
   // Ring algorithms number chunks and steps by ring position; position(r) is rank r's,
   // ringRank(pos) the rank at a position.  Identity when the ranks of each host are
   // numbered consecutively (every single-host group).
-  int position() const { return links_.topology->position[tag_.rank]; }
-  int positionOf(int rank) const { return links_.topology->position[rank]; }
-  int ringRank(int pos) const { return links_.topology->ring[pos]; }
+  int position() const { return links_.topology->positionOf(tag_.rank); }
+  int positionOf(int rank) const { return links_.topology->positionOf(rank); }
+  int ringRank(int pos) const { return links_.topology->ringAt(pos); }
   int left() const { return links_.topology->left(tag_.rank); }
   const Topology& topology() const { return *links_.topology; }
   int right() const { return links_.topology->right(tag_.rank); }
   c10::ScalarType dtype() const { return sig_.dtype; }
   const Config& config() const { return cfg_; }
   // Receives a ring posts ahead on its link from `peer` (Config::recvWindowFor).
-  int recvWindowFrom(int peer) const { return cfg_.recvWindowFor(links_.from[peer]->sendWaitsForReceive()); }
+  int recvWindowFrom(int peer) const { return cfg_.recvWindowFor(links_.from(peer)->sendWaitsForReceive()); }
   const OpTag& tag() const { return tag_; }
   // Sizes this op for its same-host sends (`bytes`: the op's, as choice.h counts them):
   // whether send() lends them is its size class's measured choice (singleCopyFor).

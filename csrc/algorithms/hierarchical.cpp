@@ -32,7 +32,7 @@ constexpr int kMaxPieces = 16;
 // Requires equal hosts (ranksPerHost() > 0).  The identity for a cyclic placement
 // (rank r on host r % H).
 int hierSlot(const Topology& t, int rank) {
-  return t.localIndex(rank) * t.hosts + t.hostOf[rank];
+  return t.localIndex(rank) * t.hosts + t.hostOf(rank);
 }
 
 // Whether hierSlot is the identity, so the layout is the rank order itself (an O(N)
@@ -56,7 +56,7 @@ struct HierRings {
   RingView cross; // local rank j of every host, hosts in order
 
   HierRings(const Topology& topo, int rank)
-      : t(topo), j(t.localIndex(rank)), host(RingView::of(t.ranksOfHost(t.hostOf[rank]), rank, kMinSegments)),
+      : t(topo), j(t.localIndex(rank)), host(RingView::of(t.ranksOfHost(t.hostOf(rank)), rank, kMinSegments)),
         cross(RingView::of(t.localRanks(j), rank, kMinSegments)) {}
   explicit HierRings(OpContext& c) : HierRings(c.topology(), c.rank()) {
     if (c.trace()) {
@@ -108,7 +108,7 @@ int piecesFor(const OpContext& c, size_t bytes, int64_t units) {
   const LinkTable& links = c.links();
   // Shared memory is moved by its waiters, and Gloo's pairs count each op's messages
   // on one thread: rings across hosts on those stay on the op's thread, in one piece.
-  if (!links.to[cross.right()]->servesASecondThread() || !links.from[cross.left()]->servesASecondThread()) {
+  if (!links.to(cross.right())->servesASecondThread() || !links.from(cross.left())->servesASecondThread()) {
     return 1;
   }
   return static_cast<int>(pieces);

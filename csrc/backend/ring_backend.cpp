@@ -136,10 +136,9 @@ RingBackend::RingBackend(std::unique_ptr<GroupLinks> net, int rank, int size, st
   TORCH_CHECK(net_ && net_->engine, "ringpg: a group's links must come with their engine");
   const LinkTable& links = net_->links;
   TORCH_CHECK(links.engine == net_->engine.get() && links.topology == &net_->topology &&
-                  net_->topology.size() == size && links.control != nullptr &&
-                  links.to.size() == static_cast<size_t>(size) && links.from.size() == static_cast<size_t>(size),
-              "ringpg: a group's LinkTable must name its engine and topology, a control link and a link per peer "
-              "each way, for ",
+                  net_->topology.size() == size && links.control != nullptr && links.collective != nullptr,
+              "ringpg: a group's LinkTable must name its engine and topology, a control link and a collective link, "
+              "for ",
               size, " ranks");
   reduceIsa(); // as connectForBackend: links made elsewhere fail here, not at the first op
   tracer_ = openTrace(*net_->engine, transport().c_str(), cfg_, groupName_, rank, size, Clock::now() + timeout);

@@ -308,8 +308,12 @@ void bindBackend(py::module_& m) {
           "hosts", [](const ringpg::RingBackend& b) { return b.topology().hosts; },
           "how many hosts the group's ranks run on (RINGPG_HOSTID, else hostname, boot id, netns)")
       .def_property_readonly(
-          "host_of", [](const ringpg::RingBackend& b) { return b.topology().hostOf; },
+          "host_of", [](const ringpg::RingBackend& b) { return b.topology().hostOfEach(); },
           "each rank's host, numbered by first appearance")
+      .def_property_readonly(
+          "topology_holders", [](const ringpg::RingBackend& b) { return b.topology().holders(); },
+          "how many topologies of this process share this group's per-rank arrays (groups of one process "
+          "with the same hosts hold one copy); for the tests")
       .def_property_readonly(
           "ranks_per_host", [](const ringpg::RingBackend& b) { return b.topology().ranksPerHost(); },
           "K when every host holds K of the group's ranks, else 0")
@@ -343,7 +347,7 @@ void bindBackend(py::module_& m) {
           "by an arrival that completes a step others sleep on) and slept ('sleeps': futex waits), since the "
           "group was made; zeros where it has no arena (benchmarks/wakeups.py, the tests)")
       .def_property_readonly(
-          "ring_order", [](const ringpg::RingBackend& b) { return b.topology().ring; },
+          "ring_order", [](const ringpg::RingBackend& b) { return b.topology().ringOrder(); },
           "the ranks in ring order: each host's ranks one after another")
       .def_property_readonly(
           "store_traffic",
@@ -511,7 +515,7 @@ void bindPlans(py::module_& m) {
       "ring_order_by_host",
       [](const std::vector<std::string>& hostIds) {
         const auto t = ringpg::Topology::fromHosts(hostIds);
-        return std::make_tuple(t.ring, t.hostOf, t.ranksPerHost());
+        return std::make_tuple(t.ringOrder(), t.hostOfEach(), t.ranksPerHost());
       },
       py::arg("host_ids"),
       "(ring order, host of each rank, ranks per host or 0) of ranks on these hosts "

@@ -148,7 +148,7 @@ std::unique_ptr<HostArena> HostArena::connect(GroupStore& store, Engine& engine,
     return nullptr;
   }
   // This rank's host's ranks: one arena a host, every group rank in one agreement.
-  const std::vector<int>& ranks = topo.ranksOfHost(topo.hostOf[rank]);
+  const std::vector<int>& ranks = topo.ranksOfHost(topo.hostOf(rank));
   const int members = static_cast<int>(ranks.size());
   std::unique_ptr<HostArena> self(new HostArena(engine, members, topo.localIndex(rank), ranks, spinMicros, spinYields));
   // Whole pages, and at least a line per member (a reduce-scatter piece has a block

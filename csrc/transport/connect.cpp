@@ -156,8 +156,8 @@ void connectSharedMemory(GroupLinks& g, const Config& cfg, Config::Transport tra
   // every look where they outnumber the CPUs they may use together (counted over their
   // masks, so that ranks pinned one to a core each have one): the rank waited for may
   // need this very core.
-  const int localRanks = g.topology.ranksOn(g.topology.hostOf[rank]);
-  const int cpus = g.topology.hostCpus.at(g.topology.hostOf[rank]);
+  const int localRanks = g.topology.ranksOn(g.topology.hostOf(rank));
+  const int cpus = g.topology.cpusOfHost(g.topology.hostOf(rank));
   g.shmSpinMicros = cfg.shmSpinMicros();
   g.shmSpinYields = localRanks > cpus;
   ShmOptions shmOptions;
@@ -197,10 +197,10 @@ void wireLinks(GroupLinks& g, Config::Transport transport, int rank, int size, s
   g.links = LinkTable::engineOnly(*g.engineLink, *g.engine, g.topology);
   if (g.shm) {
     if (g.shm->sendsRight()) {
-      g.links.to[g.shm->right()] = g.shm.get();
+      g.links.routeTo(g.shm->right(), g.shm.get());
     }
     if (g.shm->receivesLeft()) {
-      g.links.from[g.shm->left()] = g.shm.get();
+      g.links.routeFrom(g.shm->left(), g.shm.get());
     }
     g.links.driven = g.shm.get();
     g.links.sameHostCopy = g.shm->copyPlan();
@@ -210,8 +210,7 @@ void wireLinks(GroupLinks& g, Config::Transport transport, int rank, int size, s
     // ranks that disagree about the transport have failed already.
     auto glooStore = c10::make_intrusive<c10d::PrefixStore>(g.store->prefix() + "gloo_link/", g.store->store());
     g.gloo = std::make_unique<GlooLink>(makeGlooBackend(glooStore, rank, size, timeout), *g.engine, rank, size);
-    std::fill(g.links.to.begin(), g.links.to.end(), g.gloo.get());
-    std::fill(g.links.from.begin(), g.links.from.end(), g.gloo.get());
+    g.links.routeAll(g.gloo.get());
   }
   // Agreed facts only, since every rank must plan alike: shared memory, on one host.
   g.links.ringFusedEverywhere = shmUsed && g.topology.hosts == 1;

@@ -31,8 +31,7 @@ using RxState = FrameReceiver::State;
 Engine::Engine(int rank, int size, Rendezvous rv, int socketBuffer, const std::string& congestion, int spinMicros,
                std::chrono::milliseconds helloWindow)
     : rank_(rank), size_(size), spinMicros_(spinMicros), helloWindow_(helloWindow), socketBuffer_(socketBuffer),
-      congestion_(congestion), nonce_(rv.nonce), book_(std::move(rv.book)), peers_(size),
-      listener_(std::move(rv.listener)) {
+      congestion_(congestion), nonce_(rv.nonce), book_(std::move(rv.book)), listener_(std::move(rv.listener)) {
   if (listener_.valid()) {
     setNonBlocking(listener_.get(), true);
   }

@@ -60,6 +60,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "common/errors.h"
@@ -214,11 +215,10 @@ class Engine {
   };
   // The peers' state, made on a peer's first use (a dial, a hello, a queued send or
   // receive): a rank holds a Peer only for the peers its ops have used, so its memory
-  // and the progress loop's pass grow with those (two for a ring), not with the group
-  // (one pointer a rank).  Guarded by mu_, as the state it holds.
+  // and the progress loop's pass grow with those (two for a ring), not with the group.
+  // Guarded by mu_, as the state it holds.
   class PeerTable {
    public:
-    explicit PeerTable(int size) : slots_(size) {}
     // Peer q's state, made now if it had none.
     Peer& operator[](int q) {
       auto& slot = slots_[q];
@@ -231,14 +231,15 @@ class Engine {
     // Peer q's state, or a never-used peer's (nothing connected, nothing queued).
     const Peer& operator[](int q) const {
       static const Peer kUnused;
-      return slots_[q] ? *slots_[q] : kUnused;
+      const auto it = slots_.find(q);
+      return it != slots_.end() ? *it->second : kUnused;
     }
     // The peers with state, in the order of their first use (a loop that may use a new
     // peer iterates a copy).
     const std::vector<int>& used() const { return used_; }
 
    private:
-    std::vector<std::unique_ptr<Peer>> slots_;
+    std::unordered_map<int, std::unique_ptr<Peer>> slots_;
     std::vector<int> used_;
   };
   using Completions = std::vector<RequestPtr>;

@@ -121,16 +121,40 @@ struct SameHostCopy {
   bool any() const { return cached || streaming; }
 };
 
-// The links of one group: the one collective frames to peer q take (`to[q]`), the one
-// frames from q come by (`from[q]`), and the Engine, which is the group's failure state
+// The links of one group: the one collective frames to peer q take (`to(q)`), the one
+// frames from q come by (`from(q)`), and the Engine, which is the group's failure state
 // and control channel (`control`, its Link: announcements; aborts; point-to-point);
 // and the ring they form (`topology`: ring order by host, transport/topology.h).
+// Every peer shares one link but at most one each way (shared memory to the right
+// neighbour on this host, from the left one), so the table holds those and no entry a
+// peer: its size does not grow with the group.
 struct LinkTable {
   Engine* engine = nullptr;
   const Topology* topology = nullptr;
   Link* control = nullptr;
-  std::vector<Link*> to;
-  std::vector<Link*> from;
+  Link* collective = nullptr; // every peer's, both ways, but the ones below
+  Link* toOne = nullptr;      // frames to peer toPeer, where set
+  int toPeer = -1;
+  Link* fromOne = nullptr;    // frames from peer fromPeer, where set
+  int fromPeer = -1;
+
+  Link* to(int peer) const { return peer == toPeer ? toOne : collective; }
+  Link* from(int peer) const { return peer == fromPeer ? fromOne : collective; }
+  // Peer `peer`'s frames one way on `link` instead of `collective`.
+  void routeTo(int peer, Link* link) {
+    toPeer = peer;
+    toOne = link;
+  }
+  void routeFrom(int peer, Link* link) {
+    fromPeer = peer;
+    fromOne = link;
+  }
+  // Every peer's frames both ways on `link`.
+  void routeAll(Link* link) {
+    collective = link;
+    toOne = fromOne = nullptr;
+    toPeer = fromPeer = -1;
+  }
   // The group's host arena (transport/arena.h), when it has one: the host collectives
   // (algorithms/arena_collectives.h) run over it instead of the links.
   HostArena* arena = nullptr;
@@ -154,8 +178,12 @@ struct LinkTable {
 
   // Every peer on the engine both ways.
   static LinkTable engineOnly(EngineLink& link, Engine& engine, const Topology& topology) {
-    const int size = topology.size();
-    return LinkTable{&engine, &topology, &link, std::vector<Link*>(size, &link), std::vector<Link*>(size, &link)};
+    LinkTable t;
+    t.engine = &engine;
+    t.topology = &topology;
+    t.control = &link;
+    t.collective = &link;
+    return t;
   }
 };
 

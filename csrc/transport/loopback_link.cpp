@@ -173,8 +173,7 @@ std::unique_ptr<GroupLinks> loopbackGroupLinks(const std::shared_ptr<LoopbackHub
   g->given = std::make_unique<LoopbackLink>(hub, rank, *g->engine);
   g->transport = "loopback";
   g->links = LinkTable::engineOnly(*g->engineLink, *g->engine, g->topology);
-  std::fill(g->links.to.begin(), g->links.to.end(), g->given.get());
-  std::fill(g->links.from.begin(), g->links.from.end(), g->given.get());
+  g->links.routeAll(g->given.get());
   return g;
 }
 

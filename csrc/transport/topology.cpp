@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <mutex>
 #include <numeric>
 #include <sstream>
 #include <unordered_map>
@@ -28,42 +29,72 @@ Topology Topology::fromHosts(const std::vector<std::string>& hostIds) {
   return fromHostIndexes(hostOf);
 }
 
-Topology Topology::fromHostIndexes(const std::vector<int>& hostOf) {
+Topology::Topology() : a_(std::make_shared<const Arrays>()) {}
+
+Topology Topology::fromHostIndexes(const std::vector<int>& hostOf, std::vector<int> hostCpus) {
   const int n = static_cast<int>(hostOf.size());
-  Topology t;
-  t.hostOf = hostOf;
-  t.hosts = std::max(1, n == 0 ? 0 : *std::max_element(hostOf.begin(), hostOf.end()) + 1);
-  t.ring.resize(n);
-  std::iota(t.ring.begin(), t.ring.end(), 0);
+  const int hosts = std::max(1, n == 0 ? 0 : *std::max_element(hostOf.begin(), hostOf.end()) + 1);
+  auto a = std::make_shared<Arrays>();
+  a->hostOf = hostOf;
+  a->ring.resize(n);
+  std::iota(a->ring.begin(), a->ring.end(), 0);
   // Stable: within a host the ranks keep their order.
-  std::stable_sort(t.ring.begin(), t.ring.end(), [&](int a, int b) { return t.hostOf[a] < t.hostOf[b]; });
-  t.position.resize(n);
-  t.hostRanks.resize(t.hosts);
-  t.local.resize(n);
+  std::stable_sort(a->ring.begin(), a->ring.end(), [&](int x, int y) { return hostOf[x] < hostOf[y]; });
+  a->position.resize(n);
+  a->hostRanks.resize(hosts);
+  a->local.resize(n);
   for (const auto pos : c10::irange(n)) {
-    const int r = t.ring[pos];
-    t.position[r] = pos;
-    auto& mine = t.hostRanks[t.hostOf[r]];
-    t.local[r] = static_cast<int>(mine.size());
+    const int r = a->ring[pos];
+    a->position[r] = pos;
+    auto& mine = a->hostRanks[hostOf[r]];
+    a->local[r] = static_cast<int>(mine.size());
     mine.push_back(r);
   }
-  const int k = static_cast<int>(t.hostRanks[0].size());
-  const bool equal = std::all_of(t.hostRanks.begin(), t.hostRanks.end(),
-                                 [k](const std::vector<int>& h) { return static_cast<int>(h.size()) == k; });
-  t.perHost = equal ? k : 0;
-  for (const auto& h : t.hostRanks) {
-    t.mostPerHost = std::max(t.mostPerHost, static_cast<int>(h.size()));
-  }
-  return t;
+  a->hostCpus = std::move(hostCpus);
+  return Topology(std::move(a));
 }
 
-Topology Topology::singleHost(int size) {
-  return fromHosts(std::vector<std::string>(size, ""));
+Topology::Topology(std::shared_ptr<const Arrays> arrays) : a_(std::move(arrays)) {
+  hosts = std::max<int>(1, a_->hostRanks.size());
+  const int k = a_->hostRanks.empty() ? 0 : static_cast<int>(a_->hostRanks[0].size());
+  const bool equal = std::all_of(a_->hostRanks.begin(), a_->hostRanks.end(),
+                                 [k](const std::vector<int>& h) { return static_cast<int>(h.size()) == k; });
+  perHost_ = equal ? k : 0;
+  for (const auto& h : a_->hostRanks) {
+    mostPerHost_ = std::max(mostPerHost_, static_cast<int>(h.size()));
+  }
+}
+
+Topology Topology::singleHost(int size, std::vector<int> hostCpus) {
+  return fromHostIndexes(std::vector<int>(size, 0), std::move(hostCpus));
+}
+
+Topology Topology::fromEncoded(const std::string& text, int size) {
+  // The arrays this process decoded, by form and size, while some group holds them.
+  // Guarded by `mu`; expired entries are dropped as new forms arrive.
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::weak_ptr<const Arrays>> decoded;
+  const std::string key = c10::str(size, ":", text);
+  std::lock_guard<std::mutex> lk(mu);
+  if (auto it = decoded.find(key); it != decoded.end()) {
+    if (auto arrays = it->second.lock()) {
+      return Topology(std::move(arrays));
+    }
+  }
+  std::vector<int> hostOf;
+  std::vector<int> cpus;
+  decodeHosts(text, size, &hostOf, &cpus);
+  Topology t = fromHostIndexes(hostOf, std::move(cpus));
+  for (auto it = decoded.begin(); it != decoded.end();) {
+    it = it->second.expired() ? decoded.erase(it) : std::next(it);
+  }
+  decoded[key] = t.a_;
+  return t;
 }
 
 std::vector<int> Topology::localRanks(int j) const {
   std::vector<int> out;
-  for (const auto& mine : hostRanks) {
+  for (const auto& mine : a_->hostRanks) {
     if (j < static_cast<int>(mine.size())) {
       out.push_back(mine[j]);
     }
@@ -73,6 +104,11 @@ std::vector<int> Topology::localRanks(int j) const {
 
 bool Topology::anyHostShared() const {
   return size() > hosts;
+}
+
+int Topology::cpusOfHost(int h) const {
+  TORCH_CHECK(static_cast<size_t>(h) < a_->hostCpus.size(), "ringpg: no CPU count for host ", h, " in this topology");
+  return a_->hostCpus[h];
 }
 
 namespace {
@@ -182,33 +218,26 @@ std::string decideHosts(const std::vector<std::string>& values) {
   }
   const Topology t = Topology::fromHosts(ids);
   std::vector<int> cpus;
-  for (const auto& ranks : t.hostRanks) {
+  for (const auto h : c10::irange(t.hosts)) {
     std::vector<std::string> mine;
-    for (const int r : ranks) {
+    for (const int r : t.ranksOfHost(h)) {
       mine.push_back(shares[r]);
     }
     cpus.push_back(cpusTogether(mine));
   }
-  return encodeHosts(t.hostOf, cpus);
+  return encodeHosts(t.hostOfEach(), cpus);
 }
 
 } // namespace
 
 Topology exchangeTopology(GroupStore& store, int rank, int size, const Config& cfg) {
   if (size == 1) {
-    Topology t = Topology::singleHost(1);
-    t.hostCpus = {usableCpus()};
-    return t;
+    return Topology::singleHost(1, {usableCpus()});
   }
   // One value a rank: "IDENTITY\nSHARE" (a share holds no newline).  Rank 0 alone reads
   // them all and publishes the compact form every rank decodes.
   const std::string encoded = store.decide("host", rank, size, hostIdentity(cfg) + "\n" + cpuShareText(), decideHosts);
-  std::vector<int> hostOf;
-  std::vector<int> cpus;
-  decodeHosts(encoded, size, &hostOf, &cpus);
-  Topology t = Topology::fromHostIndexes(hostOf);
-  t.hostCpus = std::move(cpus);
-  return t;
+  return Topology::fromEncoded(encoded, size);
 }
 
 } // namespace ringpg
