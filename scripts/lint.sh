@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Style check (CI): ruff's lint and format rules (pyproject.toml) over the Python, and
 # clang-format (.clang-format) over csrc/, and the house rules on csrc/ (no function over
-# 80 lines, no measured figure in a comment: scripts/csrc_rules.py).  The tools are pinned and installed once from
+# 80 lines, no measured figure in a comment: scripts/csrc_rules.py), and a README of at most 250 lines.  The tools are pinned and installed once from
 # PyPI into a cache directory of their own (not the environment ringpg runs in), so every
 # machine checks with the same versions.  --fix rewrites the files instead of checking.
 set -euo pipefail
@@ -28,4 +28,10 @@ ruff format --check .
 clang_format --dry-run -Werror "${CXX[@]}"
 # No C++ function over 80 lines (the bindings and the settings table aside), no figure in a comment.
 python3 scripts/csrc_rules.py
+# The README is the user's document, at most 250 lines: dated figures belong in benchmarks/RESULTS.md.
+readme_lines=$(wc -l < README.md)
+if [ "$readme_lines" -gt 250 ]; then
+  echo "lint: README.md has $readme_lines lines, over 250: move figures to benchmarks/RESULTS.md" >&2
+  exit 1
+fi
 echo "lint: clean (ruff $RUFF_VERSION, clang-format $CLANG_FORMAT_VERSION)"
