@@ -127,3 +127,28 @@ def test_the_copy_holds_every_repository_module_the_emulated_files_import() -> N
         f"scripts/test_aarch64.sh copies {copied} into the emulated root, but its Python files "
         f"import {uncovered}: add their folders to COPIED"
     )
+
+
+def setup_include_dirs() -> List[str]:
+    """The include folders of setup.py's CppExtension, relative to the repository root
+    (read from the call with ``ast``: each ``os.path.join(HERE, ...)`` of ``include_dirs``)."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "include_dirs" and isinstance(node.value, ast.List):
+            dirs = []
+            for item in node.value.elts:
+                assert isinstance(item, ast.Call), ast.dump(item)
+                parts = [a.value for a in item.args[1:] if isinstance(a, ast.Constant)]
+                dirs.append("/".join(parts))
+            return dirs
+    raise AssertionError("setup.py has no include_dirs=[...]")
+
+
+def test_the_cross_build_includes_what_setup_py_includes() -> None:
+    """The cross-build's include folders are setup.py's: the aarch64 build broke once when
+    csrc/shim (a header torch's wheel lacks) was added to setup.py alone."""
+    p = subprocess.run(["bash", str(SCRIPT), "--print-includes"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    want = setup_include_dirs()
+    assert "csrc/shim" in want, want
+    assert sorted(p.stdout.split()) == sorted(want), (p.stdout.split(), want)
