@@ -2,6 +2,7 @@
 #include "backend/flight_record.h"
 
 #include <atomic>
+#include <mutex>
 #include <string_view>
 #include <utility>
 
@@ -162,18 +163,23 @@ void FlightRecord::retire(const Ticket& ticket, std::optional<float> durationMs)
 
 void FlightRecord::dumpOnFailure() {
 #if RINGPG_HAS_NATIVE_FLIGHT_RECORDER
-  static std::atomic<bool> dumped{false};
-  if (!c10d::getCvarBool(c10d::TORCH_FR_DUMP_ON_TIMEOUT, true) || dumped.exchange(true)) {
-    return;
-  }
-  const bool stacks = c10d::getCvarBool(c10d::TORCH_INCLUDE_STACK_TRACE, true);
-  const bool onlyActive = c10d::getCvarBool(c10d::TORCH_INCLUDE_ONLY_ACTIVE, false);
-  try {
-    c10d::try_dump_fr_trace_file(/*includeCollectives=*/true, stacks, onlyActive, kRecorderName);
-  } catch (const std::exception& e) {
-    // A dump is best effort: the group's own error is what the caller must get.
-    LOG(WARNING) << "ringpg: could not dump the flight recorder's trace: " << e.what();
-  }
+  // Once a process; a second caller (the op's thread, while the engine's runs the abort
+  // hooks) waits until the dump is written, so that the file exists by the time the
+  // op's error reaches its caller.
+  static std::once_flag dumped;
+  std::call_once(dumped, [] {
+    if (!c10d::getCvarBool(c10d::TORCH_FR_DUMP_ON_TIMEOUT, true)) {
+      return;
+    }
+    const bool stacks = c10d::getCvarBool(c10d::TORCH_INCLUDE_STACK_TRACE, true);
+    const bool onlyActive = c10d::getCvarBool(c10d::TORCH_INCLUDE_ONLY_ACTIVE, false);
+    try {
+      c10d::try_dump_fr_trace_file(/*includeCollectives=*/true, stacks, onlyActive, kRecorderName);
+    } catch (const std::exception& e) {
+      // A dump is best effort: the group's own error is what the caller must get.
+      LOG(WARNING) << "ringpg: could not dump the flight recorder's trace: " << e.what();
+    }
+  });
 #endif
 }
 
