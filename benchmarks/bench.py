@@ -64,7 +64,15 @@ from benchmarks.backends import (  # noqa: E402
     split_spec,
     unique_labels,
 )
-from benchmarks.cases import OPS, Case, canonical_dtype, canonical_op, check_cases, sweep_cases  # noqa: E402
+from benchmarks.cases import (  # noqa: E402
+    OPS,
+    RINGPG_OP,
+    Case,
+    canonical_dtype,
+    canonical_op,
+    check_cases,
+    sweep_cases,
+)
 from benchmarks.data import CaseBuffers  # noqa: E402
 from benchmarks.peers import Conductor, default_peers_dir, peer_results, start_peers, summary  # noqa: E402
 from benchmarks.table import Progress, TableFormatter, emit  # noqa: E402
@@ -72,7 +80,7 @@ from benchmarks.tcp_probe import format_probe, tcp_probe, tcp_ring_probe  # noqa
 from benchmarks.timing import IterationPolicy, measure_case, ranks_share_clock  # noqa: E402
 from benchmarks.units import format_bytes, parse_bytes, parse_rate  # noqa: E402
 from benchmarks.vllm_shm import VLLM, VllmShm, find_library, is_vllm, load  # noqa: E402
-from devkit.groups import algorithm_of, copy_of, transport_of  # noqa: E402
+from devkit.groups import algorithm_for, algorithm_of, copy_of, transport_of  # noqa: E402
 from devkit.launch import (  # noqa: E402
     HUGEPAGES,
     add_start_argument,
@@ -141,6 +149,14 @@ class WorkerConfig:
     # directory of FIFOs the ranks wait on before each case (benchmarks.peers.Conductor).
     peers: List[str] = field(default_factory=list)
     gate_dir: Optional[str] = None
+
+
+def case_algorithm(group: Any, case: Case, device: str) -> Optional[str]:
+    """What a ringpg group runs for this case's op and size (``algorithm_for``): on host
+    tensors only, None for other groups and devices."""
+    if group is None or device != "cpu":
+        return None
+    return algorithm_for(group, RINGPG_OP[case.op], case.size_bytes)
 
 
 def run_worker(cfg: WorkerConfig, rank: int) -> int:
@@ -305,7 +321,10 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
                 rows = res.to_records(cfg.link_GBps, table.ceiling)
                 for row in rows:  # the column's group: its label, without a paired dtype
                     peer = row["backend"] in cfg.peers
-                    row["algorithm"] = None if peer else algorithms.get(columns[row["backend"]][0])
+                    row["algorithm"] = None
+                    if not peer:  # what this case ran, else what the group's allreduce runs
+                        label = columns[row["backend"]][0]
+                        row["algorithm"] = case_algorithm(groups.get(label), case, cfg.device) or algorithms.get(label)
                     row["peer"] = peer
                     row["fresh"] = cfg.fresh
                 record({"kind": "case", "rows": rows})

@@ -50,6 +50,15 @@ OP_ALIASES: Dict[str, str] = {
     "alltoall": "all_to_all_single",
 }
 
+#: Each measured collective's name in ringpg's ``algorithm_for``.
+RINGPG_OP: Dict[str, str] = {
+    "all_reduce": "allreduce",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "all_gather_into_tensor": "all_gather",
+    "broadcast": "broadcast",
+    "all_to_all_single": "all_to_all",
+}
+
 #: Reduction op column (nccl-tests prints "none" for non-reducing collectives).
 REDOP: Dict[str, str] = {
     "all_reduce": "sum",

@@ -40,6 +40,20 @@ def algorithm_of(group: Any, device: str = "cpu") -> Optional[str]:
     return _ringpg_says(group, device, "allreduce_algorithm")
 
 
+def algorithm_for(group: Any, op: str, nbytes: int) -> Optional[str]:
+    """What a live group runs for collective ``op`` (ringpg's name: "allreduce",
+    "reduce_scatter", "all_gather", "broadcast", "all_to_all", ...) on ``nbytes`` of host
+    memory (reduce_scatter's input, all_gather's output), for backends that say (ringpg's
+    ``algorithm_for``: "oneshot", "pair", "ring", "arena", ...); None for other backends."""
+    try:
+        import ringpg  # type: ignore[import-not-found]
+
+        b = ringpg.backend(group, "cpu")
+    except Exception:  # noqa: BLE001 - ringpg absent or unloadable: not a ringpg group
+        return None
+    return b.algorithm_for(op, nbytes) if b is not None else None
+
+
 def copy_of(group: Any, device: str = "cpu") -> Optional[str]:
     """How a live ringpg group moves large same-host messages, with what it measured to
     choose: "cma", "slots" or "slots+cma" (by op size class), followed by
