@@ -636,6 +636,37 @@ def test_scale_threads_runs_ranks_as_threads_and_checks_every_op() -> None:
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
+def test_a_thousand_ranks_as_threads_in_hosts_of_eight() -> None:
+    """Issue 58 at the suite's size: 1,024 ranks as threads in 4 processes, emulated hosts
+    of 8 (so the hierarchical rings run), each rank its own group on real loopback
+    sockets: creation, an 8-element allreduce (recursive doubling), a barrier and a
+    256 KiB allreduce (host rings, then 8 rings across 128 hosts), each checked on every
+    rank; a rank other than 0 reads a few hundred bytes from the Store (not the ~100
+    bytes a rank of the group that every rank once read) in the same 14 requests as at
+    any size, and keeps well under a megabyte of its own (0.06 MB measured)."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 10_000:
+        pytest.skip("256 ranks a process hold about 8,000 sockets: the descriptor hard limit is below that")
+    p = run_module(
+        "benchmarks.scale_threads",
+        *("--world-sizes", "1024", "--ranks-per-host", "8", "--ops", "small_allreduce,barrier,allreduce"),
+        *("--timeout", "120"),
+        timeout=240,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    row = next(line.split() for line in p.stdout.splitlines() if line.split()[:1] == ["1024"])
+    create_s, rss_mb = float(row[2]), float(row[5])
+    requests, read_most = float(row[6]), int(row[8])
+    assert 0 < create_s < 30, p.stdout
+    assert rss_mb < 0.5, p.stdout
+    assert requests == 14 and read_most < 400, p.stdout
+    small, barrier, ar = row[10:13], row[13:16], row[16:19]
+    assert [small[1], barrier[1], ar[1]] == ["yes"] * 3, p.stdout
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.parametrize("choice", ["on", "off"])
 def test_hugepages_reach_the_ranks(choice: str) -> None:
     """--hugepages sets torch's huge-page switch in the ranks' own environment (the header
