@@ -232,7 +232,7 @@ class Engine {
     const Peer& operator[](int q) const {
       static const Peer kUnused;
       const auto it = slots_.find(q);
-      return it != slots_.end() ? *it->second : kUnused;
+      return it != slots_.end() && it->second ? *it->second : kUnused; // null: its making threw
     }
     // The peers with state, in the order of their first use (a loop that may use a new
     // peer iterates a copy).
