@@ -152,11 +152,11 @@ class WorkerConfig:
 
 
 def case_algorithm(group: Any, case: Case, device: str) -> Optional[str]:
-    """What a ringpg group runs for this case's op and size (``algorithm_for``): on host
-    tensors only, None for other groups and devices."""
-    if group is None or device != "cpu":
+    """What a ringpg group runs for this case's op and size on ``device`` (``algorithm_for``,
+    the op's plan); None for other groups."""
+    if group is None:
         return None
-    return algorithm_for(group, RINGPG_OP[case.op], case.size_bytes)
+    return algorithm_for(group, RINGPG_OP[case.op], case.size_bytes, device)
 
 
 def run_worker(cfg: WorkerConfig, rank: int) -> int:

@@ -40,18 +40,19 @@ def algorithm_of(group: Any, device: str = "cpu") -> Optional[str]:
     return _ringpg_says(group, device, "allreduce_algorithm")
 
 
-def algorithm_for(group: Any, op: str, nbytes: int) -> Optional[str]:
+def algorithm_for(group: Any, op: str, nbytes: int, device: str = "cpu") -> Optional[str]:
     """What a live group runs for collective ``op`` (ringpg's name: "allreduce",
-    "reduce_scatter", "all_gather", "broadcast", "all_to_all", ...) on ``nbytes`` of host
-    memory (reduce_scatter's input, all_gather's output), for backends that say (ringpg's
-    ``algorithm_for``: "oneshot", "pair", "ring", "arena", ...); None for other backends."""
+    "reduce_scatter", "all_gather", "broadcast", "all_to_all", ...) on ``nbytes`` of
+    contiguous tensors on ``device`` (reduce_scatter's input, all_gather's output), for
+    backends that say (ringpg's ``algorithm_for``: "oneshot", "pair", "ring", "arena",
+    "staged_ring", ...); None for other backends."""
     try:
         import ringpg  # type: ignore[import-not-found]
 
         b = ringpg.backend(group, "cpu")
     except Exception:  # noqa: BLE001 - ringpg absent or unloadable: not a ringpg group
         return None
-    return b.algorithm_for(op, nbytes) if b is not None else None
+    return b.algorithm_for(op, nbytes, device) if b is not None else None
 
 
 def copy_of(group: Any, device: str = "cpu") -> Optional[str]:

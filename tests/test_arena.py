@@ -88,9 +88,10 @@ LINKS_ALGORITHM = {"broadcast": "chain", "gather": "direct", "scatter": "direct"
 
 
 def _choose(op: str, size: int, nbytes: int, arena: bool = True, algo: str = "auto", **shape: Any) -> str:
-    kw: dict[str, Any] = {"hosts": 1, "most_per_host": size, "hierarchical": False, "ring_fused": size > 1}
+    """The algorithm of the op's plan (choice.h) in a one-host group of ``size`` unless ``shape`` says."""
+    kw: dict[str, Any] = {"ring_fused": size > 1}
     kw.update(shape)
-    return _C.choose_algorithm(op, size, nbytes=nbytes, arena=arena, algo=algo, **kw)
+    return _C.plan_op(op=op, size=size, nbytes=nbytes, arena=arena, algo=algo, **kw)["algorithm"]
 
 
 @pytest.mark.inprocess
@@ -149,7 +150,10 @@ def test_two_ranks_gather_as_a_pair_where_the_op_lends(cached: bool, streaming: 
         assert _choose("all_gather", 2, nbytes, arena=False, ring_fused=False, **copy) == "ring"
         assert _choose("all_gather", 3, nbytes, arena=False, **copy) == "ring"
         assert _choose("all_gather", 2, nbytes, arena=False, hosts=2, most_per_host=1, **copy) == "ring"
-        assert _choose("all_gather", 2, nbytes, arena=False, device_contiguous=True, **copy) == "staged_ring"
+        # Device tensors: staged in pieces on the ring from staged_min_bytes(), else staged
+        # whole and gathered as host tensors are.
+        on_device = "staged_ring" if nbytes >= _C.staged_min_bytes() else "pair" if lends else "ring"
+        assert _choose("all_gather", 2, nbytes, arena=False, device=True, **copy) == on_device
 
 
 @pytest.mark.inprocess
@@ -205,22 +209,22 @@ def test_without_an_arena_the_links_algorithms_run_as_before(size: int) -> None:
 def test_large_cuda_tensors_take_the_staged_ring_or_the_arena() -> None:
     # One host of 4 or 2 ranks (_choose's shape).  With an arena (from three ranks) the large
     # allreduce runs there (staged in pieces); without, the staged ring.
-    assert _choose("allreduce", 4, 1 << 26, device_contiguous=True) == "arena"
-    assert _choose("allreduce", 4, 1 << 26, arena=False, device_contiguous=True) == "staged_ring"
-    assert _choose("allreduce", 2, 1 << 26, device_contiguous=True) == "staged_ring"
+    assert _choose("allreduce", 4, 1 << 26, device=True) == "arena"
+    assert _choose("allreduce", 4, 1 << 26, arena=False, device=True) == "staged_ring"
+    assert _choose("allreduce", 2, 1 << 26, device=True) == "staged_ring"
     # So do large reduce-scatters and all-gathers of CUDA tensors on the ring (two ranks).
     for op in ("reduce_scatter", "all_gather"):
-        assert _choose(op, 2, 1 << 26, device_contiguous=True) == "staged_ring"
+        assert _choose(op, 2, 1 << 26, device=True) == "staged_ring"
         assert _choose(op, 2, 1 << 26) == "ring"
     # Unless device copies reach the arena's buffers directly (its segment registered with
     # the device): then two ranks' large device ops run there too, host tensors not.
     for op in ("allreduce", "reduce_scatter", "all_gather"):
-        direct = {"device_contiguous": True, "arena_reaches_device": True}
+        direct = {"device": True, "arena_reaches_device": True}
         assert _choose(op, 2, 1 << 26, **direct) == "arena"
         assert _choose(op, 2, 1 << 26, arena_reaches_device=True) == "ring"
         assert _choose(op, 2, 1 << 26, arena=False, **direct) == "staged_ring"
     # A small one is staged whole and runs in the arena's one step.
-    assert _choose("allreduce", 4, 64, device_contiguous=True) == "arena_oneshot"
+    assert _choose("allreduce", 4, 64, device=True) == "arena_oneshot"
 
 
 @pytest.mark.inprocess

@@ -1219,7 +1219,7 @@ def test_world_size_8(transport: str, tmp_path: Any) -> None:
             assert seen == {big}, (op, seen)
         # One-shot where every rank reaches every other over the same kind of link; on
         # one host over shared memory links only ring neighbours share memory, so the ring.
-        small = {"shm": "arena_oneshot", SHM_RING: "ring"}.get(transport, "one_shot")
+        small = {"shm": "arena_oneshot", SHM_RING: "ring"}.get(transport, "oneshot")
         assert algorithms.get(WS8_SMALL_NUMEL * 4) == {small}, algorithms
         shared_link = "hier" if transport == "mixed" else small
         assert algorithms.get(WS8_SHARED_LINK_NUMEL * 4) == {shared_link}, algorithms

@@ -497,7 +497,7 @@ def expected_algorithm(run: dict[str, Any], members: Any) -> str:
     return "hier" if hierarchical_expected(run["layout"], list(members), run["algo"]) else "ring"
 
 
-HOST_ARENA_MIN_RANKS = 3  # hierarchical.h, kHostArenaMinRanks
+HOST_ARENA_MIN_RANKS = 3  # common/thresholds.h, kArenaMinRanks
 
 
 def expected_host_arena(run: dict[str, Any], members: Any) -> bool:

@@ -236,8 +236,8 @@ def test_small_allreduce_of_many_ranks_doubles_recursively(tmp_path: Any) -> Non
     env = (*TRANSPORT_ENVS["tcp"], ("RINGPG_TRACE", str(tmp_path)))
     assert_reports_ok(run_workers(doubling_worker, WS_DOUBLING, None, InitSpec(env=env), timeout=180))
     algorithms = traced_algorithms(str(tmp_path), "all_reduce")
-    assert algorithms.get(1000 * 4) == {"recursive_doubling"}, algorithms
-    assert algorithms.get(333 * 4) == {"recursive_doubling"}, algorithms
+    assert algorithms.get(1000 * 4) == {"doubling"}, algorithms
+    assert algorithms.get(333 * 4) == {"doubling"}, algorithms
 
 
 # ------------------------------------------------------------------ all-to-all in log N rounds

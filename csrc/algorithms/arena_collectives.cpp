@@ -27,13 +27,6 @@ void reduceMembers(const OpContext& c, RedOp op, char* dst, size_t offset, int64
   reduceInOrder(c.dtype(), op, dst, srcs, n, es);
 }
 
-// Names the op's algorithm in its trace (RINGPG_TRACE), as choice.h names it.
-void traceAs(const OpContext& c, bool oneShot) {
-  if (c.trace()) {
-    c.trace()->algorithm = oneShot ? "arena_oneshot" : "arena";
-  }
-}
-
 // Member m is group rank m where the whole group shares one host, the only groups whose
 // rooted ops run in the arena (choice.h; a group across hosts has one a host, which
 // only the hierarchical host phases use).
@@ -77,7 +70,6 @@ int64_t arenaPieceFor(const OpContext& c, bool reduceScatter, size_t elemSize) {
 
 void arenaAllreduce(OpContext& c, char* data, int64_t count, size_t es, RedOp op, const Finalize& finalize,
                     bool oneShot, const ArenaHooks& hooks) {
-  traceAs(c, oneShot);
   HostArena& a = *c.arena();
   const int members = a.members();
   const int me = a.me();
@@ -148,7 +140,6 @@ void arenaAllreduce(OpContext& c, char* data, int64_t count, size_t es, RedOp op
 
 void arenaReduceScatter(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t es, RedOp op,
                         const Finalize& finalize, const ArenaHooks& hooks) {
-  traceAs(c, false);
   HostArena& a = *c.arena();
   const int members = a.members();
   const int me = a.me();
@@ -181,15 +172,12 @@ void arenaReduceScatter(OpContext& c, const char* input, char* output, int64_t c
   }
 }
 
-void arenaAllGather(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t es,
+void arenaAllGather(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t es, bool streaming,
                     const ArenaHooks& hooks) {
-  traceAs(c, false);
   HostArena& a = *c.arena();
   const int members = a.members();
   const int me = a.me();
   const int64_t piece = arenaPieceFor(c, /*reduceScatter=*/false, es);
-  // An output the caches cannot keep is written past them (Config::streamFrom).
-  const bool streaming = c.config().streams(static_cast<size_t>(chunkCount) * members * es);
   for (int64_t o = 0; o < chunkCount; o += piece) {
     const int64_t n = std::min(piece, chunkCount - o);
     const size_t len = static_cast<size_t>(n) * es;
@@ -219,7 +207,6 @@ void arenaAllGather(OpContext& c, const char* input, char* output, int64_t chunk
 }
 
 void arenaBroadcast(OpContext& c, char* data, size_t nbytes, int root) {
-  traceAs(c, false);
   HostArena& a = *c.arena();
   const int from = memberOfRank(a, root);
   const size_t piece = a.bufferBytes();
@@ -238,7 +225,6 @@ void arenaBroadcast(OpContext& c, char* data, size_t nbytes, int root) {
 
 void arenaReduce(OpContext& c, const char* input, char* result, int64_t count, size_t es, RedOp op,
                  const Finalize& finalize, int root, bool oneShot) {
-  traceAs(c, oneShot);
   HostArena& a = *c.arena();
   const int members = a.members();
   const int me = a.me();
@@ -285,7 +271,6 @@ void arenaReduce(OpContext& c, const char* input, char* result, int64_t count, s
 }
 
 void arenaGather(OpContext& c, const char* input, size_t nbytes, const std::vector<char*>& outputs, int root) {
-  traceAs(c, false);
   HostArena& a = *c.arena();
   const int from = memberOfRank(a, root);
   const bool atRoot = a.me() == from;
@@ -304,7 +289,6 @@ void arenaGather(OpContext& c, const char* input, size_t nbytes, const std::vect
 }
 
 void arenaScatter(OpContext& c, const std::vector<const char*>& inputs, char* output, size_t nbytes, int root) {
-  traceAs(c, false);
   HostArena& a = *c.arena();
   const int members = a.members();
   const int from = memberOfRank(a, root);
@@ -385,7 +369,6 @@ size_t allToAllRounds(OpContext& c, const HostArena& a, size_t slot) {
 
 void arenaAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
                    const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
-  traceAs(c, false);
   HostArena& a = *c.arena();
   const int members = a.members();
   const int me = a.me();
@@ -471,7 +454,6 @@ void arenaHostAllGather(OpContext& c, char* data, int64_t count, size_t es) {
 }
 
 void arenaBarrier(OpContext& c) {
-  traceAs(c, false);
   c.arena()->beginRound();
   c.arenaStep(/*firstOfRound=*/true);
 }

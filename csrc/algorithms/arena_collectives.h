@@ -82,7 +82,8 @@ void arenaReduceScatter(OpContext& c, const char* input, char* output, int64_t c
 // `output`: members() chunks of `chunkCount` elements, chunk m member m's `input`.
 // `input` may be this member's chunk of `output`.  (hooks.awaitPiece is not called:
 // the input is read whole from the first round on.)
-void arenaAllGather(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t elemSize,
+// `streams`: the output is written past the caches (OpPlan::streams).
+void arenaAllGather(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t elemSize, bool streams,
                     const ArenaHooks& hooks = {});
 void arenaBroadcast(OpContext& c, char* data, size_t nbytes, int root);
 // `input`: this member's `count` elements; `result` (the root's only, else unused):

@@ -8,10 +8,6 @@
 namespace ringpg {
 namespace {
 
-// Past this many ranks the links' one-shot allreduce (p - 1 peers, each a connection
-// made on first use) gives way to recursive doubling's log2(p) peers.
-constexpr int kOneShotMostRanks = 8;
-
 // The links' small-buffer allreduce, or nullopt-like Ring where the volume is too large.
 Algorithm linksAllreduce(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
   // One-shot sends (p-1) copies of the buffer from each rank in one round; the ring
@@ -45,7 +41,76 @@ Algorithm linksAllreduce(const GroupShape& g, const Config& cfg, size_t bytes, b
 // and device tensors where device copies reach its buffers directly: then no CPU
 // copies a byte in or out (docs/internals.md, "Why these constants").
 bool arenaForLarge(const GroupShape& g, const Config& cfg, bool deviceContiguous) {
-  return g.arena && (cfg.algo == Config::Algo::Arena || g.size > 2 || (deviceContiguous && g.arenaReachesDevice));
+  return g.arena &&
+         (cfg.algo == Config::Algo::Arena || g.size >= kArenaMinRanks || (deviceContiguous && g.arenaReachesDevice));
+}
+
+// The algorithm for `op` on `bytes` (OpQuery::bytes) in a group of `g` under `cfg`.
+// `deviceContiguous`: asked for an op whose contiguous device tensors would be staged in
+// pieces (planOp): at two ranks they take the arena where it reaches the device, else
+// the staged ring.
+Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg, size_t bytes,
+                          bool deviceContiguous = false) {
+  if (g.size <= 1 || (bytes == 0 && op != Collective::Barrier && op != Collective::AllToAll)) {
+    return Algorithm::Local;
+  }
+  // The arena's one step beats any number of link steps while what each member reads
+  // of the others (bytes x (N - 1)) stays small.
+  const bool arenaOneShot = g.arena && bytes * static_cast<size_t>(g.size - 1) <= kArenaOneShotVolume;
+  // But a reduction at two ranks keeps the links' one-shot, which reduces each fragment
+  // straight out of a slot as it lands: the arena's copies the whole buffer in before
+  // anyone reduces (docs/internals.md, "Why these constants").
+  const bool arenaReduces = arenaOneShot && (g.size >= kArenaMinRanks || cfg.algo == Config::Algo::Arena);
+  switch (op) {
+    case Collective::Allreduce:
+      if (arenaReduces) {
+        return Algorithm::ArenaOneShot;
+      }
+      if (arenaForLarge(g, cfg, deviceContiguous)) {
+        return Algorithm::Arena; // device tensors too: the arena's rounds are staged (staged_ring.h)
+      }
+      return linksAllreduce(g, cfg, bytes, deviceContiguous);
+    case Collective::Reduce:
+      if (arenaReduces) {
+        return Algorithm::ArenaOneShot;
+      }
+      return arenaForLarge(g, cfg, deviceContiguous) ? Algorithm::Arena : Algorithm::Ring;
+    case Collective::ReduceScatter:
+    case Collective::AllGather:
+      if (arenaOneShot || arenaForLarge(g, cfg, deviceContiguous)) {
+        return Algorithm::Arena;
+      }
+      if (g.hierarchical) {
+        return Algorithm::Hier;
+      }
+      if (op == Collective::AllGather && pairApplies(g, cfg, bytes, deviceContiguous)) {
+        return Algorithm::Pair;
+      }
+      // Contiguous device tensors: chunked copies overlap the ring (staged_ring.h).
+      return deviceContiguous ? Algorithm::StagedRing : Algorithm::Ring;
+    case Collective::Broadcast:
+      return arenaOneShot || arenaForLarge(g, cfg, deviceContiguous) ? Algorithm::Arena : Algorithm::Chain;
+    case Collective::Gather:
+    case Collective::Scatter:
+      return arenaOneShot || arenaForLarge(g, cfg, deviceContiguous) ? Algorithm::Arena : Algorithm::Direct;
+    case Collective::Barrier:
+      // Every member's arrival on the arena; else a token's allreduce: one byte where the
+      // one-shot or recursive doubling carries it (log2 N rounds, not a ring's 2(N-1) or
+      // the host rings' at thousands of ranks), else the ring's (collectives::barrier).
+      return g.arena ? Algorithm::Arena : linksAllreduce(g, cfg, 1, false);
+    case Collective::AllToAll:
+      // The arena from three ranks, where the links reach a non-neighbour only over TCP;
+      // at two, each block goes straight over the one link between them (single copy
+      // where it pays), where the arena copies every byte twice.  A set alltoall
+      // (direct, bruck) asks for the links' algorithm.
+      if (g.arena && cfg.allToAll == Config::AllToAll::Auto &&
+          (g.size >= kArenaMinRanks || cfg.algo == Config::Algo::Arena) &&
+          arenaAllToAllSlot(cfg.arenaBytes, g.size) > 0) {
+        return Algorithm::Arena;
+      }
+      return cfg.bruckAllToAll(g.size) ? Algorithm::Bruck : Algorithm::Direct;
+  }
+  return Algorithm::Ring;
 }
 
 } // namespace
@@ -123,66 +188,66 @@ Collective collectiveNamed(const std::string& name) {
   TORCH_CHECK(false, "ringpg: no collective named '", name, "' (", names, ")");
 }
 
-Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
-  if (g.size <= 1 || (bytes == 0 && op != Collective::Barrier && op != Collective::AllToAll)) {
-    return Algorithm::Local;
+const char* stagingName(HostStaging s) {
+  switch (s) {
+    case HostStaging::Host:
+      return "host";
+    case HostStaging::Whole:
+      return "whole";
+    case HostStaging::OnRing:
+      return "on_ring";
+    case HostStaging::OnArena:
+      return "on_arena";
   }
-  // The arena's one step beats any number of link steps while what each member reads
-  // of the others (bytes x (N - 1)) stays small.
-  const bool arenaOneShot = g.arena && bytes * static_cast<size_t>(g.size - 1) <= kArenaOneShotVolume;
-  // But a reduction at two ranks keeps the links' one-shot, which reduces each fragment
-  // straight out of a slot as it lands: the arena's copies the whole buffer in before
-  // anyone reduces (docs/internals.md, "Why these constants").
-  const bool arenaReduces = arenaOneShot && (g.size > 2 || cfg.algo == Config::Algo::Arena);
-  switch (op) {
-    case Collective::Allreduce:
-      if (arenaReduces) {
-        return Algorithm::ArenaOneShot;
-      }
-      if (arenaForLarge(g, cfg, deviceContiguous)) {
-        return Algorithm::Arena; // device tensors too: the arena's rounds are staged (staged_ring.h)
-      }
-      return linksAllreduce(g, cfg, bytes, deviceContiguous);
-    case Collective::Reduce:
-      if (arenaReduces) {
-        return Algorithm::ArenaOneShot;
-      }
-      return arenaForLarge(g, cfg, deviceContiguous) ? Algorithm::Arena : Algorithm::Ring;
-    case Collective::ReduceScatter:
-    case Collective::AllGather:
-      if (arenaOneShot || arenaForLarge(g, cfg, deviceContiguous)) {
-        return Algorithm::Arena;
-      }
-      if (g.hierarchical) {
-        return Algorithm::Hier;
-      }
-      if (op == Collective::AllGather && pairApplies(g, cfg, bytes, deviceContiguous)) {
-        return Algorithm::Pair;
-      }
-      // Contiguous device tensors: chunked copies overlap the ring (staged_ring.h).
-      return deviceContiguous ? Algorithm::StagedRing : Algorithm::Ring;
-    case Collective::Broadcast:
-      return arenaOneShot || arenaForLarge(g, cfg, deviceContiguous) ? Algorithm::Arena : Algorithm::Chain;
-    case Collective::Gather:
-    case Collective::Scatter:
-      return arenaOneShot || arenaForLarge(g, cfg, deviceContiguous) ? Algorithm::Arena : Algorithm::Direct;
-    case Collective::Barrier:
-      // Every member's arrival on the arena; else a token's allreduce: one byte where the
-      // one-shot or recursive doubling carries it (log2 N rounds, not a ring's 2(N-1) or
-      // the host rings' at thousands of ranks), else the ring's (collectives::barrier).
-      return g.arena ? Algorithm::Arena : linksAllreduce(g, cfg, 1, false);
-    case Collective::AllToAll:
-      // The arena from three ranks, where the links reach a non-neighbour only over TCP;
-      // at two, each block goes straight over the one link between them (single copy
-      // where it pays), where the arena copies every byte twice.  A set alltoall
-      // (direct, bruck) asks for the links' algorithm.
-      if (g.arena && cfg.allToAll == Config::AllToAll::Auto && (g.size > 2 || cfg.algo == Config::Algo::Arena) &&
-          arenaAllToAllSlot(cfg.arenaBytes, g.size) > 0) {
-        return Algorithm::Arena;
-      }
-      return cfg.bruckAllToAll(g.size) ? Algorithm::Bruck : Algorithm::Direct;
+  return "?";
+}
+
+namespace {
+
+// Whether `q` could be staged in pieces: a reduce-scatter, all-gather or allreduce of
+// contiguous device tensors, apart, of at least kStagedMinBytes.
+bool stagesInPieces(const OpQuery& q) {
+  const bool staged =
+      q.op == Collective::Allreduce || q.op == Collective::ReduceScatter || q.op == Collective::AllGather;
+  return staged && q.device && q.contiguous && q.apart && q.bytes >= kStagedMinBytes;
+}
+
+bool onArena(Algorithm a) {
+  return a == Algorithm::Arena || a == Algorithm::ArenaOneShot;
+}
+
+} // namespace
+
+bool planAsksDeviceReach(const OpQuery& q, const GroupShape& g) {
+  return g.arena && stagesInPieces(q);
+}
+
+OpPlan planOp(const OpQuery& q, const GroupShape& g, const Config& cfg) {
+  OpPlan p;
+  if (stagesInPieces(q)) {
+    const Algorithm a = chooseAlgorithm(q.op, g, cfg, q.bytes, /*deviceContiguous=*/true);
+    if (a == Algorithm::StagedRing || onArena(a)) {
+      p.algorithm = a;
+      p.staging = a == Algorithm::StagedRing ? HostStaging::OnRing : HostStaging::OnArena;
+    }
   }
-  return Algorithm::Ring;
+  if (p.staging == HostStaging::Host) {
+    p.algorithm = chooseAlgorithm(q.op, g, cfg, q.bytes);
+    p.staging = q.device ? HostStaging::Whole : HostStaging::Host;
+  }
+  p.lends = singleCopyFor(g.copy, q.bytes);
+  // A plain all-gather only: an allreduce's gather lands where its reduce steps just
+  // wrote, and the hierarchical phases and the staged ring move pieces the caches hold.
+  const bool streamer =
+      p.algorithm == Algorithm::Ring || p.algorithm == Algorithm::Pair || p.algorithm == Algorithm::Arena;
+  p.streams = q.op == Collective::AllGather && streamer && p.staging != HostStaging::OnRing && !q.readBack &&
+              cfg.streams(q.bytes);
+  return p;
+}
+
+bool ringSendCopied(bool reduceStep, bool reduceScatter, int ringSize, size_t opBytes, size_t sendBytes) {
+  const bool lentReduce = ringSize == 2 && opBytes >= kLentReduceFrom;
+  return (reduceStep && !lentReduce) || (reduceScatter && sendBytes < kLentGatherAfterReduce);
 }
 
 } // namespace ringpg

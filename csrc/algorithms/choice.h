@@ -1,8 +1,10 @@
-// Which algorithm runs a collective: the one place that decides, a pure function of
-// the op, its bytes, the group's shape and the settings, so that every rank (which
-// sees the same of all of them) decides alike, and the tests can ask it about any
-// shape without starting a process.  docs/internals.md ("Choosing an algorithm")
-// explains the thresholds.
+// The plan of an op: the one place that decides which algorithm runs a collective, how
+// its device tensors reach the host, whether its same-host messages are lent (single
+// copy) and whether its output is written past the caches.  A pure function of the op,
+// the group's shape and the settings, so that every rank (which sees the same of all of
+// them) decides alike, and the tests can ask it about any shape without starting a
+// process.  The thresholds are common/thresholds.h's; docs/internals.md ("Choosing an
+// algorithm", "Why these constants") explains them.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "common/config.h"
+#include "common/thresholds.h"
 #include "transport/link.h"
 
 namespace ringpg {
@@ -70,26 +73,65 @@ struct GroupShape {
 // block meanwhile (docs/internals.md, "Why these constants").
 bool pairApplies(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous);
 
-// Below this volume (bytes x (ranks - 1): what each member reads of the others) an
-// arena allreduce or reduce reduces everything on every member in one step instead
-// of reduce-scatter and all-gather in two.
-constexpr size_t kArenaOneShotVolume = 64 * 1024;
-
-// Whether an op on `bytes` (as chooseAlgorithm counts them) lends its large same-host
+// Whether an op on `bytes` (as OpQuery::bytes counts them) lends its large same-host
 // messages (single copy) under the group's `plan` (transport/link.h): its size class's
 // choice, cold buffers' from plan.streamingFrom (kStreamingOpBytes unless set).
 inline bool singleCopyFor(const SameHostCopy& plan, size_t bytes) {
   return bytes >= plan.streamingFrom ? plan.streaming : plan.cached;
 }
 
-// The algorithm for `op` on `bytes` (allreduce, reduce, broadcast: the buffer;
-// reduce_scatter: its input, all_gather: its output; gather, scatter: one rank's
-// block; barrier and all_to_all: 0, the choice then depending on the group alone, since
-// ranks' all-to-all splits differ) in a group of
-// `shape` under `cfg`.  `deviceContiguous`: the op's tensors are contiguous CUDA
-// tensors (the staged ring's case: allreduce, reduce-scatter, all-gather); at two
-// ranks they take the arena where it reaches the device, else the staged ring.
-Algorithm chooseAlgorithm(Collective op, const GroupShape& shape, const Config& cfg, size_t bytes,
-                          bool deviceContiguous = false);
+// How an op's tensors reach the host: already there (Host), copied whole before and
+// after the op (Whole), or in pieces overlapping the ring's steps (OnRing: the staged
+// ring) or the arena's rounds (OnArena) (staged_ring.h).
+enum class HostStaging : uint8_t { Host, Whole, OnRing, OnArena };
+const char* stagingName(HostStaging s);
+
+// What the plan needs of one call: the same on every rank of a matched call.
+struct OpQuery {
+  Collective op = Collective::Allreduce;
+  // allreduce, reduce, broadcast: the buffer; reduce_scatter: its input; all_gather: its
+  // output; gather, scatter: one rank's block; barrier and all_to_all: 0 (the plan then
+  // depends on the group alone: ranks' all-to-all splits differ).
+  size_t bytes = 0;
+  bool device = false;     // every tensor of the op is on a device (not the CPU)
+  bool contiguous = false; // ... and contiguous
+  // reduce_scatter, all_gather: input and output share no byte, or an all-gather's input
+  // is exactly its own chunk of the output (FSDP); any other overlap stages whole.
+  bool apart = true;
+  // all_gather: the caller copies the output out at once (a list of outputs, the
+  // coalesced forms), so it is kept in the caches.
+  bool readBack = false;
+};
+
+// An op's whole plan.
+struct OpPlan {
+  Algorithm algorithm = Algorithm::Local; // what runs, exactly (RingBackend::algorithmFor reports it)
+  HostStaging staging = HostStaging::Host;
+  // The op's large same-host messages are lent (single copy) where the link takes them:
+  // its size class's choice (singleCopyFor).  The ring still copies some sends
+  // (ringSendCopied).
+  bool lends = false;
+  // A plain all-gather writes its output past the caches (Config::streams): the ring, the
+  // pair and the arena on an output the caches cannot keep that no one reads back at once.
+  bool streams = false;
+};
+
+// Whether the plan of `q` in a group of `shape` could stage its device tensors in pieces
+// on the arena, so that the caller must first ask (collectively) whether device copies
+// reach the arena's buffers (GroupShape::arenaReachesDevice).
+bool planAsksDeviceReach(const OpQuery& q, const GroupShape& shape);
+
+// The plan of `q` in a group of `shape` under `cfg`.  Device tensors below
+// kStagedMinBytes, or laid out so that they cannot be staged in pieces, are staged whole
+// and run the host tensors' algorithm; from it they take the staged ring, or the arena
+// where it runs the op (at two ranks only where device copies reach its buffers).
+OpPlan planOp(const OpQuery& q, const GroupShape& shape, const Config& cfg);
+
+// Whether a ring send of `sendBytes` is copied into the neighbour's slots rather than
+// lent: a reduce step's (the neighbour reduces out of the slot its own core did not
+// fill) but in a ring of two whose op moves at least kLentReduceFrom, and an allreduce's
+// gather segments below kLentGatherAfterReduce.  `reduceScatter`: the ring's job
+// reduces (an allreduce's gather steps included); `opBytes`: the job's whole layout.
+bool ringSendCopied(bool reduceStep, bool reduceScatter, int ringSize, size_t opBytes, size_t sendBytes);
 
 } // namespace ringpg

@@ -79,10 +79,40 @@ at::Tensor premultiplied(const Reduction& red, const at::Tensor& host, bool inPl
 
 // ---- The ring's three shapes on host buffers ----------------------------------------
 
-// Allreduce of a contiguous host tensor (of the kernels' dtype), in place.
-void hostAllreduce(OpContext& c, const at::Tensor& host, const Reduction& red) {
+// The plan (choice.h) of `q` in this group, the op's same-host sends set by it.
+// `device`: the op's tensors' where they are on one; the arena is asked whether device
+// copies reach its buffers only where the plan could use that (a collective question).
+OpPlan planFor(OpContext& c, const OpQuery& q, const c10::Device* device = nullptr) {
+  GroupShape g = shapeOf(c.links(), c.config());
+  if (device != nullptr && planAsksDeviceReach(q, g)) {
+    g.arenaReachesDevice = arenaReachesDevice(c, *device);
+  }
+  const OpPlan plan = planOp(q, g, c.config());
+  c.setLends(plan.lends);
+  if (c.trace() != nullptr) {
+    c.trace()->algorithm = algorithmName(plan.algorithm); // the trace names what runs, as algorithm_for does
+  }
+  return plan;
+}
+
+// The query of an op on `bytes` of host memory.
+OpQuery hostQuery(Collective op, size_t bytes, bool readBack = false) {
+  OpQuery q;
+  q.op = op;
+  q.bytes = bytes;
+  q.readBack = readBack;
+  return q;
+}
+
+// Whether `a` runs over the host arena.
+bool onArena(Algorithm a) {
+  return a == Algorithm::Arena || a == Algorithm::ArenaOneShot;
+}
+
+// Allreduce of a contiguous host tensor (of the kernels' dtype), in place, as `plan` says.
+void hostAllreduce(OpContext& c, const at::Tensor& host, const Reduction& red, const OpPlan& plan) {
   auto finalize = finalizer(red, host.scalar_type(), c.size());
-  const Algorithm algo = chooseAllreduce(c, nbytes(host), host.device(), true);
+  const Algorithm algo = plan.algorithm;
   switch (algo) {
     case Algorithm::ArenaOneShot:
     case Algorithm::Arena:
@@ -110,68 +140,32 @@ void hostAllreduce(OpContext& c, const at::Tensor& host, const Reduction& red) {
   ringCollective(c, job, RingBuffers{bytes(host), bytes(host), nullptr});
 }
 
-// The choice (choice.h) for an op on `bytes`, of contiguous tensors on `device` where
-// given (the arena asked then whether it reaches that device).
-// It also sizes the op's same-host copies (OpContext::sizeCopies).
-Algorithm chooseFor(OpContext& c, Collective op, size_t bytes, const c10::Device* device = nullptr) {
-  c.sizeCopies(bytes);
-  GroupShape g = shapeOf(c.links(), c.config());
-  const bool deviceContiguous = device != nullptr && !device->is_cpu();
-  // Asked only where the group's arena could serve the op: a host's arena in a group
-  // across hosts serves no device op, and registering it would pin memory for nothing.
-  g.arenaReachesDevice = deviceContiguous && g.arena && arenaReachesDevice(c, *device);
-  return chooseAlgorithm(op, g, c.config(), bytes, deviceContiguous);
+// Whether `a` and `b` share a byte.  Addresses as integers: `<` between pointers into
+// different objects is unspecified.
+bool shareBytes(const at::Tensor& a, const at::Tensor& b) {
+  const auto x = reinterpret_cast<uintptr_t>(a.data_ptr());
+  const auto y = reinterpret_cast<uintptr_t>(b.data_ptr());
+  return nbytes(a) > 0 && nbytes(b) > 0 && x < y + nbytes(b) && y < x + nbytes(a);
 }
 
-// Whether `a` runs over the host arena.
-bool onArena(Algorithm a) {
-  return a == Algorithm::Arena || a == Algorithm::ArenaOneShot;
-}
-
-// Below this many bytes a device tensor's ops stage it whole (host_buffer.h): the
-// pipeline's streams and events cost more than they hide.
-constexpr size_t kStagedMinBytes = 1024 * 1024;
-
-// How an op on device tensors reaches the host: whole, before and after it, or in
-// pieces overlapping the ring's steps or the arena's rounds (staged_ring.h).
-enum class Staging : uint8_t { Whole, OnRing, OnArena };
-
-// The staging of an allreduce chosen `algo` for `t`.
-Staging stagingOf(Algorithm algo, const at::Tensor& t) {
-  if (algo == Algorithm::StagedRing) {
-    return Staging::OnRing;
-  }
-  const bool pieces = !t.device().is_cpu() && t.is_contiguous() && nbytes(t) >= kStagedMinBytes;
-  return pieces && onArena(algo) ? Staging::OnArena : Staging::Whole;
-}
-
-// The staging of a reduce-scatter or all-gather of `input` into `output`: in pieces
-// where both are contiguous device tensors, apart, and the ring or the arena runs.
-Staging stagingOf(OpContext& c, Collective op, const at::Tensor& input, const at::Tensor& output) {
-  const size_t bytes = op == Collective::AllGather ? nbytes(output) : nbytes(input);
-  if (input.device().is_cpu() || output.device().is_cpu() || !input.is_contiguous() || !output.is_contiguous() ||
-      bytes < kStagedMinBytes) {
-    return Staging::Whole;
-  }
-  const c10::Device device = input.device();
-  const Algorithm algo = chooseFor(c, op, bytes, &device);
-  if (algo != Algorithm::StagedRing && !onArena(algo)) {
-    return Staging::Whole;
-  }
+// The query of a reduce-scatter or all-gather of `input` into `output`.
+OpQuery splitQuery(Collective op, const at::Tensor& input, const at::Tensor& output, int rank) {
+  OpQuery q;
+  q.op = op;
+  q.bytes = op == Collective::AllGather ? nbytes(output) : nbytes(input);
+  q.device = !input.device().is_cpu() && !output.device().is_cpu();
+  q.contiguous = input.is_contiguous() && output.is_contiguous();
   // An all-gather's input may be its own chunk of the output (FSDP); any other overlap
-  // takes the serial path.
-  const auto in = reinterpret_cast<uintptr_t>(input.data_ptr());
-  const auto out = reinterpret_cast<uintptr_t>(output.data_ptr());
-  const auto ownChunk = out + nbytes(input) * static_cast<size_t>(c.rank());
-  const bool overlaps = in < out + nbytes(output) && out < in + nbytes(input);
-  if (overlaps && !(op == Collective::AllGather && in == ownChunk)) {
-    return Staging::Whole;
-  }
-  return algo == Algorithm::StagedRing ? Staging::OnRing : Staging::OnArena;
+  // stages whole.
+  const bool ownChunk =
+      op == Collective::AllGather && bytes(input) == bytes(output) + nbytes(input) * static_cast<size_t>(rank);
+  q.apart = ownChunk || !shareBytes(input, output);
+  return q;
 }
 
 // Reduce-scatter of `input` (count = output.numel() * size) into `output`.
-void hostReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& output, const Reduction& red) {
+void hostReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& output, const Reduction& red,
+                       const OpPlan& plan) {
   TORCH_INTERNAL_ASSERT(input.scalar_type() == output.scalar_type() && input.numel() == output.numel() * c.size());
   RingJob job;
   job.count = input.numel();
@@ -179,7 +173,7 @@ void hostReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& 
   job.reduceScatter = true;
   job.op = red.op;
   job.finalize = finalizer(red, input.scalar_type(), c.size());
-  const Algorithm algo = chooseFor(c, Collective::ReduceScatter, nbytes(input));
+  const Algorithm algo = plan.algorithm;
   if (onArena(algo)) {
     arenaReduceScatter(c, bytes(input), bytes(output), output.numel(), input.element_size(), red.op, job.finalize);
     return;
@@ -203,26 +197,21 @@ void hostReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& 
 // The ring sends the own chunk straight from `input` and copies it into `output`
 // while those bytes travel (ring.h).  An input that overlaps the output (FSDP passes
 // the output's own chunk; anything else is allowed too) is put in place first instead.
-// `readBack`: the caller copies `output` out at once (RingJob::outputReadBack).
-void hostAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output, bool readBack = false) {
+void hostAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output, const OpPlan& plan) {
   const size_t chunkBytes = nbytes(input);
   char* ownSlot = bytes(output) + chunkBytes * c.rank();
-  // Addresses as integers: `<` between pointers into different objects is unspecified.
-  const auto in = reinterpret_cast<uintptr_t>(bytes(input));
-  const auto out = reinterpret_cast<uintptr_t>(bytes(output));
-  const bool overlaps = chunkBytes > 0 && in < out + nbytes(output) && out < in + chunkBytes;
+  const bool overlaps = shareBytes(input, output);
   if (overlaps && bytes(input) != ownSlot) {
     std::memmove(ownSlot, bytes(input), chunkBytes);
   }
-  const Algorithm algo = chooseFor(c, Collective::AllGather, nbytes(output));
+  const Algorithm algo = plan.algorithm;
   if (onArena(algo)) {
-    arenaAllGather(c, overlaps ? ownSlot : bytes(input), bytes(output), input.numel(), output.element_size());
+    arenaAllGather(c, overlaps ? ownSlot : bytes(input), bytes(output), input.numel(), output.element_size(),
+                   plan.streams);
     return;
   }
   if (algo == Algorithm::Pair) {
-    // Written past the caches as the ring's would be (RingSweep::streaming_).
-    const bool streaming = !readBack && c.config().streams(nbytes(output));
-    pairAllGather(c, overlaps ? ownSlot : bytes(input), bytes(output), chunkBytes, streaming);
+    pairAllGather(c, overlaps ? ownSlot : bytes(input), bytes(output), chunkBytes, plan.streams);
     return;
   }
   if (algo == Algorithm::Hier) {
@@ -238,7 +227,7 @@ void hostAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& outp
   job.count = output.numel();
   job.elemSize = output.element_size();
   job.allGather = true;
-  job.outputReadBack = readBack;
+  job.streams = plan.streams;
   ringCollective(c, job, RingBuffers{nullptr, bytes(output), overlaps ? nullptr : bytes(input)});
 }
 
@@ -261,32 +250,31 @@ GroupShape shapeOf(const LinkTable& links, const Config& cfg) {
   return g;
 }
 
-Algorithm chooseAllreduce(OpContext& c, size_t bytes, const c10::Device& device, bool contiguous) {
-  return chooseFor(c, Collective::Allreduce, bytes, contiguous ? &device : nullptr);
-}
-
 void allreduce(OpContext& c, const at::Tensor& t, const Reduction& red) {
-  const Algorithm algo = chooseAllreduce(c, nbytes(t), t.device(), t.is_contiguous());
-  const Staging staging = stagingOf(algo, t);
-  if (staging != Staging::Whole) {
+  OpQuery q = hostQuery(Collective::Allreduce, nbytes(t));
+  q.device = !t.device().is_cpu();
+  q.contiguous = t.is_contiguous();
+  const c10::Device device = t.device();
+  const OpPlan plan = planFor(c, q, &device);
+  if (plan.staging == HostStaging::OnRing || plan.staging == HostStaging::OnArena) {
     at::Tensor dev = asReal(premultiplied(red, t, /*inPlace=*/true));
     auto finalize = finalizer(red, reduceDtype(t.scalar_type()), c.size());
-    if (staging == Staging::OnRing) {
+    if (plan.staging == HostStaging::OnRing) {
       stagedRingAllreduce(c, dev, red.op, finalize);
     } else {
-      stagedArenaAllreduce(c, dev, red.op, finalize, /*oneShot=*/algo == Algorithm::ArenaOneShot);
+      stagedArenaAllreduce(c, dev, red.op, finalize, /*oneShot=*/plan.algorithm == Algorithm::ArenaOneShot);
     }
     return;
   }
   at::Tensor host = premultiplied(red, toHost(t), /*inPlace=*/true);
-  hostAllreduce(c, asReal(host), red);
+  hostAllreduce(c, asReal(host), red, plan);
   writeBack(t, host);
 }
 
 void allreduceCoalesced(OpContext& c, const std::vector<at::Tensor>& ts, const Reduction& red) {
   at::Tensor flat = at::cat(flatHost(ts));
   premultiplied(red, flat, /*inPlace=*/true);
-  hostAllreduce(c, asReal(flat), red);
+  hostAllreduce(c, asReal(flat), red, planFor(c, hostQuery(Collective::Allreduce, nbytes(flat))));
   int64_t off = 0;
   for (const auto& t : ts) {
     t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
@@ -295,7 +283,8 @@ void allreduceCoalesced(OpContext& c, const std::vector<at::Tensor>& ts, const R
 }
 
 void barrier(OpContext& c) {
-  const Algorithm algo = chooseFor(c, Collective::Barrier, 0);
+  const OpPlan plan = planFor(c, hostQuery(Collective::Barrier, 0));
+  const Algorithm algo = plan.algorithm;
   if (onArena(algo)) {
     arenaBarrier(c); // one step: every member has arrived
     return;
@@ -306,14 +295,14 @@ void barrier(OpContext& c) {
   // has heard, directly or through the ring, from every other.
   const bool rings = algo == Algorithm::Ring || algo == Algorithm::Hier;
   at::Tensor token = at::zeros({rings ? c.size() : 1}, at::TensorOptions().dtype(at::kByte));
-  hostAllreduce(c, token, Reduction{});
+  hostAllreduce(c, token, Reduction{}, plan);
 }
 
 // ---- Rooted ----------------------------------------------------------------------
 
 void broadcast(OpContext& c, const at::Tensor& t, int root) {
   at::Tensor host = c.rank() == root ? toHost(t) : hostBufferFor(t);
-  if (onArena(chooseFor(c, Collective::Broadcast, nbytes(host)))) {
+  if (onArena(planFor(c, hostQuery(Collective::Broadcast, nbytes(host))).algorithm)) {
     arenaBroadcast(c, bytes(host), nbytes(host), root);
   } else {
     chainBroadcast(c, bytes(host), nbytes(host), root);
@@ -330,7 +319,7 @@ void reduce(OpContext& c, const at::Tensor& t, const Reduction& red, int root) {
   at::Tensor input = asReal(host);
   at::Tensor resultHost = at::empty_like(host);
   at::Tensor result = asReal(resultHost);
-  const Algorithm algo = chooseFor(c, Collective::Reduce, nbytes(input));
+  const Algorithm algo = planFor(c, hostQuery(Collective::Reduce, nbytes(input))).algorithm;
   if (onArena(algo)) {
     arenaReduce(c, bytes(input), bytes(result), input.numel(), input.element_size(), red.op,
                 finalizer(red, input.scalar_type(), p), root, /*oneShot=*/algo == Algorithm::ArenaOneShot);
@@ -375,7 +364,7 @@ void gather(OpContext& c, const at::Tensor& input, const std::vector<at::Tensor>
     hout.push_back(hostBufferFor(o));
     ptrs.push_back(bytes(hout.back()));
   }
-  if (onArena(chooseFor(c, Collective::Gather, nbytes(hin)))) {
+  if (onArena(planFor(c, hostQuery(Collective::Gather, nbytes(hin))).algorithm)) {
     arenaGather(c, bytes(hin), nbytes(hin), ptrs, root);
   } else {
     gatherTo(c, root, bytes(hin), nbytes(hin), ptrs);
@@ -393,7 +382,7 @@ void scatter(OpContext& c, const std::vector<at::Tensor>& inputs, const at::Tens
     ptrs.push_back(bytes(hin.back()));
   }
   at::Tensor hout = hostBufferFor(output);
-  if (onArena(chooseFor(c, Collective::Scatter, nbytes(hout)))) {
+  if (onArena(planFor(c, hostQuery(Collective::Scatter, nbytes(hout))).algorithm)) {
     arenaScatter(c, ptrs, bytes(hout), nbytes(hout), root);
   } else {
     scatterFrom(c, root, ptrs, bytes(hout), nbytes(hout));
@@ -404,22 +393,25 @@ void scatter(OpContext& c, const std::vector<at::Tensor>& inputs, const at::Tens
 // ---- All-gather ------------------------------------------------------------------
 
 void allGatherInto(OpContext& c, const at::Tensor& input, const at::Tensor& output) {
-  if (const Staging staging = stagingOf(c, Collective::AllGather, input, output); staging != Staging::Whole) {
+  const c10::Device device = input.device();
+  const OpPlan plan = planFor(c, splitQuery(Collective::AllGather, input, output, c.rank()), &device);
+  if (plan.staging == HostStaging::OnRing || plan.staging == HostStaging::OnArena) {
     const at::Tensor in = input.reshape({-1});
     const at::Tensor out = output.reshape({-1});
-    staging == Staging::OnRing ? stagedRingAllGather(c, in, out) : stagedArenaAllGather(c, in, out);
+    plan.staging == HostStaging::OnRing ? stagedRingAllGather(c, in, out)
+                                        : stagedArenaAllGather(c, in, out, plan.streams);
     return;
   }
   at::Tensor hin = toHost(input);
   at::Tensor hout = hostBufferFor(output);
-  hostAllGather(c, hin.reshape({-1}), hout.reshape({-1}));
+  hostAllGather(c, hin.reshape({-1}), hout.reshape({-1}), plan);
   writeBack(output, hout);
 }
 
 void allGather(OpContext& c, const at::Tensor& input, const std::vector<at::Tensor>& outputs) {
   at::Tensor hin = toHost(input).reshape({-1});
   at::Tensor flat = at::empty({hin.numel() * c.size()}, hin.options());
-  hostAllGather(c, hin, flat, /*readBack=*/true);
+  hostAllGather(c, hin, flat, planFor(c, hostQuery(Collective::AllGather, nbytes(flat), /*readBack=*/true)));
   for (const auto q : c10::irange(c.size())) {
     outputs[q].copy_(flat.narrow(0, q * hin.numel(), hin.numel()).view(outputs[q].sizes()));
   }
@@ -429,7 +421,7 @@ void allGatherCoalesced(OpContext& c, const std::vector<at::Tensor>& inputs, con
   at::Tensor flatIn = at::cat(flatHost(inputs));
   const int64_t n = flatIn.numel();
   at::Tensor flat = at::empty({n * c.size()}, flatIn.options());
-  hostAllGather(c, flatIn, flat, /*readBack=*/true);
+  hostAllGather(c, flatIn, flat, planFor(c, hostQuery(Collective::AllGather, nbytes(flat), /*readBack=*/true)));
   size_t k = 0;
   for (const auto q : c10::irange(c.size())) {
     int64_t off = q * n;
@@ -450,12 +442,14 @@ void allGatherIntoCoalesced(OpContext& c, const std::vector<at::Tensor>& inputs,
 // ---- Reduce-scatter --------------------------------------------------------------
 
 void reduceScatterInto(OpContext& c, const at::Tensor& input, const at::Tensor& output, const Reduction& red) {
-  if (const Staging staging = stagingOf(c, Collective::ReduceScatter, input, output); staging != Staging::Whole) {
+  const c10::Device device = input.device();
+  const OpPlan plan = planFor(c, splitQuery(Collective::ReduceScatter, input, output, c.rank()), &device);
+  if (plan.staging == HostStaging::OnRing || plan.staging == HostStaging::OnArena) {
     // PREMUL_SUM's product on the device, into a tensor of its own: the input stays as it was.
     const at::Tensor in = asReal(premultiplied(red, input, /*inPlace=*/false));
     const at::Tensor out = asReal(output);
     auto finalize = finalizer(red, in.scalar_type(), c.size());
-    if (staging == Staging::OnArena) {
+    if (plan.staging == HostStaging::OnArena) {
       stagedArenaReduceScatter(c, in, out, red.op, finalize);
       return;
     }
@@ -470,7 +464,7 @@ void reduceScatterInto(OpContext& c, const at::Tensor& input, const at::Tensor& 
   }
   at::Tensor hin = asReal(premultiplied(red, toHost(input), /*inPlace=*/false));
   at::Tensor hout = hostBufferFor(output);
-  hostReduceScatter(c, hin, asReal(hout), red);
+  hostReduceScatter(c, hin, asReal(hout), red, plan);
   writeBack(output, hout);
 }
 
@@ -478,7 +472,7 @@ void reduceScatter(OpContext& c, const std::vector<at::Tensor>& inputs, const at
                    const Reduction& red) {
   at::Tensor flat = premultiplied(red, at::cat(flatHost(inputs)), /*inPlace=*/true);
   at::Tensor hout = hostBufferFor(output);
-  hostReduceScatter(c, asReal(flat), asReal(hout), red);
+  hostReduceScatter(c, asReal(flat), asReal(hout), red, planFor(c, hostQuery(Collective::ReduceScatter, nbytes(flat))));
   writeBack(output, hout);
 }
 
@@ -496,7 +490,7 @@ namespace {
 // The blocks' exchange, over the arena or the links as choice.h says.
 void allToAllOf(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
                 const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
-  const Algorithm algo = chooseFor(c, Collective::AllToAll, 0);
+  const Algorithm algo = planFor(c, hostQuery(Collective::AllToAll, 0)).algorithm;
   if (onArena(algo)) {
     arenaAllToAll(c, sendBuf, sendBytes, recvBuf, recvBytes);
   } else {

@@ -38,9 +38,6 @@ namespace collectives {
 
 // What choice.h needs to know of this op's group: the same on every rank.
 GroupShape shapeOf(const LinkTable& links, const Config& cfg);
-// The allreduce's algorithm for `bytes` of data on `device` (contiguous or not); sizes
-// the op's same-host copies too (OpContext::sizeCopies).
-Algorithm chooseAllreduce(OpContext& c, size_t bytes, const c10::Device& device, bool contiguous);
 
 void allreduce(OpContext& c, const at::Tensor& t, const Reduction& red);
 // One allreduce over the concatenation of `ts` (one pipeline instead of many).

@@ -25,10 +25,6 @@ RequestPtr OpContext::send(int peer, const void* data, size_t nbytes) {
   return lends_ ? link.postSend(peer, header(), data, nbytes) : link.postSendCopied(peer, header(), data, nbytes);
 }
 
-void OpContext::sizeCopies(size_t bytes) {
-  lends_ = singleCopyFor(links_.sameHostCopy, bytes);
-}
-
 RequestPtr OpContext::sendCopied(int peer, const void* data, size_t nbytes) {
   return links_.to(peer)->postSendCopied(peer, header(), data, nbytes);
 }

@@ -62,15 +62,14 @@ class OpContext {
   // Receives a ring posts ahead on its link from `peer` (Config::recvWindowFor).
   int recvWindowFrom(int peer) const { return cfg_.recvWindowFor(links_.from(peer)->sendWaitsForReceive()); }
   const OpTag& tag() const { return tag_; }
-  // Sizes this op for its same-host sends (`bytes`: the op's, as choice.h counts them):
-  // whether send() lends them is its size class's measured choice (singleCopyFor).
-  // Until called, an op lends as the group's small ops do.
-  void sizeCopies(size_t bytes);
+  // Whether send() lends this op's same-host messages: its plan's (OpPlan::lends, the
+  // size class's measured choice).  Until set, an op lends as the group's small ops do.
+  void setLends(bool lends) { lends_ = lends; }
 
   // Collective frames of this op: same key/op/dtype/numel on both sides, on the link
   // the group routes that peer to (LinkTable; both ends of a link decide alike).  A
   // same-host send is lent to the receiver (single copy) where the link takes it and
-  // this op's size class lends (sizeCopies), and copied otherwise.
+  // this op's plan lends (setLends), and copied otherwise.
   RequestPtr send(int peer, const void* data, size_t nbytes);
   // A send the link copies rather than lends (Link::postSendCopied): one `peer` reduces
   // as it arrives, or one that measured faster copied.
@@ -159,7 +158,7 @@ class OpContext {
   std::vector<char>& scratch_;
   std::vector<char>& workspace_;
   OpTrace* trace_ = nullptr;
-  bool lends_; // send() lends where the link takes it (sizeCopies)
+  bool lends_; // send() lends where the link takes it (setLends)
 };
 
 } // namespace ringpg

@@ -20,9 +20,6 @@ enum class Direction : uint8_t { ToRoot, FromRoot };
 // receives at the root, scatter sends from it; the root posts in ring-distance order.
 void rootedExchange(OpContext& c, int root, Direction dir, char* mine, const std::vector<char*>& atRoot,
                     size_t nbytes) {
-  if (c.trace()) {
-    c.trace()->algorithm = "direct";
-  }
   const int p = c.size();
   const int r = c.rank();
   // The root receives what comes to it, every other rank what comes from it.
@@ -64,9 +61,6 @@ void scatterFrom(OpContext& c, int root, const std::vector<const char*>& inputs,
 void pairAllGather(OpContext& c, const char* input, char* output, size_t nbytes, bool streaming) {
   TORCH_INTERNAL_ASSERT(c.size() == 2, "ringpg: a pair exchange has two ranks, not ", c.size());
   OpTrace* const trace = c.trace();
-  if (trace) {
-    trace->algorithm = "pair";
-  }
   const int me = c.rank();
   const int peer = 1 - me;
   char* own = output + nbytes * me;
@@ -96,9 +90,6 @@ void pairAllGather(OpContext& c, const char* input, char* output, size_t nbytes,
 
 void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op,
                       const std::function<void(char*, int64_t)>& finalize) {
-  if (c.trace()) {
-    c.trace()->algorithm = "one_shot";
-  }
   const int p = c.size();
   const int r = c.rank();
   const size_t nbytes = static_cast<size_t>(count) * elemSize;
@@ -156,9 +147,6 @@ void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, 
 
 void recursiveDoublingAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op,
                                 const std::function<void(char*, int64_t)>& finalize) {
-  if (c.trace()) {
-    c.trace()->algorithm = "recursive_doubling";
-  }
   const int p = c.size();
   const int r = c.rank();
   const size_t nbytes = static_cast<size_t>(count) * elemSize;
@@ -212,9 +200,6 @@ namespace {
 
 void directAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
                     const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
-  if (c.trace()) {
-    c.trace()->algorithm = "direct";
-  }
   const int p = c.size();
   const int r = c.rank();
   std::vector<RequestPtr> reqs;
@@ -234,9 +219,6 @@ void directAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const
 
 void bruckAllToAll(OpContext& c, const std::vector<const char*>& sendBuf, const std::vector<size_t>& sendBytes,
                    const std::vector<char*>& recvBuf, const std::vector<size_t>& recvBytes) {
-  if (c.trace()) {
-    c.trace()->algorithm = "bruck";
-  }
   const int p = c.size();
   const int r = c.rank();
   const Bruck bruck(p);

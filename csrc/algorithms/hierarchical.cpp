@@ -1,6 +1,7 @@
 #include "algorithms/hierarchical.h"
 
 #include "algorithms/arena_collectives.h"
+#include "algorithms/choice.h"
 #include "algorithms/ring.h"
 #include "algorithms/ring_plan.h"
 #include "common/host.h"
@@ -60,7 +61,7 @@ struct HierRings {
         cross(RingView::of(t.localRanks(j), rank, kMinSegments)) {}
   explicit HierRings(OpContext& c) : HierRings(c.topology(), c.rank()) {
     if (c.trace()) {
-      c.trace()->algorithm = "hier";
+      c.trace()->algorithm = algorithmName(Algorithm::Hier);
     }
   }
 };
@@ -287,7 +288,7 @@ bool hostArenaApplies(const Topology& t, Config::Algo algo) {
   if (algo != Config::Algo::Auto && algo != Config::Algo::Arena) {
     return false;
   }
-  return t.hosts == 1 || (hierarchicalApplies(t, algo) && t.ranksPerHost() >= kHostArenaMinRanks);
+  return t.hosts == 1 || (hierarchicalApplies(t, algo) && t.ranksPerHost() >= kArenaMinRanks);
 }
 
 std::vector<int> ringPeers(const Topology& t, int rank, Config::Algo algo) {

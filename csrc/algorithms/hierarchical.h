@@ -34,10 +34,9 @@ inline bool hierarchicalApplies(const OpContext& c) {
 // Whether each host's ranks share a host arena (transport/arena.h) under setting `algo`
 // (Auto or Arena; Ring and Hier ask for the links): a group on one host runs its
 // collectives there (choice.h), and a hierarchical group with at least
-// kHostArenaMinRanks ranks a host its host phases, in one step a piece where the host
+// kArenaMinRanks (common/thresholds.h) ranks a host its host phases, in one step a piece where the host
 // ring pays K - 1.  At two ranks a host the ring is one step already, over one link
 // that copies once where single copy pays.
-constexpr int kHostArenaMinRanks = 3;
 bool hostArenaApplies(const Topology& t, Config::Algo algo);
 
 // The peers rank `rank`'s rings exchange with under setting `algo`: its neighbours on

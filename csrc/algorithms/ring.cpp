@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "algorithms/choice.h"
 #include "algorithms/ring_plan.h"
 #include "reduce/reduce.h"
 
@@ -154,22 +155,19 @@ RingSweep::RingSweep(OpContext& c, const RingView& ring, const RingJob& job, con
   // chunk (down to kMinSegmentBytes) so that the ring's fill and drain, about one
   // segment per step, stay a small part of the whole (RingView::minSegments).
   const int64_t minSegments = ring.minSegments;
-  constexpr int64_t kMinSegmentBytes = 64 * 1024;
   const int64_t chunkBytes = (job.count + p_ - 1) / p_ * static_cast<int64_t>(es_);
-  const int64_t segBytes = std::min<int64_t>(static_cast<int64_t>(c.config().segmentBytes),
-                                             std::max(kMinSegmentBytes, chunkBytes / minSegments));
+  const int64_t segBytes =
+      std::min<int64_t>(static_cast<int64_t>(c.config().segmentBytes),
+                        std::max(static_cast<int64_t>(kMinSegmentBytes), chunkBytes / minSegments));
   plan_ = segmentPlan(job.count, p_, std::max<int64_t>(1, segBytes / static_cast<int64_t>(es_)));
   firstStep_ = job.reduceScatter ? 0 : p_ - 1;
   const int endStep = job.allGather ? 2 * p_ - 2 : p_ - 1;
   units_ = static_cast<int64_t>(endStep - firstStep_) * plan_.segments;
   ownChunk_ = chunkOf(r_);
   window_ = c.recvWindowFrom(ring.left());
-  // Only a plain all-gather: it writes its whole output once and reads none of it, so
-  // a plain copy's lines, read for ownership, leave the caches unread when the output
-  // outgrows them.  An allreduce's gather lands in the buffer its reduce steps just
-  // wrote, and streaming there measured slower (docs/internals.md, "Why these constants").
-  streaming_ = job.allGather && !job.reduceScatter && !job.outputReadBack &&
-               c.config().streams(static_cast<size_t>(job.count) * es_);
+  // The plan's (OpPlan::streams): only ever a plain all-gather's output.
+  TORCH_INTERNAL_ASSERT(!job.streams || (job.allGather && !job.reduceScatter), "ringpg: only an all-gather streams");
+  streaming_ = job.streams;
   slotBytes_ = static_cast<size_t>(plan_.segElems) * es_;
   // Fused: the link reduces each fragment as it arrives, with no staging slots.
   slots_ = job.reduceScatter && !fused_ ? c.scratch(slotBytes_ * window_) : nullptr;
@@ -177,7 +175,7 @@ RingSweep::RingSweep(OpContext& c, const RingView& ring, const RingJob& job, con
   recvs_.resize(static_cast<size_t>(window_));
   if (trace_) {
     if (trace_->algorithm == nullptr) {
-      trace_->algorithm = "ring"; // the hierarchical collectives name themselves first
+      trace_->algorithm = algorithmName(Algorithm::Ring); // an op names its plan's first
     }
     trace_->ring = TraceRingPlan{job.count, static_cast<int64_t>(es_), plan_.segments, plan_.segElems, window_,
                                  fused_,    job.reduceScatter,         job.allGather};
@@ -238,21 +236,9 @@ void RingSweep::postAhead(int64_t done) {
 void RingSweep::postSend(int step, int chunk, int64_t j, const char* src, int64_t n) {
   const int64_t begin = trace_ ? traceNow() : 0;
   const size_t bytes = static_cast<size_t>(n) * es_;
-  // Copied, never lent (Link::postSendCopied): an allreduce's gather segments below
-  // kLentGatherAfterReduce, and what a reduce step sends (which the right neighbour
-  // reduces, fused or from its staging) unless lentReduce.  Lending those measured
-  // slower at two ranks on one host below this size and faster from a few MiB; a plain
-  // all-gather gains from lending at every size single copy takes (docs/internals.md,
-  // "Why these constants", for the figures).
-  constexpr size_t kLentGatherAfterReduce = 256 * 1024;
-  // A reduce step's segments are lent in a ring of two whose op moves at least
-  // kLentReduceFrom: the receiver reads them in cache-sized pieces that it reduces as
-  // they land (ShmLink::readLeftInto), so no slot is written and read in between.  Faster
-  // than copying from this size at two ranks; even below it, and slower where more ranks
-  // share the cores (docs/internals.md, "Why these constants").
-  constexpr size_t kLentReduceFrom = 4 * 1024 * 1024;
-  const bool lentReduce = ring_.size() == 2 && static_cast<size_t>(job_.count) * es_ >= kLentReduceFrom;
-  const bool copied = (isReduceStep(step) && !lentReduce) || (job_.reduceScatter && bytes < kLentGatherAfterReduce);
+  // Copied or lent: the plan's rule for a ring's sends (ringSendCopied, choice.h).
+  const bool copied = ringSendCopied(isReduceStep(step), job_.reduceScatter, ring_.size(),
+                                     static_cast<size_t>(job_.count) * es_, bytes);
   if (sends_.size() >= pruneAt_) {
     // Amortized: the next pass waits until the list has doubled past what stayed.
     sends_.erase(std::remove_if(sends_.begin(), sends_.end(),
@@ -449,9 +435,6 @@ void ringCollectiveOn(OpContext& c, const RingView& view, const RingJob& job, co
 }
 
 void chainBroadcast(OpContext& c, char* data, size_t nbytes, int root) {
-  if (c.trace()) {
-    c.trace()->algorithm = "chain";
-  }
   const int p = c.size();
   if (p == 1 || nbytes == 0) {
     return;

@@ -29,10 +29,8 @@ struct RingJob {
   size_t elemSize = 0; // bytes per element
   bool reduceScatter = false;
   bool allGather = false;
-  // The output is a buffer the caller reads back at once (all_gather's flat buffer,
-  // copied into the list of outputs): kept in cache, never streamed past it
-  // (Config::streamFrom).
-  bool outputReadBack = false;
+  // A plain all-gather writes its output past the caches (OpPlan::streams, choice.h).
+  bool streams = false;
   RedOp op = RedOp::Sum;
   // Applied to each finished segment of the own chunk after the reduce-scatter
   // (AVG's division); may be empty.

@@ -306,7 +306,6 @@ void stagedRingAllGather(OpContext& c, const at::Tensor& input, const at::Tensor
   job.count = count;
   job.elemSize = output.element_size();
   job.allGather = true;
-  job.outputReadBack = true; // the copies back read it at once: keep it in cache
   job.onFinal = [&](const Range& R) {
     staging.back(output.narrow(0, R.offset, R.length), host.narrow(0, R.offset, R.length));
   };
@@ -395,7 +394,7 @@ void stagedArenaReduceScatter(OpContext& c, const at::Tensor& input, const at::T
   staging.finish();
 }
 
-void stagedArenaAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output) {
+void stagedArenaAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output, bool streams) {
   TORCH_INTERNAL_ASSERT(input.is_contiguous() && output.is_contiguous() && !input.device().is_cpu());
   const int64_t chunk = input.numel();
   TORCH_INTERNAL_ASSERT(output.numel() == chunk * c.arena()->members());
@@ -418,7 +417,7 @@ void stagedArenaAllGather(OpContext& c, const at::Tensor& input, const at::Tenso
         staging.back(output.narrow(0, off, n), hostView(src, n, output));
       }
     };
-    arenaAllGather(c, nullptr, nullptr, chunk, output.element_size(), hooks);
+    arenaAllGather(c, nullptr, nullptr, chunk, output.element_size(), streams, hooks);
     staging.drain(); // the buffers are the next op's: nothing may read them after we return
     staging.finish();
     return;
@@ -434,7 +433,7 @@ void stagedArenaAllGather(OpContext& c, const at::Tensor& input, const at::Tenso
     }
   };
   arenaAllGather(c, static_cast<const char*>(mine.data_ptr()), static_cast<char*>(host.data_ptr()), chunk,
-                 output.element_size(), hooks);
+                 output.element_size(), streams, hooks);
   back.flushAll();
   staging.finish();
 }

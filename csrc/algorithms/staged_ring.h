@@ -56,6 +56,7 @@ void stagedArenaAllreduce(OpContext& c, const at::Tensor& dev, RedOp op,
                           const std::function<void(char*, int64_t)>& finalize, bool oneShot);
 void stagedArenaReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& output, RedOp op,
                               const std::function<void(char*, int64_t)>& finalize);
-void stagedArenaAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output);
+// `streams`: the plan's (OpPlan::streams).
+void stagedArenaAllGather(OpContext& c, const at::Tensor& input, const at::Tensor& output, bool streams);
 
 } // namespace ringpg

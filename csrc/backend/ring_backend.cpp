@@ -208,8 +208,15 @@ const char* RingBackend::allreduceAlgorithm() const {
   return algorithmFor("allreduce", size_t{1} << 30);
 }
 
-const char* RingBackend::algorithmFor(const std::string& op, size_t bytes) const {
-  return algorithmName(chooseAlgorithm(collectiveNamed(op), collectives::shapeOf(net_->links, cfg_), cfg_, bytes));
+const char* RingBackend::algorithmFor(const std::string& op, size_t bytes, const std::string& device) const {
+  OpQuery q;
+  q.op = collectiveNamed(op);
+  q.bytes = bytes;
+  q.device = !c10::Device(device).is_cpu();
+  q.contiguous = true;
+  GroupShape g = collectives::shapeOf(net_->links, cfg_);
+  g.arenaReachesDevice = q.device && g.arena && net_->arena->devicePin() != HostArena::DevicePin::Refused;
+  return algorithmName(planOp(q, g, cfg_).algorithm);
 }
 
 void RingBackend::setTracing(bool on) {

@@ -192,8 +192,11 @@ class RingBackend final : public c10d::Backend {
   // `algoChoice`, and its shape decide).
   const char* allreduceAlgorithm() const;
   // The algorithm `op` ("allreduce", "reduce_scatter", "all_gather", "broadcast",
-  // "reduce", "barrier") runs on `bytes` of host memory in this group (algorithms/choice.h).
-  const char* algorithmFor(const std::string& op, size_t bytes) const;
+  // "reduce", "barrier", ...) runs on `bytes` in this group: the op's plan
+  // (algorithms/choice.h, planOp) for contiguous tensors, apart, on `device` ("cpu", or a
+  // device such as "cuda", whose copies are taken to reach the arena's buffers unless a
+  // device op has already found they do not).
+  const char* algorithmFor(const std::string& op, size_t bytes, const std::string& device = "cpu") const;
   // The group's host arena: bytes of each of a rank's two buffers, 0 where it has none;
   // and why a group on one host has none ("" otherwise).
   size_t arenaBufferBytes() const { return net_->arena ? net_->arena->bufferBytes() : 0; }

@@ -323,10 +323,11 @@ void bindBackend(py::module_& m) {
           "rings across hosts) or 'ring' (the group's algo, RINGPG_ALGO or ringpg.use_algorithm, and its "
           "shape decide)")
       .def("algorithm_for", &ringpg::RingBackend::algorithmFor, py::arg("op"), py::arg("nbytes"),
+           py::arg("device") = "cpu",
            "the algorithm `op` (allreduce, reduce_scatter, all_gather, broadcast, reduce, barrier, gather, scatter, "
-           "all_to_all) runs on "
-           "`nbytes` of host memory in this group: local, oneshot, doubling, ring, staged_ring, hier, "
-           "arena_oneshot or arena (algorithms/choice.h); nbytes: reduce_scatter's input, all_gather's output")
+           "all_to_all) runs on `nbytes` of contiguous tensors on `device` ('cpu', 'cuda') in this group: local, "
+           "oneshot, doubling, ring, chain, direct, pair, bruck, staged_ring, hier, arena_oneshot or arena (the "
+           "op's plan, algorithms/choice.h); nbytes: reduce_scatter's input, all_gather's output")
       .def_property_readonly("arena_bytes", &ringpg::RingBackend::arenaBufferBytes,
                              "bytes of each of a rank's two buffers in the group's host arena (RINGPG_ARENA_BYTES, "
                              "in whole pages; in a group across hosts, its host's, which the hierarchical host "
@@ -379,6 +380,56 @@ void bindBackend(py::module_& m) {
   bindBackendByTorchVersion(backend);
 }
 
+// The op's plan (algorithms/choice.h) for a group of any shape, for the tests: keyword
+// arguments only, each with the default a one-host group of `size` ranks has.
+void bindOpPlan(py::module_& m) {
+  m.def(
+      "plan_op",
+      [](const std::string& op, int size, size_t nbytes, int hosts, int mostPerHost, bool hierarchical, bool ringFused,
+         bool arena, const std::string& algo, int64_t oneShotBytes, int64_t streamBytes, bool device, bool contiguous,
+         bool apart, bool readBack, bool arenaReachesDevice, bool copyCached, bool copyStreaming) {
+        ringpg::Config cfg;
+        cfg.algo = ringpg::Config::algoNamed(algo, "algo=");
+        if (oneShotBytes >= 0) {
+          cfg.oneShotBytes = static_cast<size_t>(oneShotBytes);
+        }
+        cfg.streamBytes = streamBytes;
+        const ringpg::GroupShape g{size,
+                                   hosts,
+                                   mostPerHost < 0 ? size : mostPerHost,
+                                   hierarchical,
+                                   ringFused,
+                                   arena,
+                                   arenaReachesDevice,
+                                   ringpg::SameHostCopy{copyCached, copyStreaming}};
+        ringpg::OpQuery q;
+        q.op = ringpg::collectiveNamed(op);
+        q.bytes = nbytes;
+        q.device = device;
+        q.contiguous = contiguous;
+        q.apart = apart;
+        q.readBack = readBack;
+        const ringpg::OpPlan plan = ringpg::planOp(q, g, cfg);
+        py::dict d;
+        d["algorithm"] = ringpg::algorithmName(plan.algorithm);
+        d["staging"] = ringpg::stagingName(plan.staging);
+        d["lends"] = plan.lends;
+        d["streams"] = plan.streams;
+        d["asks_device_reach"] = ringpg::planAsksDeviceReach(q, g);
+        return d;
+      },
+      py::kw_only(), py::arg("op"), py::arg("size"), py::arg("nbytes"), py::arg("hosts") = 1,
+      py::arg("most_per_host") = -1, py::arg("hierarchical") = false, py::arg("ring_fused") = true,
+      py::arg("arena") = false, py::arg("algo") = "auto", py::arg("oneshot_bytes") = -1,
+      py::arg("stream_bytes") = ringpg::Config::kStreamAuto, py::arg("device") = false, py::arg("contiguous") = true,
+      py::arg("apart") = true, py::arg("read_back") = false, py::arg("arena_reaches_device") = false,
+      py::arg("copy_cached") = false, py::arg("copy_streaming") = false,
+      "algorithms/choice.h's plan (a dict: algorithm, staging, lends, streams, asks_device_reach) of `op` on "
+      "`nbytes` in a group of this shape (default settings but `algo`, `oneshot_bytes` and `stream_bytes`, -1: "
+      "the default; `device`, `contiguous`, `apart`, `read_back`: OpQuery's; `copy_cached`, `copy_streaming`: "
+      "the group's single copy by size class, transport/link.h's SameHostCopy); for the tests");
+}
+
 // What this build was compiled with, and the algorithm choice and arena arithmetic, for the tests.
 void bindBuildAndChoice(py::module_& m) {
   // Which c10d APIs this build was compiled with (common/torch_compat.h; read by
@@ -400,32 +451,13 @@ void bindBuildAndChoice(py::module_& m) {
     return d;
   });
 
-  m.def(
-      "choose_algorithm",
-      [](const std::string& op, int size, int hosts, int mostPerHost, bool hierarchical, bool ringFused, bool arena,
-         size_t nbytes, const std::string& algo, int64_t oneShotBytes, bool deviceContiguous, bool arenaReachesDevice,
-         bool copyCached, bool copyStreaming) {
-        ringpg::Config cfg;
-        cfg.algo = ringpg::Config::algoNamed(algo, "algo=");
-        if (oneShotBytes >= 0) {
-          cfg.oneShotBytes = static_cast<size_t>(oneShotBytes);
-        }
-        ringpg::GroupShape g{size,      hosts, mostPerHost,        hierarchical,
-                             ringFused, arena, arenaReachesDevice, ringpg::SameHostCopy{copyCached, copyStreaming}};
-        return std::string(ringpg::algorithmName(
-            ringpg::chooseAlgorithm(ringpg::collectiveNamed(op), g, cfg, nbytes, deviceContiguous)));
-      },
-      py::arg("op"), py::arg("size"), py::arg("hosts"), py::arg("most_per_host"), py::arg("hierarchical"),
-      py::arg("ring_fused"), py::arg("arena"), py::arg("nbytes"), py::arg("algo") = "auto",
-      py::arg("oneshot_bytes") = -1, py::arg("device_contiguous") = false, py::arg("arena_reaches_device") = false,
-      py::arg("copy_cached") = false, py::arg("copy_streaming") = false,
-      "algorithms/choice.h's decision for a group of this shape (default settings but `algo` and "
-      "`oneshot_bytes`, -1: the default; `copy_cached`, `copy_streaming`: the group's single copy by "
-      "size class, transport/link.h's SameHostCopy); for the tests");
   m.def("arena_oneshot_volume", [] { return ringpg::kArenaOneShotVolume; });
   m.def(
+      "staged_min_bytes", [] { return ringpg::kStagedMinBytes; },
+      "the bytes from which a device tensor's op may be staged in pieces (common/thresholds.h)");
+  m.def(
       "streaming_op_bytes", [] { return ringpg::kStreamingOpBytes; },
-      "the op size (bytes, as choose_algorithm counts them) from which same-host messages move as the group "
+      "the op size (bytes, as plan_op counts them) from which same-host messages move as the group "
       "measured for buffers the caches do not hold (same_host_copy's second class)");
   m.def(
       "single_copy_for",
@@ -707,6 +739,7 @@ PYBIND11_MODULE(_C, m) {
   bindBackend(m);
   bindFloor(m);
   bindBuildAndChoice(m);
+  bindOpPlan(m);
   bindPlans(m);
   bindSettingsAndHost(m);
   bindTestSeams(m);

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/thresholds.h"
+
 namespace ringpg {
 
 struct Config {
@@ -116,7 +118,7 @@ struct Config {
   //   Bruck:  ceil(log2 p) rounds with one peer each way per round (direct.h), each
   //           block forwarded once per set bit of its distance (log2(p)/2 times its
   //           bytes on average), O(log p) peers;
-  //   Auto (the default): Bruck from kBruckAutoRanks ranks on, where the direct
+  //   Auto (the default): Bruck from kBruckAutoRanks (common/thresholds.h) ranks on, where the direct
   //           exchange's 2(p - 1) sockets would pass the common limit of 1,024 open
   //           files a process, else Direct.
   // The choice depends on the group's size only, never on this rank's splits (ranks
@@ -124,7 +126,6 @@ struct Config {
   // alike; the setting must be the same on every rank (transport/connect.cpp).
   enum class AllToAll : uint8_t { Auto, Direct, Bruck };
   AllToAll allToAll = AllToAll::Auto;
-  static constexpr int kBruckAutoRanks = 512;
   static const char* allToAllName(AllToAll a);
   // Whether a group of `size` ranks runs Bruck's all-to-all.
   bool bruckAllToAll(int size) const {

@@ -94,7 +94,7 @@ class OpTrace {
   // Appends the events `other` recorded: a second thread's of the same op (the
   // hierarchical pipeline's), once that thread has ended.
   void absorb(const OpTrace& other) { events_.insert(events_.end(), other.events_.begin(), other.events_.end()); }
-  const char* algorithm = nullptr; // "ring", "one_shot", ...; null: not said
+  const char* algorithm = nullptr; // the op's plan's (algorithmName: "ring", "oneshot", ...); null: not said
   TraceRingPlan ring;
   // A hierarchical collective's pieces (a coalesced op's: all its collectives') and the
   // threads that ran them (1, or 2 when the rings across hosts ran on a second thread

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/thresholds.h"
 #include "transport/rendezvous.h"
 #include "transport/store_exchange.h"
 
@@ -150,8 +151,8 @@ std::vector<int> peersToConnect(const Config& cfg, const GroupPlan& plan, const 
 // waits spin; `*used`: every rank agreed on shared memory.
 void connectSharedMemory(GroupLinks& g, const Config& cfg, Config::Transport transport, int rank, Deadline deadline,
                          bool* used) {
-  // A slot holds one default-sized segment; larger segments travel as fragments.
-  const size_t slotBytes = std::clamp<size_t>(cfg.segmentBytes, 64 * 1024, 4 * 1024 * 1024);
+  // A slot holds one segment, its size clamped (common/thresholds.h); larger segments travel as fragments.
+  const size_t slotBytes = std::clamp<size_t>(cfg.segmentBytes, kSlotMinBytes, kSlotMaxBytes);
   // Waits spin, pausing while this host's ranks can each have a core, and yielding on
   // every look where they outnumber the CPUs they may use together (counted over their
   // masks, so that ranks pinned one to a core each have one): the rank waited for may

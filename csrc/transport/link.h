@@ -18,6 +18,7 @@
 #include <functional>
 #include <vector>
 
+#include "common/thresholds.h"
 #include "transport/engine.h"
 #include "transport/request.h"
 #include "transport/topology.h"
@@ -102,20 +103,14 @@ class EngineLink final : public Link {
   Engine& engine_;
 };
 
-// From this many bytes (the op's, as algorithms/choice.h counts them) an op's buffers
-// are taken to stream from memory rather than sit in the caches.  docs/internals.md
-// ("Single copy or the slots") says why here.
-constexpr size_t kStreamingOpBytes = 8 * 1024 * 1024;
-
 // Which ops' large same-host messages move by single copy (cross-memory attach: the
 // receiver reads the sender's buffer, one copy) rather than through the slots (two),
-// by the op's size class: below `streamingFrom` an op's buffers are mostly in the
-// caches, from it on they stream from memory, and which way is faster can differ
-// between the two on one host.  Measured by the group at creation (ShmLink::connect),
-// the same on every rank; single copy nowhere where it is refused or off, everywhere
-// where RINGPG_CMA_BYTES is set, from a rank's own size where tuning key cma_op_bytes is.
+// by the op's size class (kStreamingOpBytes, common/thresholds.h): below `streamingFrom` an op's buffers are mostly in
+// the caches, from it on they stream from memory, and which way is faster can differ between the two on one host.
+// Measured by the group at creation (ShmLink::connect), the same on every rank; single copy nowhere where it is refused
+// or off, everywhere where RINGPG_CMA_BYTES is set, from a rank's own size where tuning key cma_op_bytes is.
 struct SameHostCopy {
-  bool cached = false;    // ops below streamingFrom
+  bool cached = false; // ops below streamingFrom
   bool streaming = false; // ops from it on
   size_t streamingFrom = kStreamingOpBytes;
   bool any() const { return cached || streaming; }
@@ -133,9 +128,9 @@ struct LinkTable {
   const Topology* topology = nullptr;
   Link* control = nullptr;
   Link* collective = nullptr; // every peer's, both ways, but the ones below
-  Link* toOne = nullptr;      // frames to peer toPeer, where set
+  Link* toOne = nullptr; // frames to peer toPeer, where set
   int toPeer = -1;
-  Link* fromOne = nullptr;    // frames from peer fromPeer, where set
+  Link* fromOne = nullptr; // frames from peer fromPeer, where set
   int fromPeer = -1;
 
   Link* to(int peer) const { return peer == toPeer ? toOne : collective; }

@@ -371,11 +371,9 @@ void ShmLink::chooseCopyByMeasuring(GroupStore& store, int size, Deadline deadli
   p.coldBytes = coldBytes;
   std::istringstream in(sums);
   in >> p.lentMicros >> p.copiedMicros >> p.coldLentMicros >> p.coldCopiedMicros;
-  // Single copy pins the peer's pages on every read, and a measurement of a few
-  // exchanges on a busy host can tip either way by a few percent: it must win clearly.
-  constexpr double kClearWin = 0.9;
-  copy_.cached = p.lentMicros < kClearWin * p.copiedMicros;
-  copy_.streaming = p.coldLentMicros < kClearWin * p.coldCopiedMicros;
+  // Single copy must win clearly (kSingleCopyClearWin, common/thresholds.h).
+  copy_.cached = p.lentMicros < kSingleCopyClearWin * p.copiedMicros;
+  copy_.streaming = p.coldLentMicros < kSingleCopyClearWin * p.coldCopiedMicros;
   if (!copy_.any()) {
     cmaBytes_ = 0; // the receivers then refuse a descriptor as corrupt
   }
