@@ -52,7 +52,9 @@ def algorithm_for(group: Any, op: str, nbytes: int, device: str = "cpu") -> Opti
         b = ringpg.backend(group, "cpu")
     except Exception:  # noqa: BLE001 - ringpg absent or unloadable: not a ringpg group
         return None
-    return b.algorithm_for(op, nbytes, device) if b is not None else None
+    if b is None:
+        return None
+    return b.algorithm_for(op, nbytes) if device == "cpu" else b.algorithm_for(op, nbytes, device)
 
 
 def copy_of(group: Any, device: str = "cpu") -> Optional[str]:

@@ -122,3 +122,24 @@ def test_only_a_plain_all_gather_streams() -> None:
     hier = {"hosts": 2, "most_per_host": 2, "hierarchical": True, "ring_fused": False}
     p = _plan("all_gather", 4, 1 << 26, stream_bytes=at, **hier)
     assert p["algorithm"] == "hier" and not p["streams"], p
+
+
+@pytest.mark.parametrize("size", range(1, 13))
+@pytest.mark.parametrize("tuning", ["", "alltoall=direct", "alltoall=bruck"])
+@pytest.mark.parametrize("algo", ["auto", "arena", "ring"])
+def test_a_group_maps_its_same_host_links_only_where_an_op_can_use_them(size: int, tuning: str, algo: str) -> None:
+    # Where the links do not serve, the plan of every op (host and device tensors, every
+    # size) runs in the arena or moves nothing; where the arena is missing, the links serve.
+    serve = _C.same_host_links_serve(size=size, algo=algo, tuning=tuning)
+    assert _C.same_host_links_serve(size=size, arena=False, algo=algo, tuning=tuning)
+    assert _C.same_host_links_serve(size=size, hosts=2, algo=algo, tuning=tuning)
+    assert serve == (size < 3 or algo == "ring" or tuning != ""), (size, algo, tuning, serve)
+    if serve:
+        return
+    for op in (*STAGED, *OTHERS, "barrier", "all_to_all"):
+        for nbytes in (0, 4, 4096, 1 << 16, 1 << 20, 1 << 26):
+            if op in ("barrier", "all_to_all") and nbytes:
+                continue
+            for device in (False, True):
+                p = _plan(op, size, nbytes, arena=True, algo=algo, device=device, ring_fused=False)
+                assert p["algorithm"] in ("arena", "arena_oneshot", "local"), (op, nbytes, device, p)

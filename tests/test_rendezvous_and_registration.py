@@ -742,7 +742,9 @@ def _local_settings_differ_then_algorithms(rank: int, ws: int, port: int, args: 
     x = torch.arange(n, dtype=torch.float32) % 1000 + rank
     want_sum = (torch.arange(n, dtype=torch.float32) % 1000) * ws + sum(range(ws))
     for transport in ("auto", "tcp", "gloo"):
-        with ringpg.use_transport(transport):
+        # The links' algorithms: a one-host group of three under auto would run every
+        # collective in its arena and map no same-host links, whose copy this checks.
+        with ringpg.use_transport(transport), ringpg.use_algorithm("ring"):
             g = dist.new_group(backend="ringpg")
         y = x.clone()
         dist.all_reduce(y, group=g)

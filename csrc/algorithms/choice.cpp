@@ -245,6 +245,13 @@ OpPlan planOp(const OpQuery& q, const GroupShape& g, const Config& cfg) {
   return p;
 }
 
+bool sameHostLinksServe(int size, int hosts, bool arena, const Config& cfg) {
+  const bool arenaRunsAll = hosts == 1 && arena && size >= kArenaMinRanks &&
+                            (cfg.algo == Config::Algo::Auto || cfg.algo == Config::Algo::Arena) &&
+                            cfg.allToAll == Config::AllToAll::Auto && arenaAllToAllSlot(cfg.arenaBytes, size) > 0;
+  return !arenaRunsAll;
+}
+
 bool ringSendCopied(bool reduceStep, bool reduceScatter, int ringSize, size_t opBytes, size_t sendBytes) {
   const bool lentReduce = ringSize == 2 && opBytes >= kLentReduceFrom;
   return (reduceStep && !lentReduce) || (reduceScatter && sendBytes < kLentGatherAfterReduce);

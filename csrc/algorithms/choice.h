@@ -127,6 +127,14 @@ bool planAsksDeviceReach(const OpQuery& q, const GroupShape& shape);
 // where it runs the op (at two ranks only where device copies reach its buffers).
 OpPlan planOp(const OpQuery& q, const GroupShape& shape, const Config& cfg);
 
+// Whether any collective of a group of `size` ranks on `hosts` hosts, with (`arena`) or
+// without a host arena, can run over the same-host links (transport/shm.h) under `cfg`:
+// not where one host's arena runs every collective (from kArenaMinRanks ranks, the
+// algorithm and all-to-all left to the plan, all-to-all's blocks fitting its slots).
+// Point-to-point always takes the engine.  A group maps those links, and measures
+// single copy on them, only where they serve (transport/connect.h, GroupPlan).
+bool sameHostLinksServe(int size, int hosts, bool arena, const Config& cfg);
+
 // Whether a ring send of `sendBytes` is copied into the neighbour's slots rather than
 // lent: a reduce step's (the neighbour reduces out of the slot its own core did not
 // fill) but in a ring of two whose op moves at least kLentReduceFrom, and an allreduce's

@@ -109,6 +109,7 @@ std::unique_ptr<GroupLinks> connectForBackend(const c10::intrusive_ptr<c10d::Sto
   GroupPlan plan;
   plan.peers = [&](const Topology& t) { return ringPeers(t, rank, cfg.algo); };
   plan.hostArena = [&](const Topology& t) { return hostArenaApplies(t, cfg.algo); };
+  plan.sameHostLinks = [&](const Topology& t, bool arena) { return sameHostLinksServe(t.size(), t.hosts, arena, cfg); };
   return connectGroup(store, rank, size, timeout, cfg, transportSetting, plan);
 }
 

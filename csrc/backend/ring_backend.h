@@ -218,10 +218,13 @@ class RingBackend final : public c10d::Backend {
   // did not (no shared-memory link here, RINGPG_CMA_BYTES set, single copy refused).
   ShmLink::CopyProbe sameHostCopyProbe() const { return net_->shm ? net_->shm->copyProbe() : ShmLink::CopyProbe{}; }
   // Microseconds the group's waits spin before sleeping (RINGPG_TUNING spin_us, or what
-  // auto chose for this transport and host).
-  int waitSpinMicros() const { return net_->shm ? net_->shmSpinMicros : cfg_.engineSpinMicros(); }
+  // auto chose for this transport and host): its same-host waits' (links or arena) where
+  // it has any, else its TCP waits'.
+  int waitSpinMicros() const { return sameHostWaits() ? net_->shmSpinMicros : cfg_.engineSpinMicros(); }
   // Whether those spins yield the CPU on every look (this host's ranks outnumber its CPUs).
-  bool waitSpinYields() const { return net_->shm && net_->shmSpinYields; }
+  bool waitSpinYields() const { return sameHostWaits() && net_->shmSpinYields; }
+  // Whether this rank waits on shared memory: a same-host link or a host arena.
+  bool sameHostWaits() const { return net_->shm != nullptr || net_->arena != nullptr; }
 
   // The TCP congestion control of the group's data sockets: RINGPG_TUNING tcp_congestion, or
   // the host's default; "" in a group of one (diagnostics and tests).

@@ -428,6 +428,17 @@ void bindOpPlan(py::module_& m) {
       "`nbytes` in a group of this shape (default settings but `algo`, `oneshot_bytes` and `stream_bytes`, -1: "
       "the default; `device`, `contiguous`, `apart`, `read_back`: OpQuery's; `copy_cached`, `copy_streaming`: "
       "the group's single copy by size class, transport/link.h's SameHostCopy); for the tests");
+  m.def(
+      "same_host_links_serve",
+      [](int size, int hosts, bool arena, const std::string& algo, const std::string& tuning) {
+        ringpg::Config cfg = ringpg::Config::withTuning(tuning);
+        cfg.algo = ringpg::Config::algoNamed(algo, "algo=");
+        return ringpg::sameHostLinksServe(size, hosts, arena, cfg);
+      },
+      py::kw_only(), py::arg("size"), py::arg("hosts") = 1, py::arg("arena") = true, py::arg("algo") = "auto",
+      py::arg("tuning") = "",
+      "algorithms/choice.h's sameHostLinksServe: whether a group of this shape maps its same-host links (RINGPG_TUNING "
+      "`tuning`); for the tests");
 }
 
 // What this build was compiled with, and the algorithm choice and arena arithmetic, for the tests.

@@ -147,12 +147,8 @@ std::vector<int> peersToConnect(const Config& cfg, const GroupPlan& plan, const 
   return peers;
 }
 
-// The same-host links of this rank's host ring (shm.h), and how the group's same-host
-// waits spin; `*used`: every rank agreed on shared memory.
-void connectSharedMemory(GroupLinks& g, const Config& cfg, Config::Transport transport, int rank, Deadline deadline,
-                         bool* used) {
-  // A slot holds one segment, its size clamped (common/thresholds.h); larger segments travel as fragments.
-  const size_t slotBytes = std::clamp<size_t>(cfg.segmentBytes, kSlotMinBytes, kSlotMaxBytes);
+// How the group's same-host waits (the links' and the arena's) spin.
+void setSameHostWaits(GroupLinks& g, const Config& cfg, int rank) {
   // Waits spin, pausing while this host's ranks can each have a core, and yielding on
   // every look where they outnumber the CPUs they may use together (counted over their
   // masks, so that ranks pinned one to a core each have one): the rank waited for may
@@ -161,6 +157,14 @@ void connectSharedMemory(GroupLinks& g, const Config& cfg, Config::Transport tra
   const int cpus = g.topology.cpusOfHost(g.topology.hostOf(rank));
   g.shmSpinMicros = cfg.shmSpinMicros();
   g.shmSpinYields = localRanks > cpus;
+}
+
+// The same-host links of this rank's host ring (shm.h); `*used`: every rank agreed on
+// shared memory.
+void connectSharedMemory(GroupLinks& g, const Config& cfg, Config::Transport transport, int rank, Deadline deadline,
+                         bool* used) {
+  // A slot holds one segment, its size clamped (common/thresholds.h); larger segments travel as fragments.
+  const size_t slotBytes = std::clamp<size_t>(cfg.segmentBytes, kSlotMinBytes, kSlotMaxBytes);
   ShmOptions shmOptions;
   shmOptions.setting = transport;
   shmOptions.slotBytes = slotBytes;
@@ -242,11 +246,17 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
       std::make_unique<Engine>(rank, size, std::move(rv), cfg.socketBuffer, cfg.tcpCongestion, cfg.engineSpinMicros(),
                                std::max<std::chrono::milliseconds>(timeout, Engine::kMinHelloWindow));
   g->engine->connectPeers(peers, deadline);
-  bool shmUsed = false;
-  connectSharedMemory(*g, cfg, transport, rank, Clock::now() + timeout, &shmUsed);
+  setSameHostWaits(*g, cfg, rank);
   connectArena(*g, cfg, transport, rank, plan);
+  // The same-host links where an op can use them; where the arena runs every
+  // collective, shared memory is the arena's alone.
+  bool shmUsed = false;
+  const bool linksServe = !plan.sameHostLinks || plan.sameHostLinks(g->topology, g->arena != nullptr);
+  if (linksServe) {
+    connectSharedMemory(*g, cfg, transport, rank, Clock::now() + timeout, &shmUsed);
+  }
   g->transport = transport == Config::Transport::Gloo ? "gloo"
-                 : !shmUsed                           ? "tcp"
+                 : !shmUsed && linksServe             ? "tcp"
                  : g->topology.hosts == 1             ? "shm"
                                                       : "shm+tcp";
   wireLinks(*g, transport, rank, size, timeout, shmUsed);

@@ -64,10 +64,14 @@ struct GroupLinks {
 //              iff rank is in q's), connected at creation;
 //   hostArena: whether each host's ranks share a host arena (a function of facts every
 //              rank agrees on: the topology and the shared settings), so that every rank
-//              takes part in its making, or none does.
+//              takes part in its making, or none does;
+//   sameHostLinks: whether any op can use the same-host links, given whether the arena
+//              was made (agreed on every rank): where not, they are not mapped and single
+//              copy is not measured.
 struct GroupPlan {
   std::function<std::vector<int>(const Topology&)> peers;
   std::function<bool(const Topology&)> hostArena;
+  std::function<bool(const Topology&, bool arena)> sameHostLinks;
 };
 
 // Connects this rank's part of a group of `size` on `store` (collective: every rank
