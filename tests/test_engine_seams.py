@@ -335,6 +335,22 @@ def test_shutdown_says_goodbye_to_the_peer(peer: Peer) -> None:
     assert HEADER.unpack(got)[1] == KINDS["goodbye"]
 
 
+def test_a_failure_recorded_outside_the_engine_stops_it_and_reaches_its_peer(peer: Peer) -> None:
+    # As the shared-memory links, the arena or the op context record theirs (GroupFailure).
+    _, outbound = peer.connect()
+    recv = peer.engine.post_recv(1, header("p2p", key=5), 4)
+    peer.engine.fail_group("rank 0 found a corrupt shared-memory fragment")
+    state, error, _, _ = peer.engine.wait(recv, 2000)
+    assert state == "failed" and "corrupt shared-memory fragment" in error
+    got = recv_exactly(outbound, HEADER.size)
+    h = HEADER.unpack(got)
+    assert h[1] == KINDS["abort"]
+    assert recv_exactly(outbound, h[-1]) == b"rank 0 found a corrupt shared-memory fragment"
+    send = peer.engine.post_send(1, header("p2p", key=6), b"late")
+    state, error, _, _ = peer.engine.wait(send, 2000)
+    assert state == "failed" and "corrupt shared-memory fragment" in error  # later posts fail at once
+
+
 # ---- Leaving: the peer's stream ends -------------------------------------------------
 
 

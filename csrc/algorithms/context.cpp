@@ -64,7 +64,7 @@ void OpContext::failOtherOp(int member, const ArenaStamp& theirs) const {
   const std::string msg =
       c10::str(describe(tag_), ": ",
                collectiveMismatch(tag_.rank, links_.arena->rankOf(member), header(), headerOfStamp(header(), theirs)));
-  engine_.fail(msg, /*network=*/false);
+  failure_.fail(msg, /*network=*/false);
   throwBackend(msg);
 }
 
@@ -130,7 +130,7 @@ void OpContext::wait(const RequestPtr& req) {
                                      timeout_.count(), " ms (", req->len, "-byte ", isSend ? "send" : "transfer",
                                      " pending; the op's timeout). "
                                      "The peer may be stuck, stopped, or calling a different collective.");
-    engine_.fail(msg, /*network=*/false, BreakCause::Timeout); // later ops fail at once with this cause
+    failure_.fail(msg, /*network=*/false, BreakCause::Timeout); // later ops fail at once with this cause
     throwBackend(msg);
   }
   if (req->state.load(std::memory_order_acquire) == Request::State::Failed) {
@@ -164,12 +164,12 @@ void OpContext::arenaStep(bool firstOfRound, int root) {
       const std::string msg = c10::str(describe(tag_), ": Timed out waiting for rank ", laggard, " after ",
                                        timeout_.count(), " ms in the host arena (the op's timeout). ",
                                        "The peer may be stuck, stopped, or calling a different collective.");
-      engine_.fail(msg, /*network=*/false, BreakCause::Timeout); // later ops fail at once with this cause
+      failure_.fail(msg, /*network=*/false, BreakCause::Timeout); // later ops fail at once with this cause
       throwBackend(msg);
     }
     case ArenaWait::Broken: {
       bool network = false;
-      const std::string why = c10::str(describe(tag_), ": ", engine_.brokenReason(&network));
+      const std::string why = c10::str(describe(tag_), ": ", failure_.reason(&network));
       network ? throwNetwork(why) : throwBackend(why);
     }
     case ArenaWait::Left: {
@@ -196,7 +196,7 @@ void OpContext::arenaStep(bool firstOfRound, int root) {
         c10::str(describe(tag_), ": ringpg: collective mismatch between ranks: rank ", tag_.rank, " runs seq ", h.key,
                  " with root ", root, " but rank ", arena.rankOf(m), " with root ", theirs.root, " (round ",
                  theirs.round, " of the host arena, expected ", stamp.round, ")");
-    engine_.fail(msg, /*network=*/false);
+    failure_.fail(msg, /*network=*/false);
     throwBackend(msg);
   }
 }
@@ -211,7 +211,7 @@ OpContext OpContext::onThread(const LinkTable& links, std::vector<char>& scratch
 }
 
 void OpContext::failGroup(const std::string& why) const {
-  engine_.fail(c10::str(describe(tag_), ": ", why), /*network=*/false);
+  failure_.fail(c10::str(describe(tag_), ": ", why), /*network=*/false);
 }
 
 char* OpContext::scratch(size_t bytes) {

@@ -39,7 +39,8 @@ class OpContext {
   // `links`: the group's (transport/link.h), which outlive the op.
   OpContext(const LinkTable& links, const Config& cfg, OpTag tag, int size, OpSignature sig, Deadline deadline,
             std::vector<char>& scratch, std::vector<char>& workspace)
-      : links_(links), engine_(*links.engine), cfg_(cfg), tag_(tag), size_(size), sig_(sig), deadline_(deadline),
+      : links_(links), engine_(*links.engine), failure_(*links.failure), cfg_(cfg), tag_(tag), size_(size), sig_(sig),
+        deadline_(deadline),
         // The op's timeout, for messages: the deadline was set to now + timeout just
         // before, so rounding the time left to whole ms gives the timeout back.
         timeout_(std::chrono::round<std::chrono::milliseconds>(deadline - Clock::now())), scratch_(scratch),
@@ -148,7 +149,8 @@ class OpContext {
 
  private:
   const LinkTable& links_;
-  Engine& engine_; // the group's failure state
+  Engine& engine_;        // who has left the group (goneFrom)
+  GroupFailure& failure_; // the group's failure state
   const Config& cfg_;
   OpTag tag_;
   int size_;

@@ -136,8 +136,9 @@ RingBackend::RingBackend(std::unique_ptr<GroupLinks> net, int rank, int size, st
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "ringpg: invalid rank ", rank, " / size ", size);
   TORCH_CHECK(net_ && net_->engine, "ringpg: a group's links must come with their engine");
   const LinkTable& links = net_->links;
-  TORCH_CHECK(links.engine == net_->engine.get() && links.topology == &net_->topology &&
-                  net_->topology.size() == size && links.control != nullptr && links.collective != nullptr,
+  TORCH_CHECK(links.engine == net_->engine.get() && links.failure == net_->failure.get() &&
+                  links.topology == &net_->topology && net_->topology.size() == size && links.control != nullptr &&
+                  links.collective != nullptr,
               "ringpg: a group's LinkTable must name its engine and topology, a control link and a collective link, "
               "for ",
               size, " ranks");
@@ -150,8 +151,8 @@ RingBackend::RingBackend(std::unique_ptr<GroupLinks> net, int rank, int size, st
   });
   // Last, so that a constructor that throws never leaves the listener pointing at a
   // half-built backend; a failure that came before it is caught up on here.
-  net_->engine->setFailureListener([this] { onGroupFailed(); });
-  if (net_->engine->isBroken()) {
+  net_->failure->listen([this] { onGroupFailed(); });
+  if (net_->failure->failed()) {
     onGroupFailed();
   }
   if (rank == 0) {
@@ -185,9 +186,9 @@ void RingBackend::stop(bool graceful) {
     }
     stopping_ = true;
   }
-  if (!graceful && net_->engine) {
+  if (!graceful) {
     // Runs the abort hooks here (the listener) unless the group had failed already.
-    net_->engine->fail("ringpg: the process group was aborted", /*network=*/false, BreakCause::Aborted);
+    net_->failure->fail("ringpg: the process group was aborted", /*network=*/false, BreakCause::Aborted);
   }
   queueCv_.notify_all();
   if (worker_.joinable()) {
@@ -202,7 +203,7 @@ void RingBackend::stop(bool graceful) {
     }
     net_->engine.reset();
   }
-  net_->gloo.reset(); // after the engine, whose failure listener calls it
+  net_->gloo.reset(); // after the engine, whose failure reaches the group's listeners, this one's among them
 }
 
 const char* RingBackend::allreduceAlgorithm() const {
@@ -248,11 +249,11 @@ void RingBackend::onGroupFailed() {
 
 void RingBackend::noteFailure() {
   BreakCause cause = BreakCause::Local;
-  if (net_->engine->brokenReason(nullptr, &cause).empty()) {
+  if (net_->failure->reason(nullptr, &cause).empty()) {
     return;
   }
   int healthy = 0; // the first cause wins, as in the engine
-  failure_.compare_exchange_strong(healthy, static_cast<int>(cause) + 1);
+  failedCause_.compare_exchange_strong(healthy, static_cast<int>(cause) + 1);
 }
 
 void RingBackend::runAbortHooks() {
@@ -298,7 +299,7 @@ void RingBackend::finishWork(RingWork& work, std::exception_ptr error) {
 
 #if RINGPG_HAS_BACKEND_GET_ERROR
 c10d::ErrorType RingBackend::getError() {
-  const int failure = failure_.load();
+  const int failure = failedCause_.load();
   if (failure == 0) {
     return c10d::ErrorType::SUCCESS;
   }
@@ -553,8 +554,8 @@ void RingBackend::execute(Queued& q) {
   q.work->markStarted();
   try {
     bool network = false;
-    // The flag first: the reason takes the engine's lock, which a small op should not.
-    const std::string broken = net_->engine->isBroken() ? net_->engine->brokenReason(&network) : std::string();
+    // The flag first: the reason takes a lock, which a small op should not.
+    const std::string broken = net_->failure->failed() ? net_->failure->reason(&network) : std::string();
     if (!broken.empty()) {
       // After a failure every later op fails at once, with the original cause.
       const std::string msg = c10::str(describe(q.tag), ": not run, the group failed earlier: ", broken);
@@ -576,12 +577,12 @@ void RingBackend::execute(Queued& q) {
     // needed and that left the group (a network error) stays the cause's kind.
     const std::string op = describe(q.tag);
     const std::string what = e.what_without_backtrace();
-    net_->engine->fail(what.rfind(op, 0) == 0 ? what : c10::str(op, ": ", what),
-                       /*network=*/dynamic_cast<const c10::DistNetworkError*>(&e) != nullptr);
+    net_->failure->fail(what.rfind(op, 0) == 0 ? what : c10::str(op, ": ", what),
+                        /*network=*/dynamic_cast<const c10::DistNetworkError*>(&e) != nullptr);
   } catch (const std::exception& e) {
     // Anything else (a std::bad_alloc, say) becomes a DistBackendError naming the op.
     const std::string msg = c10::str(describe(q.tag), ": ", e.what());
-    net_->engine->fail(msg, /*network=*/false);
+    net_->failure->fail(msg, /*network=*/false);
     try {
       throwBackend(msg);
     } catch (...) {

@@ -51,7 +51,7 @@ class RingBackend final : public c10d::Backend {
               const std::string& copyChoice = "", const std::string& hostChoice = "");
   // A group over links it is given, connected already: what connectGroup returned (the
   // constructor above), or links a test built in one process (transport/loopback_link.h).
-  // `net` must hold an engine (the group's failure state and control channel) and a
+  // `net` must hold an engine (the group's control channel) and a
   // LinkTable of `size` peers; `cfg`: the group's settings (its algorithm included);
   // `transportSetting`: what the group was asked for (split and shrink pass it on);
   // `store`: the Store shrink's children meet on, null where the group has none (shrink
@@ -274,11 +274,11 @@ class RingBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> p2p(c10d::OpType type, const char* name, at::Tensor& tensor, int peer, int tag);
   void workerLoop();
   void stop(bool graceful);
-  // The engine's failure listener: the group broke (once, on the thread that broke
+  // The group's failure listener: the group failed (once, on the thread that failed
   // it), so wake the Gloo link's waits, note why and run the abort hooks.  Not for the
   // engine's own teardown.
   void onGroupFailed();
-  // Copies the engine's cause of failure into failure_ (getError).
+  // Copies the group's cause of failure into failedCause_ (getError).
   void noteFailure();
   // Runs every abort hook, outside hooksMu_, each in a try (a throwing hook is logged
   // and skipped, never kills the calling thread); marks abortHooksRan_ after.
@@ -330,10 +330,10 @@ class RingBackend final : public c10d::Backend {
   std::vector<int> lastSplitRanks_;
   c10::weak_intrusive_ptr<c10d::Backend> lastSplitChild_{c10::intrusive_ptr<c10d::Backend>()};
 
-  // Failure state for getError(): a BreakCause + 1, 0 while healthy.  Written once the
-  // engine has broken (by its listener, and by the worker before it completes a
+  // What getError() reports: a BreakCause + 1, 0 while healthy or closing.  Written once
+  // the group has failed (by its listener, and by the worker before it completes a
   // failed op, so a caller that saw the error sees the cause); read by any thread.
-  std::atomic<int> failure_{0};
+  std::atomic<int> failedCause_{0};
   // Set by stop() before the engine is destroyed: the "destroyed" failure the engine
   // reports then is teardown, not a failure (no hooks, getError unchanged).
   std::atomic<bool> closing_{false};

@@ -3,6 +3,7 @@
 // the reduction kernels).
 #include <ATen/ATen.h>
 #include <pybind11/chrono.h>
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 #include <sys/socket.h>
 #include <torch/csrc/utils/pybind.h>
@@ -24,6 +25,7 @@
 #include "cuda/host_register.h"
 #include "reduce/reduce.h"
 #include "transport/engine.h"
+#include "transport/group_failure.h"
 #include "transport/receiver.h"
 #include "transport/request.h"
 #include "transport/shm_segment.h"
@@ -718,7 +720,11 @@ void bindTestSeams(py::module_& m) {
           py::arg("peers"), py::arg("timeout_ms"), py::call_guard<py::gil_scoped_release>(),
           "Engine::connectPeers: dials each and waits for each to dial back, within `timeout_ms`")
       .def(
-          "broken_reason", [](Probe& p) { return p.engine().brokenReason(); }, "'' while the engine is healthy")
+          "broken_reason", [](Probe& p) { return p.engine().failure().reason(); }, "'' while the engine is healthy")
+      .def(
+          "fail_group", [](Probe& p, const std::string& reason) { p.engine().failure().fail(reason); },
+          py::arg("reason"), py::call_guard<py::gil_scoped_release>(),
+          "records a failure on the engine's group, as another link or the op context would (GroupFailure::fail)")
       .def(
           "connected_peers", [](Probe& p) { return p.engine().connectedPeers(); }, "the peers with a socket either way")
       .def(
@@ -732,6 +738,34 @@ void bindTestSeams(py::module_& m) {
           },
           py::arg("timeout_ms"), py::call_guard<py::gil_scoped_release>(),
           "Engine::shutdown: a goodbye to each connected peer, then stop");
+}
+
+// A group's failure state on its own (transport/group_failure.h), for its unit tests.
+void bindGroupFailure(py::module_& m) {
+  using ringpg::BreakCause;
+  using ringpg::GroupFailure;
+  py::enum_<BreakCause>(m, "BreakCause")
+      .value("LOCAL", BreakCause::Local)
+      .value("TIMEOUT", BreakCause::Timeout)
+      .value("REMOTE", BreakCause::Remote)
+      .value("ABORTED", BreakCause::Aborted);
+  py::class_<GroupFailure, std::shared_ptr<GroupFailure>>(m, "GroupFailure", "a group's failure state")
+      .def(py::init<>())
+      .def("fail", &GroupFailure::fail, py::arg("reason"), py::arg("network") = false,
+           py::arg("cause") = BreakCause::Local, py::call_guard<py::gil_scoped_release>(),
+           "records the failure (the first reason wins) and, if first, runs every listener")
+      .def("failed", &GroupFailure::failed)
+      .def(
+          "reason",
+          [](const GroupFailure& f) {
+            bool network = true;
+            BreakCause cause = BreakCause::Local;
+            std::string why = f.reason(&network, &cause);
+            return py::make_tuple(why, network, cause);
+          },
+          "(reason, network, cause); reason '' while healthy")
+      .def("listen", &GroupFailure::listen, py::arg("listener"), "adds a listener; returns its token")
+      .def("unlisten", &GroupFailure::unlisten, py::arg("token"));
 }
 
 } // namespace
@@ -754,4 +788,5 @@ PYBIND11_MODULE(_C, m) {
   bindPlans(m);
   bindSettingsAndHost(m);
   bindTestSeams(m);
+  bindGroupFailure(m);
 }

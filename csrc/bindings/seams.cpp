@@ -183,8 +183,8 @@ EngineProbe::EngineProbe(int rank, int size, const std::vector<std::string>& add
   for (const auto q : c10::irange(size)) {
     rv.book.know(q, q == rank ? PeerAddress{address_, nonce} : PeerAddress{addrs[q], nonces[q]});
   }
-  engine_ = std::make_unique<Engine>(rank, size, std::move(rv), /*socketBuffer=*/0, /*congestion=*/"",
-                                     /*spinMicros=*/0);
+  engine_ = std::make_unique<Engine>(rank, size, std::move(rv), std::make_shared<GroupFailure>(), /*socketBuffer=*/0,
+                                     /*congestion=*/"", /*spinMicros=*/0);
 }
 
 EngineProbe::~EngineProbe() {

@@ -117,7 +117,8 @@ struct HostArena::Segment {
 };
 
 HostArena::HostArena(Engine& engine, int members, int me, std::vector<int> ranks, int spinMicros, bool spinYields)
-    : engine_(engine), members_(members), me_(me), ranks_(std::move(ranks)), waiter_(spinMicros, spinYields) {}
+    : engine_(engine), failure_(engine.failure()), members_(members), me_(me), ranks_(std::move(ranks)),
+      waiter_(spinMicros, spinYields) {}
 
 HostArena::~HostArena() {
   if (unpin_) {
@@ -332,7 +333,7 @@ ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard, ArenaStamp* other
       return WaitLook::Done;
     }
     *laggard = from;
-    if (engine_.isBroken()) {
+    if (failure_.failed()) {
       end = ArenaWait::Broken;
       return WaitLook::Done;
     }

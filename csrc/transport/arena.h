@@ -99,7 +99,7 @@ inline bool sameOp(const ArenaStamp& a, const ArenaStamp& b) {
 enum class ArenaWait : uint8_t {
   Done,     // every member arrived
   TimedOut, // the deadline passed first (`laggard`: a member that had not arrived)
-  Broken,   // the group broke (Engine::brokenReason says why)
+  Broken,   // the group failed (GroupFailure::reason says why)
   Left,     // `laggard` left the group: shut it down, or its process ended (Engine::goneFrom says so)
   Mismatch, // `laggard` runs this op's sequence number as another op (runsOtherOp)
 };
@@ -189,7 +189,8 @@ class HostArena {
   // arrival completed it.
   void ringBell(uint64_t step);
 
-  Engine& engine_; // the group's failure state
+  Engine& engine_;         // who has left the group (goneFrom)
+  GroupFailure& failure_;  // the group's failure state (the engine's)
   const int members_;
   const int me_;
   const std::vector<int> ranks_; // member -> group rank

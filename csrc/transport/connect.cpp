@@ -242,9 +242,9 @@ std::unique_ptr<GroupLinks> connectGroup(const c10::intrusive_ptr<c10d::Store>& 
   // starts: a peer's hello may then be answered without another read.
   const std::vector<int> peers = peersToConnect(cfg, plan, g->topology, rank, size);
   rv.book.learn(peers);
-  g->engine =
-      std::make_unique<Engine>(rank, size, std::move(rv), cfg.socketBuffer, cfg.tcpCongestion, cfg.engineSpinMicros(),
-                               std::max<std::chrono::milliseconds>(timeout, Engine::kMinHelloWindow));
+  g->engine = std::make_unique<Engine>(rank, size, std::move(rv), g->failure, cfg.socketBuffer, cfg.tcpCongestion,
+                                       cfg.engineSpinMicros(),
+                                       std::max<std::chrono::milliseconds>(timeout, Engine::kMinHelloWindow));
   g->engine->connectPeers(peers, deadline);
   setSameHostWaits(*g, cfg, rank);
   connectArena(*g, cfg, transport, rank, plan);

@@ -32,14 +32,17 @@
 namespace ringpg {
 
 struct GroupLinks {
+  // The group's failure state (group_failure.h): first, so that it outlives every link
+  // that reports to it or listens on it.
+  std::shared_ptr<GroupFailure> failure = std::make_shared<GroupFailure>();
   std::string localAddress; // where this rank listens
   // This group's keys in its Store ("ringpg/<instance>/") and their traffic; null in the
   // in-process tests' groups.
   std::shared_ptr<GroupStore> store;
-  // Declared before the engine, so destroyed after it: the engine's failure listener
+  // Declared before the engine, so destroyed after it: the group's failure listener
   // wakes the Gloo link's waits.
   std::unique_ptr<GlooLink> gloo; // the gloo transport: every collective frame; else null
-  std::unique_ptr<Engine> engine; // the group's sockets, failure state and control channel
+  std::unique_ptr<Engine> engine; // the group's sockets and control channel
   Topology topology;              // who shares a host; the ring order
   std::unique_ptr<EngineLink> engineLink;
   // A link made outside connectGroup and owned with the group: the in-process tests'

@@ -28,10 +28,12 @@ using RxState = FrameReceiver::State;
 
 } // namespace
 
-Engine::Engine(int rank, int size, Rendezvous rv, int socketBuffer, const std::string& congestion, int spinMicros,
-               std::chrono::milliseconds helloWindow)
+Engine::Engine(int rank, int size, Rendezvous rv, std::shared_ptr<GroupFailure> failure, int socketBuffer,
+               const std::string& congestion, int spinMicros, std::chrono::milliseconds helloWindow)
     : rank_(rank), size_(size), spinMicros_(spinMicros), helloWindow_(helloWindow), socketBuffer_(socketBuffer),
-      congestion_(congestion), nonce_(rv.nonce), book_(std::move(rv.book)), listener_(std::move(rv.listener)) {
+      congestion_(congestion), nonce_(rv.nonce), book_(std::move(rv.book)), listener_(std::move(rv.listener)),
+      failure_(std::move(failure)) {
+  TORCH_INTERNAL_ASSERT(failure_ != nullptr);
   if (listener_.valid()) {
     setNonBlocking(listener_.get(), true);
   }
@@ -41,6 +43,11 @@ Engine::Engine(int rank, int size, Rendezvous rv, int socketBuffer, const std::s
     nameThisThread("ringpg-engine");
     loop();
   });
+  // Last: a constructor that throws leaves no listener on a half-built engine.
+  failureToken_ = failure_->listen([this] { onGroupFailed(); });
+  if (failure_->failed()) {
+    onGroupFailed(); // the group failed before this engine listened
+  }
 }
 
 std::string Engine::congestionControl() {
@@ -58,7 +65,7 @@ void Engine::connectPeers(const std::vector<int>& peers, Deadline deadline) {
   {
     std::lock_guard<std::mutex> lk(mu_); // the peers' dial states
     for (const int q : peers) {
-      if (q != rank_ && peers_[q].dial == Dial::kNone && broken_.empty()) {
+      if (q != rank_ && peers_[q].dial == Dial::kNone && !failure_->failed()) {
         startDialLocked(q, done);
       }
     }
@@ -84,9 +91,9 @@ void Engine::connectPeers(const std::vector<int>& peers, Deadline deadline) {
     }
     return -1;
   };
-  cv_.wait_until(lk, deadline, [&] { return !broken_.empty() || gone() >= 0 || missing().empty(); });
-  if (!broken_.empty()) {
-    throwNetwork(broken_);
+  cv_.wait_until(lk, deadline, [&] { return failure_->failed() || gone() >= 0 || missing().empty(); });
+  if (failure_->failed()) {
+    throwNetwork(failure_->reason());
   }
   if (const int q = gone(); q >= 0) {
     throwNetwork(c10::str(goneReasonLocked(q), " (during group creation)"));
@@ -128,7 +135,8 @@ Engine::~Engine() {
     std::lock_guard<std::mutex> lk(mu_); // waiters may still look at the queues
     failLocked("ringpg: the process group was destroyed", done);
   }
-  runCallbacks(done);
+  runCallbacks(done); // the group's listeners, this engine's among them, run here
+  failure_->unlisten(failureToken_); // after the last notify() this engine can cause
 }
 
 void Engine::wake() {
@@ -147,8 +155,8 @@ RequestPtr Engine::postSend(int peer, const FrameHeader& hdr, const void* data, 
   {
     std::unique_lock<std::mutex> lk(mu_); // the send queue; writePeer drops it around send()
     Peer& P = peers_[peer];
-    if (!broken_.empty()) {
-      failRequest(req, broken_, done, brokenNetwork_);
+    if (failure_->failed()) {
+      failWithGroupLocked(req, done);
     } else if (P.presence != Presence::kPresent) {
       failRequest(req, goneReasonLocked(peer), done);
     } else {
@@ -182,8 +190,8 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
     std::unique_lock<std::mutex> lk(mu_); // the posted queues and stashes; readPeer drops it around recv()
     // A peer that has left may have sent this frame before it did: the stash is
     // matched first, and only a receive it leaves unmatched fails.
-    if (!broken_.empty()) {
-      failRequest(req, broken_, done, brokenNetwork_);
+    if (failure_->failed()) {
+      failWithGroupLocked(req, done);
     } else if (hasKind(expect, FrameKind::Collective)) {
       Peer& P = peers_[peer];
       P.collPosted.push_back(req);
@@ -194,7 +202,7 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
         // A paused header may be waiting for exactly this receive.  (A paused socket
         // that is busy is being read by the failure path: the group fails next.)
         routeHeader(peer, done);
-        if (broken_.empty() && P.rx.readsSocket()) {
+        if (!failure_->failed() && P.rx.readsSocket()) {
           // Its payload is most likely in the socket already (the peer was ahead of
           // us): read it from this thread, as postSend writes eagerly, instead of
           // waking the progress thread to read it and then wake us.  The progress
@@ -247,11 +255,11 @@ void Engine::pollPeer(int p) {
   {
     std::unique_lock<std::mutex> lk(mu_); // peer p's queues and receive state
     Peer& P = peers_[p];
-    if (broken_.empty() && !stop_ && !P.rx.closed()) {
+    if (!failure_->failed() && !stop_ && !P.rx.closed()) {
       if (!P.txq.empty() && !P.txBusy) {
         writePeer(p, lk, done);
       }
-      if (broken_.empty() && P.rxFd.valid()) {
+      if (!failure_->failed() && P.rxFd.valid()) {
         readPeer(p, lk, done); // returns at once when paused, busy elsewhere or empty
       }
     }
@@ -265,37 +273,25 @@ void Engine::setCurrentCollective(const FrameHeader& op) {
   currentOp_ = op;
 }
 
-void Engine::fail(const std::string& reason, bool network, BreakCause cause) {
+void Engine::onGroupFailed() {
   Completions done;
   {
-    std::lock_guard<std::mutex> lk(mu_); // broken_ and every queue
-    failLocked(reason, done, network, cause);
+    std::lock_guard<std::mutex> lk(mu_); // every queue
+    bool network = true;
+    BreakCause cause = BreakCause::Local;
+    const std::string why = failure_->reason(&network, &cause);
+    failLocked(why, done, network, cause); // recorded already: stops traffic, tells the peers
   }
   wake();
   runCallbacks(done);
-}
-
-void Engine::setFailureListener(std::function<void()> listener) {
-  std::lock_guard<std::mutex> lk(mu_); // failureListener_
-  failureListener_ = std::move(listener);
+  notifyWaiters(); // awaitBroken and connectPeers wait for the failure itself
 }
 
 bool Engine::awaitBroken(Deadline deadline, int peer) {
   // cv_'s mutex; breaking and a peer's leaving always notify it (failLocked, markGoneLocked).
   std::unique_lock<std::mutex> lk(mu_);
-  return cv_.wait_until(lk, deadline,
-                        [&] { return !broken_.empty() || (peer >= 0 && peers_[peer].presence != Presence::kPresent); });
-}
-
-std::string Engine::brokenReason(bool* network, BreakCause* cause) {
-  std::lock_guard<std::mutex> lk(mu_); // broken_ / brokenNetwork_ / brokenCause_
-  if (network) {
-    *network = brokenNetwork_;
-  }
-  if (cause) {
-    *cause = brokenCause_;
-  }
-  return broken_;
+  return cv_.wait_until(
+      lk, deadline, [&] { return failure_->failed() || (peer >= 0 && peers_[peer].presence != Presence::kPresent); });
 }
 
 void Engine::debugSendRaw(int peer, std::string bytes) {
@@ -311,7 +307,7 @@ void Engine::debugSendRaw(int peer, std::string bytes) {
     req->progress = sizeof(FrameHeader);
     req->peer = peer;
     peers_[peer].txq.push_back(req);
-    if (peers_[peer].dial == Dial::kNone && broken_.empty()) {
+    if (peers_[peer].dial == Dial::kNone && !failure_->failed()) {
       startDialLocked(peer, done);
     }
   }
@@ -370,7 +366,7 @@ void Engine::loop() {
     const int n = ::poll(set.fds.data(), set.fds.size(), set.timeoutMs);
     if (n < 0) {
       if (errno != EINTR) {
-        fail(c10::str("ringpg: poll failed on rank ", rank_, ": ", std::strerror(errno)));
+        failure_->fail(c10::str("ringpg: poll failed on rank ", rank_, ": ", std::strerror(errno)));
       }
       continue;
     }
@@ -388,11 +384,11 @@ bool Engine::collectPollSet(PollSet& set) {
   set.who.clear();
   set.timeoutMs = -1;
   set.fds.push_back(pollfd{wake_.get(), POLLIN, 0});
-  std::lock_guard<std::mutex> lk(mu_); // stop_, broken_, the queues and receive states
+  std::lock_guard<std::mutex> lk(mu_); // stop_, the queues and receive states
   if (stop_) {
     return false;
   }
-  if (!broken_.empty()) {
+  if (failure_->failed()) {
     // A broken engine moves no byte: sleep until woken to stop.  Closing the listener
     // (only this thread polls it) refuses peers that dial now, at once.
     listener_.reset();
@@ -434,7 +430,7 @@ void Engine::serviceReady(const PollSet& set) {
   bool connections = false; // a connection step happened: connectPeers may be waiting
   {
     std::unique_lock<std::mutex> lk(mu_); // the queues; dropped around each recv() / send()
-    for (size_t i = 1; i < set.fds.size() && broken_.empty() && !stop_; ++i) {
+    for (size_t i = 1; i < set.fds.size() && !failure_->failed() && !stop_; ++i) {
       if (set.fds[i].revents == 0) {
         continue;
       }

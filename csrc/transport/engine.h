@@ -24,10 +24,11 @@
 // Lengths and keys that arrive from a peer are only compared with what this rank
 // expects; payload is written only into buffers this rank posted, up to their size.
 // Any failure (a connection lost mid-frame or while something of the peer was expected,
-// a corrupt frame, a mismatch, a deadline, a peer that cannot be dialled) marks the
-// engine broken: every pending and later request fails with the same reason, no byte is
+// a corrupt frame, a mismatch, a deadline, a peer that cannot be dialled) fails the
+// group (its GroupFailure, group_failure.h, which any other link or the op context may
+// fail too): every pending and later request fails with the same reason, no byte is
 // read into or written from a user buffer afterwards, and every connected peer is sent
-// the reason (an Abort frame) before the sockets close.  Each rank that breaks does the
+// the reason (an Abort frame) before the sockets close.  Each rank that fails does the
 // same, so the news spreads along the ring (whose neighbours are always connected) to
 // ranks that never connected to the failed one.
 //
@@ -64,6 +65,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "transport/group_failure.h"
 #include "transport/receiver.h"
 #include "transport/rendezvous.h"
 #include "transport/request.h"
@@ -71,15 +73,6 @@
 #include "transport/wire.h"
 
 namespace ringpg {
-
-// Why an engine broke, as far as c10d's ErrorType tells causes apart (RingBackend::getError).
-// The first cause wins, like the first reason.
-enum class BreakCause : uint8_t {
-  Local,   // this rank found it: a lost or corrupt connection, a mismatch, an op that threw
-  Timeout, // an op of this rank passed its deadline
-  Remote,  // another rank's group failed first and said why (its Abort frame)
-  Aborted, // abort() on this rank
-};
 
 class Engine {
  public:
@@ -91,8 +84,10 @@ class Engine {
   // least kMinHelloWindow: a group made with a shorter timeout still gives a dialling
   // peer that long.
   static constexpr std::chrono::seconds kMinHelloWindow{5};
-  Engine(int rank, int size, Rendezvous rv, int socketBuffer, const std::string& congestion, int spinMicros,
-         std::chrono::milliseconds helloWindow = kMinHelloWindow);
+  // `failure`: the group's failure state (group_failure.h), which the engine reports to
+  // and listens on: a failure recorded anywhere stops its traffic and tells its peers.
+  Engine(int rank, int size, Rendezvous rv, std::shared_ptr<GroupFailure> failure, int socketBuffer,
+         const std::string& congestion, int spinMicros, std::chrono::milliseconds helloWindow = kMinHelloWindow);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -124,25 +119,14 @@ class Engine {
   // the socket instead of being copied aside.
   void setCurrentCollective(const FrameHeader& op);
 
-  // Marks the engine broken with `reason` (first reason wins) and fails everything.
-  // `network`: a peer or connection failure, as opposed to a mismatch or a timeout;
-  // `cause`: what getError() reports (BreakCause).
-  void fail(const std::string& reason, bool network = false, BreakCause cause = BreakCause::Local);
-  // `listener` runs once, on the thread that breaks the engine and outside its lock,
-  // when the engine breaks (another link's waits learn of the failure through it).
-  // Set before the group carries traffic.
-  void setFailureListener(std::function<void()> listener);
-  // Empty while healthy; `network` tells whether the cause was a peer/connection failure,
-  // `cause` which BreakCause it was (meaningless while healthy).
-  std::string brokenReason(bool* network = nullptr, BreakCause* cause = nullptr);
-  // Waits until the engine is broken, or `peer` (when >= 0) has left (goneFrom), or
+  // The group's failure state, which this engine reports to and acts on.
+  GroupFailure& failure() const { return *failure_; }
+  // Waits until the group has failed, or `peer` (when >= 0) has left (goneFrom), or
   // `deadline` passes; false only if the deadline passed first.  For a link that saw a
   // peer's connection fail: the peer states its cause (an Abort frame on its engine
   // socket) before it closes, or its engine socket ends between frames (it left), and
   // the progress thread may be about to read either.
   bool awaitBroken(Deadline deadline, int peer = -1);
-  // The same question without the lock, for polling loops.
-  bool isBroken() const { return brokenFlag_.load(std::memory_order_acquire); }
 
   // Why nothing more comes from `peer`, nor is taken by it, if it has left the group
   // (Presence: its goodbye arrived, or its connection closed between frames with
@@ -187,7 +171,7 @@ class Engine {
   enum class Dial : uint8_t { kNone, kConnecting, kHello, kOpen };
   // Whether a peer is still in the group as this rank sees it.  A peer that fails
   // (lost mid-frame or while something of it was expected, corrupt, aborting) has no
-  // state of its own: the whole engine breaks (broken_).  Both gone states are final:
+  // state of its own: the whole group fails (failure_).  Both gone states are final:
   // the peer's socket is no longer read, and a later receive from it or send to it
   // fails with goneReasonLocked.
   enum class Presence : uint8_t {
@@ -307,11 +291,17 @@ class Engine {
   void deliverStashed(const RequestPtr& req, const Stashed& s, int from, Completions& done);
   bool matchP2PStash(const RequestPtr& req, Completions& done);
   void complete(const RequestPtr& req, Completions& done);
-  // The failure path: marks the engine broken (first reason wins), tells every peer,
-  // and fails every queued request.
+  // The failure path: records the failure with the group (first reason wins) and, the
+  // first time the engine sees the group failed, tells every peer; fails every queued
+  // request with the group's reason.
   void failLocked(const std::string& reason, Completions& done, bool network = true,
                   BreakCause cause = BreakCause::Local);
   void failRequest(const RequestPtr& req, const std::string& why, Completions& done, bool network = true);
+  // Fails `req` with the group's reason (the group has failed).
+  void failWithGroupLocked(const RequestPtr& req, Completions& done);
+  // The group's listener: a failure recorded anywhere (another link, the op context,
+  // abort()) stops this engine's traffic as its own would.
+  void onGroupFailed();
   void runCallbacks(Completions& done);
   // Wakes cv_'s waiters (request waits, awaitBroken, connectPeers); without mu_ held.
   void notifyWaiters();
@@ -336,7 +326,7 @@ class Engine {
   // Fails the collective receives posted for peer p, which has left, once its stash
   // (what it sent before it left) has been matched.
   void failPostedToGoneLocked(int p, Completions& done);
-  void broadcastAbortLocked();
+  void broadcastAbortLocked(const std::string& why);
 
   const int rank_;
   const int size_;
@@ -356,23 +346,23 @@ class Engine {
   Fd wake_;                           // eventfd that interrupts poll()
 
   // mu_ guards every field above that changes after construction (queues, receive
-  // state, stashes, rawKeepAlive_) and every field below but brokenFlag_ and thread_.
+  // state, stashes, rawKeepAlive_) and every field below but failure_, gone_ and thread_.
   // It is never held across a blocking call: poll() runs unlocked, and readPeer /
   // writePeer drop it around recv() / send() (rxBusy / txBusy keep the socket theirs).
   std::mutex mu_;
   std::condition_variable cv_; // signalled when any request completes or fails
-  std::string broken_;
-  std::atomic<bool> brokenFlag_{false}; // broken_ is non-empty (set once, under mu_)
-  std::atomic<int> gone_{0};            // peers no longer kPresent (counted under mu_)
-  bool brokenNetwork_ = true;
-  BreakCause brokenCause_ = BreakCause::Local; // set with broken_
+  // The group's failure state: once failed() the engine moves no byte (its own lock is
+  // not needed to ask; GroupFailure's is taken under mu_, never the other way round).
+  const std::shared_ptr<GroupFailure> failure_;
+  int failureToken_ = -1;   // this engine's listener on failure_
+  bool toldPeers_ = false;  // failLocked has sent the peers the group's reason
+  std::atomic<int> gone_{0}; // peers no longer kPresent (counted under mu_)
   bool haveCurrent_ = false;
   FrameHeader currentOp_; // valid when haveCurrent_; key = its sequence number
   bool stop_ = false;
   // shutdown() has begun: this rank has finished its ops and is saying goodbye, so a
   // peer that closes now is leaving too, not lost (endPeerQuietlyLocked).
   bool leaving_ = false;
-  std::function<void()> failureListener_;
   std::thread thread_;
 };
 

@@ -1,4 +1,4 @@
-// The engine (engine.h), its failure path: marking the engine broken, telling every
+// The engine (engine.h), its failure path: failing the group, telling every
 // peer why, failing what waits, and finding the real cause of a lost connection.
 #include "transport/engine.h"
 
@@ -29,27 +29,31 @@ void Engine::failRequest(const RequestPtr& req, const std::string& why, Completi
   done.push_back(req);
 }
 
+void Engine::failWithGroupLocked(const RequestPtr& req, Completions& done) {
+  bool network = true;
+  const std::string why = failure_->reason(&network);
+  failRequest(req, why, done, network);
+}
+
 void Engine::failLocked(const std::string& reason, Completions& done, bool network, BreakCause cause) {
-  if (broken_.empty()) {
-    broken_ = reason;
-    brokenNetwork_ = network;
-    brokenCause_ = cause;
-    brokenFlag_.store(true, std::memory_order_release);
-    if (!stop_) {
-      broadcastAbortLocked(); // not while being destroyed: peers got a goodbye already
-    }
-    // One completion for the break itself, a request of no link: runCallbacks then
-    // wakes cv_'s waiters even when nothing was pending (awaitBroken), and runs the
-    // failure listener, if any, after the lock is released.
+  if (failure_->record(reason, network, cause)) {
+    // One completion for the failure itself, a request of no link: runCallbacks runs
+    // the group's listeners (this engine's wakes cv_'s waiters, awaitBroken's among
+    // them) after mu_ is released, even when nothing was pending.
     auto notice = std::make_shared<Request>();
-    if (failureListener_) {
-      notice->onComplete = [listener = failureListener_](Request&) { listener(); };
-    }
+    notice->onComplete = [failure = failure_](Request&) { failure->notify(); };
     done.push_back(std::move(notice));
+  }
+  const std::string why = failure_->reason(&network); // the group's first reason, maybe another's
+  if (!toldPeers_) {
+    toldPeers_ = true;
+    if (!stop_) {
+      broadcastAbortLocked(why); // not while being destroyed: peers got a goodbye already
+    }
   }
   auto failAll = [&](std::deque<RequestPtr>& q) {
     for (auto& r : q) {
-      failRequest(r, broken_, done, brokenNetwork_);
+      failRequest(r, why, done, network);
     }
     q.clear();
   };
@@ -67,7 +71,7 @@ void Engine::failLocked(const std::string& reason, Completions& done, bool netwo
       // A receive in flight whose payload will never come: fail it; nothing touches
       // its buffer again because a broken engine reads no more.
       if (RequestPtr inFlight = P.rx.abandon()) {
-        failRequest(inFlight, broken_, done, brokenNetwork_);
+        failRequest(inFlight, why, done, network);
       }
     }
     P.collStash.clear();
@@ -79,9 +83,9 @@ void Engine::failLocked(const std::string& reason, Completions& done, bool netwo
 // Best effort, never blocking: tell each peer why this group failed, then close.  A
 // socket in the middle of a frame cannot carry a new one; closing it still tells the
 // peer (a truncated frame, then end of stream).
-void Engine::broadcastAbortLocked() {
+void Engine::broadcastAbortLocked(const std::string& reason) {
   FrameHeader h = frameOfKind(FrameKind::Abort);
-  const std::string why = broken_.substr(0, kMaxAbortBytes);
+  const std::string why = reason.substr(0, kMaxAbortBytes);
   h.nbytes = why.size();
   const std::vector<int> used = peers_.used();
   for (const int q : used) {
@@ -179,7 +183,7 @@ std::string Engine::peerLostReason(int p, const char* how) {
 // reason is sitting, unread, in its receive buffer.
 void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<std::mutex>& lk, Completions& done) {
   Peer& P = peers_[p];
-  if (leaving_ && broken_.empty()) {
+  if (leaving_ && !failure_->failed()) {
     // This rank has finished its ops and is saying goodbye.  A peer that closes now
     // was leaving too and skipped its goodbye to us, having read ours (or died at
     // the very end): either way nothing here needs it any more.
@@ -188,7 +192,7 @@ void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<
   }
   // Already broken, the socket being read by another thread (its state is that
   // thread's), or a peer that said goodbye: there is nothing more to learn.
-  if (!broken_.empty() || P.rxBusy || !P.rxFd.valid() || P.rx.closed()) {
+  if (failure_->failed() || P.rxBusy || !P.rxFd.valid() || P.rx.closed()) {
     failLocked(peerLostReason(p, how.c_str()), done);
     return;
   }

@@ -45,7 +45,8 @@ c10::intrusive_ptr<c10d::Backend> makeGlooBackend(const c10::intrusive_ptr<c10d:
 }
 
 GlooLink::GlooLink(c10::intrusive_ptr<c10d::Backend> gloo, Engine& engine, int rank, int size)
-    : gloo_(std::move(gloo)), engine_(engine), rank_(rank), sent_(size, 0), received_(size, 0) {
+    : gloo_(std::move(gloo)), engine_(engine), failure_(engine.failure()), rank_(rank), sent_(size, 0),
+      received_(size, 0) {
   TORCH_INTERNAL_ASSERT(gloo_ && gloo_->getSize() == size && gloo_->getRank() == rank,
                         "ringpg: the Gloo link's backend must have this group's ranks");
 }
@@ -107,7 +108,7 @@ void GlooLink::failLost(Request& req, const std::string& error, Deadline deadlin
   // group (its engine socket ended between frames) is named as such: this op needed it.
   if (engine_.awaitBroken(std::min(deadline, Clock::now() + kCauseGrace), req.peer)) {
     bool network = true;
-    std::string why = engine_.brokenReason(&network);
+    std::string why = failure_.reason(&network);
     if (why.empty()) {
       why = engine_.goneFrom(req.peer);
       network = true;
@@ -121,7 +122,7 @@ void GlooLink::failLost(Request& req, const std::string& error, Deadline deadlin
   const std::string why = c10::str("ringpg: rank ", rank_, " lost its Gloo pair to rank ", req.peer,
                                    ": Connection closed by peer (Gloo: ", error,
                                    "; the peer process probably exited, crashed or was killed)");
-  engine_.fail(why, /*network=*/true); // every rank hears it at once
+  failure_.fail(why, /*network=*/true); // every rank hears it at once
   markFailed(req, why, /*network=*/true);
 }
 
@@ -149,13 +150,13 @@ bool GlooLink::waitUntil(const RequestPtr& r, Deadline deadline) {
   }
   auto failWithEngine = [&] {
     bool network = true;
-    markFailed(req, engine_.brokenReason(&network), network);
+    markFailed(req, failure_.reason(&network), network);
     req.work.reset(); // withdraws the buffer from Gloo
     return true;
   };
   {
     std::lock_guard<std::mutex> lk(mu_); // aborted_, waiting_
-    if (aborted_ || engine_.isBroken()) {
+    if (aborted_ || failure_.failed()) {
       return failWithEngine();
     }
     // Registered before the wait: an abortWaits() from here on reaches it.
@@ -179,7 +180,7 @@ bool GlooLink::waitUntil(const RequestPtr& r, Deadline deadline) {
     req.state.store(Request::State::Done, std::memory_order_release);
     return true;
   }
-  if (error.empty() || engine_.isBroken()) {
+  if (error.empty() || failure_.failed()) {
     // abortWaits() woke it: the engine broke, and says why.
     return failWithEngine();
   }

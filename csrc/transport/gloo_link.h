@@ -92,7 +92,8 @@ class GlooLink final : public Link {
   uint32_t nextIndex(const FrameHeader& op, int peer, std::vector<uint32_t>& counts);
 
   c10::intrusive_ptr<c10d::Backend> gloo_;
-  Engine& engine_;
+  Engine& engine_; // the control channel: a failed peer's stated cause, who has left
+  GroupFailure& failure_; // the group's failure state (the engine's)
   const int rank_;
   uint64_t countsKey_ = ~uint64_t{0}; // the op whose messages sent_/received_ count
   std::vector<uint32_t> sent_; // per peer, messages of that op posted to it

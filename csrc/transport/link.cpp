@@ -25,7 +25,7 @@ bool LinkTable::waitUntil(const RequestPtr& req, Deadline deadline) const {
   if (driven != nullptr && link != driven) {
     // Nothing else posts on `driven` while this thread waits, so once it is empty the
     // wait can block on `link` alone.  A broken group leaves the reporting to `link`.
-    while (driven->hasQueued() && !engine->isBroken()) {
+    while (driven->hasQueued() && !failure->failed()) {
       driven->progress();
       const Deadline slice = std::min(deadline, Clock::now() + kDriveSlice);
       if (link->waitUntil(req, slice)) {

@@ -117,14 +117,15 @@ struct SameHostCopy {
 };
 
 // The links of one group: the one collective frames to peer q take (`to(q)`), the one
-// frames from q come by (`from(q)`), and the Engine, which is the group's failure state
-// and control channel (`control`, its Link: announcements; aborts; point-to-point);
+// frames from q come by (`from(q)`), the group's failure state, and the Engine, its
+// control channel (`control`, its Link: announcements; aborts; point-to-point);
 // and the ring they form (`topology`: ring order by host, transport/topology.h).
 // Every peer shares one link but at most one each way (shared memory to the right
 // neighbour on this host, from the left one), so the table holds those and no entry a
 // peer: its size does not grow with the group.
 struct LinkTable {
   Engine* engine = nullptr;
+  GroupFailure* failure = nullptr; // the group's failure state, which every wait asks
   const Topology* topology = nullptr;
   Link* control = nullptr;
   Link* collective = nullptr; // every peer's, both ways, but the ones below
@@ -175,6 +176,7 @@ struct LinkTable {
   static LinkTable engineOnly(EngineLink& link, Engine& engine, const Topology& topology) {
     LinkTable t;
     t.engine = &engine;
+    t.failure = &engine.failure();
     t.topology = &topology;
     t.control = &link;
     t.collective = &link;

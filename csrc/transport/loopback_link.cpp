@@ -14,8 +14,8 @@ LoopbackHub::LoopbackHub(int size) : size_(size) {
   inboxes_.resize(static_cast<size_t>(size) * size);
 }
 
-LoopbackLink::LoopbackLink(std::shared_ptr<LoopbackHub> hub, int rank, Engine& engine)
-    : hub_(std::move(hub)), rank_(rank), engine_(engine), posted_(hub_->size()) {
+LoopbackLink::LoopbackLink(std::shared_ptr<LoopbackHub> hub, int rank, GroupFailure& failure)
+    : hub_(std::move(hub)), rank_(rank), failure_(failure), posted_(hub_->size()) {
   TORCH_CHECK(rank >= 0 && rank < hub_->size(), "ringpg: rank ", rank, " outside an in-process group of ",
               hub_->size());
 }
@@ -27,7 +27,7 @@ RequestPtr LoopbackLink::postSend(int peer, const FrameHeader& op, const void* d
   req->link = this;
   if (settle()) {
     bool network = true;
-    const std::string why = engine_.brokenReason(&network);
+    const std::string why = failure_.reason(&network);
     markFailed(*req, why, network);
     return req;
   }
@@ -120,12 +120,12 @@ bool LoopbackLink::settle() {
     r.state.store(Request::State::Done, std::memory_order_release);
   }
   if (!mismatch.empty()) {
-    engine_.fail(mismatch, /*network=*/false);
+    failure_.fail(mismatch, /*network=*/false);
   }
   bool network = true;
-  if (engine_.isBroken()) {
-    // This rank's group broke (here, or on another of its threads): tell the others.
-    const std::string why = engine_.brokenReason(&network);
+  if (failure_.failed()) {
+    // This rank's group failed (here, or on another of its threads): tell the others.
+    const std::string why = failure_.reason(&network);
     {
       std::lock_guard<std::mutex> lk(hub_->mu_); // the hub's failure: the first rank's wins
       if (hub_->broken_.empty()) {
@@ -140,9 +140,9 @@ bool LoopbackLink::settle() {
   if (!hubBroken.empty() && brokenBy != rank_) {
     // Another rank's group broke: this one breaks with its reason, as its Abort frame
     // would break it over the engine.
-    engine_.fail(c10::str("ringpg: rank ", brokenBy, " aborted the group: ", hubBroken), /*network=*/true,
-                 BreakCause::Remote);
-    const std::string why = engine_.brokenReason(&network); // the engine's first reason, maybe another
+    failure_.fail(c10::str("ringpg: rank ", brokenBy, " aborted the group: ", hubBroken), /*network=*/true,
+                  BreakCause::Remote);
+    const std::string why = failure_.reason(&network); // the group's first reason, maybe another
     failPosted(why, network);
     return true;
   }
@@ -166,11 +166,11 @@ std::unique_ptr<GroupLinks> loopbackGroupLinks(const std::shared_ptr<LoopbackHub
   // No listener (nobody dials in) and no Store (a frame for the engine fails the group
   // when it dials: there is no address to read).
   Rendezvous rv;
-  g->engine = std::make_unique<Engine>(rank, size, std::move(rv), /*socketBuffer=*/0, /*congestion=*/"",
+  g->engine = std::make_unique<Engine>(rank, size, std::move(rv), g->failure, /*socketBuffer=*/0, /*congestion=*/"",
                                        /*spinMicros=*/0);
   g->topology = Topology::singleHost(size);
   g->engineLink = std::make_unique<EngineLink>(*g->engine);
-  g->given = std::make_unique<LoopbackLink>(hub, rank, *g->engine);
+  g->given = std::make_unique<LoopbackLink>(hub, rank, *g->failure);
   g->transport = "loopback";
   g->links = LinkTable::engineOnly(*g->engineLink, *g->engine, g->topology);
   g->links.routeAll(g->given.get());

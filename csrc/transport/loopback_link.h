@@ -48,7 +48,7 @@ class LoopbackHub {
 
   const int size_;
   // mu_ guards inboxes_, broken_ and brokenBy_.  Never held while calling into an
-  // engine (whose failure listener runs user hooks) or while copying a payload.
+  // group failure (whose listeners run user hooks) or while copying a payload.
   std::mutex mu_;
   std::condition_variable cv_; // signalled on every frame queued and when the group breaks
   std::vector<std::deque<Frame>> inboxes_; // [dst * size + src]
@@ -58,8 +58,8 @@ class LoopbackHub {
 
 class LoopbackLink final : public Link {
  public:
-  // Rank `rank`'s link to every peer of `hub`; `engine`: the rank's failure state.
-  LoopbackLink(std::shared_ptr<LoopbackHub> hub, int rank, Engine& engine);
+  // Rank `rank`'s link to every peer of `hub`; `failure`: the rank's group's failure state.
+  LoopbackLink(std::shared_ptr<LoopbackHub> hub, int rank, GroupFailure& failure);
   const char* transport() const override { return "loopback"; }
   // Copies the payload into the peer's queue: done when it returns (or failed, the
   // group broken).
@@ -67,7 +67,7 @@ class LoopbackLink final : public Link {
   RequestPtr postRecv(int peer, const FrameHeader& op, void* data, size_t len) override;
   bool waitUntil(const RequestPtr& req, Deadline deadline) override;
 
-  // How long a wait sleeps before it looks at its engine again: a failure from another
+  // How long a wait sleeps before it looks at the group's failure again: a failure from another
   // thread of this rank (abort()) is not signalled on the hub.
   static constexpr std::chrono::milliseconds kLookSlice{10};
 
@@ -81,7 +81,7 @@ class LoopbackLink final : public Link {
 
   std::shared_ptr<LoopbackHub> hub_;
   const int rank_;
-  Engine& engine_;
+  GroupFailure& failure_;
   // Receives posted per source, oldest first.  Only the rank's op thread posts and
   // waits (servesASecondThread is false), so no lock.
   std::vector<std::deque<RequestPtr>> posted_;

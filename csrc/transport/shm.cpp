@@ -128,8 +128,8 @@ struct ShmLink::Region {
 };
 
 ShmLink::ShmLink(Engine& engine, int rank, int left, int right, size_t slotBytes, int spinMicros, bool spinYields)
-    : engine_(engine), rank_(rank), left_(left), right_(right), slotBytes_(slotBytes), waiter_(spinMicros, spinYields) {
-}
+    : engine_(engine), failure_(engine.failure()), rank_(rank), left_(left), right_(right), slotBytes_(slotBytes),
+      waiter_(spinMicros, spinYields) {}
 
 ShmLink::~ShmLink() = default;
 
@@ -506,7 +506,7 @@ bool ShmLink::pullRecvs() {
               ? c10::str("ringpg: rank ", rank_, " received a corrupt shared-memory fragment from rank ", left_,
                          " (offset ", sh.offset, ", length ", sh.length, "; expected ", req.progress, ", ", want, ")")
               : collectiveMismatch(rank_, left_, req.hdr, sh.frame);
-      engine_.fail(msg, /*network=*/false);
+      failure_.fail(msg, /*network=*/false);
       failAll(msg, false);
       return true;
     }
@@ -518,7 +518,7 @@ bool ShmLink::pullRecvs() {
       if (!read) {
         const std::string msg =
             c10::str("ringpg: rank ", rank_, " could not read rank ", left_, "'s message (cross-memory attach): ", why);
-        engine_.fail(msg, /*network=*/true);
+        failure_.fail(msg, /*network=*/true);
         failAll(msg, true);
         return true;
       }
@@ -716,11 +716,11 @@ BellCauses ShmLink::awaited() const {
 
 bool ShmLink::waitUntil(const RequestPtr& req, Deadline deadline) {
   const auto look = [&]() -> WaitLook {
-    if (engine_.isBroken()) {
+    if (failure_.failed()) {
       // A peer died or the group failed elsewhere (we hear it through the sockets).
       // Checked first: a broken group moves no byte into or out of a user buffer.
       bool network = true;
-      const std::string why = engine_.brokenReason(&network);
+      const std::string why = failure_.reason(&network);
       failAll(why, network);
       return WaitLook::Done;
     }

@@ -240,7 +240,8 @@ class ShmLink final : public Link {
   // the same rank (world size 2).
   Region& toRight();
 
-  Engine& engine_; // the group's failure state
+  Engine& engine_;         // who has left the group (goneFrom)
+  GroupFailure& failure_;  // the group's failure state (the engine's)
   const int rank_;
   const int left_, right_;
   const size_t slotBytes_;
