@@ -65,7 +65,7 @@ void Engine::connectPeers(const std::vector<int>& peers, Deadline deadline) {
   {
     std::lock_guard<std::mutex> lk(mu_); // the peers' dial states
     for (const int q : peers) {
-      if (q != rank_ && peers_[q].dial == Dial::kNone && !failure_->failed()) {
+      if (q != rank_ && peers_[q].dial == Dial::kNone && !stopped_) {
         startDialLocked(q, done);
       }
     }
@@ -91,8 +91,8 @@ void Engine::connectPeers(const std::vector<int>& peers, Deadline deadline) {
     }
     return -1;
   };
-  cv_.wait_until(lk, deadline, [&] { return failure_->failed() || gone() >= 0 || missing().empty(); });
-  if (failure_->failed()) {
+  cv_.wait_until(lk, deadline, [&] { return stopped_ || gone() >= 0 || missing().empty(); });
+  if (stopped_) {
     throwNetwork(failure_->reason());
   }
   if (const int q = gone(); q >= 0) {
@@ -155,7 +155,7 @@ RequestPtr Engine::postSend(int peer, const FrameHeader& hdr, const void* data, 
   {
     std::unique_lock<std::mutex> lk(mu_); // the send queue; writePeer drops it around send()
     Peer& P = peers_[peer];
-    if (failure_->failed()) {
+    if (stopped_) {
       failWithGroupLocked(req, done);
     } else if (P.presence != Presence::kPresent) {
       failRequest(req, goneReasonLocked(peer), done);
@@ -190,7 +190,7 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
     std::unique_lock<std::mutex> lk(mu_); // the posted queues and stashes; readPeer drops it around recv()
     // A peer that has left may have sent this frame before it did: the stash is
     // matched first, and only a receive it leaves unmatched fails.
-    if (failure_->failed()) {
+    if (stopped_) {
       failWithGroupLocked(req, done);
     } else if (hasKind(expect, FrameKind::Collective)) {
       Peer& P = peers_[peer];
@@ -202,7 +202,7 @@ RequestPtr Engine::postRecv(int peer, const FrameHeader& expect, void* data, siz
         // A paused header may be waiting for exactly this receive.  (A paused socket
         // that is busy is being read by the failure path: the group fails next.)
         routeHeader(peer, done);
-        if (!failure_->failed() && P.rx.readsSocket()) {
+        if (!stopped_ && P.rx.readsSocket()) {
           // Its payload is most likely in the socket already (the peer was ahead of
           // us): read it from this thread, as postSend writes eagerly, instead of
           // waking the progress thread to read it and then wake us.  The progress
@@ -255,11 +255,11 @@ void Engine::pollPeer(int p) {
   {
     std::unique_lock<std::mutex> lk(mu_); // peer p's queues and receive state
     Peer& P = peers_[p];
-    if (!failure_->failed() && !stop_ && !P.rx.closed()) {
+    if (!stopped_ && !stop_ && !P.rx.closed()) {
       if (!P.txq.empty() && !P.txBusy) {
         writePeer(p, lk, done);
       }
-      if (!failure_->failed() && P.rxFd.valid()) {
+      if (!stopped_ && P.rxFd.valid()) {
         readPeer(p, lk, done); // returns at once when paused, busy elsewhere or empty
       }
     }
@@ -290,8 +290,8 @@ void Engine::onGroupFailed() {
 bool Engine::awaitBroken(Deadline deadline, int peer) {
   // cv_'s mutex; breaking and a peer's leaving always notify it (failLocked, markGoneLocked).
   std::unique_lock<std::mutex> lk(mu_);
-  return cv_.wait_until(
-      lk, deadline, [&] { return failure_->failed() || (peer >= 0 && peers_[peer].presence != Presence::kPresent); });
+  return cv_.wait_until(lk, deadline,
+                        [&] { return stopped_ || (peer >= 0 && peers_[peer].presence != Presence::kPresent); });
 }
 
 void Engine::debugSendRaw(int peer, std::string bytes) {
@@ -307,7 +307,7 @@ void Engine::debugSendRaw(int peer, std::string bytes) {
     req->progress = sizeof(FrameHeader);
     req->peer = peer;
     peers_[peer].txq.push_back(req);
-    if (peers_[peer].dial == Dial::kNone && !failure_->failed()) {
+    if (peers_[peer].dial == Dial::kNone && !stopped_) {
       startDialLocked(peer, done);
     }
   }
@@ -388,7 +388,7 @@ bool Engine::collectPollSet(PollSet& set) {
   if (stop_) {
     return false;
   }
-  if (failure_->failed()) {
+  if (stopped_) {
     // A broken engine moves no byte: sleep until woken to stop.  Closing the listener
     // (only this thread polls it) refuses peers that dial now, at once.
     listener_.reset();
@@ -430,7 +430,7 @@ void Engine::serviceReady(const PollSet& set) {
   bool connections = false; // a connection step happened: connectPeers may be waiting
   {
     std::unique_lock<std::mutex> lk(mu_); // the queues; dropped around each recv() / send()
-    for (size_t i = 1; i < set.fds.size() && !failure_->failed() && !stop_; ++i) {
+    for (size_t i = 1; i < set.fds.size() && !stopped_ && !stop_; ++i) {
       if (set.fds[i].revents == 0) {
         continue;
       }

@@ -351,11 +351,15 @@ class Engine {
   // writePeer drop it around recv() / send() (rxBusy / txBusy keep the socket theirs).
   std::mutex mu_;
   std::condition_variable cv_; // signalled when any request completes or fails
-  // The group's failure state: once failed() the engine moves no byte (its own lock is
-  // not needed to ask; GroupFailure's is taken under mu_, never the other way round).
+  // The group's failure state (GroupFailure's lock is taken under mu_, never the other
+  // way round).
   const std::shared_ptr<GroupFailure> failure_;
   int failureToken_ = -1;   // this engine's listener on failure_
-  bool toldPeers_ = false;  // failLocked has sent the peers the group's reason
+  // failLocked has run: the engine moves no byte, its queued requests have failed and
+  // its peers have the group's reason.  Set under mu_ in the same hold that fails the
+  // queues, so code under mu_ that sees it owes nothing more; the group's failed() may
+  // turn true before this engine's listener has run, so the engine's own paths ask this.
+  bool stopped_ = false;
   std::atomic<int> gone_{0}; // peers no longer kPresent (counted under mu_)
   bool haveCurrent_ = false;
   FrameHeader currentOp_; // valid when haveCurrent_; key = its sequence number

@@ -177,7 +177,7 @@ void Engine::socketFailedHereLocked(const std::string& what, const std::string& 
 }
 
 void Engine::dialFailedLocked(int p, const std::string& why, Completions& done) {
-  if (leaving_ && !failure_->failed()) {
+  if (leaving_ && !stopped_) {
     // Saying goodbye (shutdown): a peer that cannot be reached now has left too, as a
     // lost connection is taken then (failLostPeerLocked).
     endPeerQuietlyLocked(p, done);

@@ -45,8 +45,8 @@ void Engine::failLocked(const std::string& reason, Completions& done, bool netwo
     done.push_back(std::move(notice));
   }
   const std::string why = failure_->reason(&network); // the group's first reason, maybe another's
-  if (!toldPeers_) {
-    toldPeers_ = true;
+  if (!stopped_) {
+    stopped_ = true;
     if (!stop_) {
       broadcastAbortLocked(why); // not while being destroyed: peers got a goodbye already
     }
@@ -183,7 +183,7 @@ std::string Engine::peerLostReason(int p, const char* how) {
 // reason is sitting, unread, in its receive buffer.
 void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<std::mutex>& lk, Completions& done) {
   Peer& P = peers_[p];
-  if (leaving_ && !failure_->failed()) {
+  if (leaving_ && !stopped_) {
     // This rank has finished its ops and is saying goodbye.  A peer that closes now
     // was leaving too and skipped its goodbye to us, having read ours (or died at
     // the very end): either way nothing here needs it any more.
@@ -192,7 +192,7 @@ void Engine::failLostPeerLocked(int p, const std::string& how, std::unique_lock<
   }
   // Already broken, the socket being read by another thread (its state is that
   // thread's), or a peer that said goodbye: there is nothing more to learn.
-  if (failure_->failed() || P.rxBusy || !P.rxFd.valid() || P.rx.closed()) {
+  if (stopped_ || P.rxBusy || !P.rxFd.valid() || P.rx.closed()) {
     failLocked(peerLostReason(p, how.c_str()), done);
     return;
   }

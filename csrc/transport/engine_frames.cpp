@@ -63,7 +63,7 @@ bool Engine::writePeer(int p, std::unique_lock<std::mutex>& lk, Completions& don
     return true; // another thread is writing this socket right now, or it is being dialled
   }
   size_t budget = kPassBytes;
-  while (!P.txq.empty() && budget > 0 && !failure_->failed()) {
+  while (!P.txq.empty() && budget > 0 && !stopped_) {
     RequestPtr req = P.txq.front();
     const size_t total = sizeof(FrameHeader) + req->len;
     iovec iov[2];
@@ -86,7 +86,7 @@ bool Engine::writePeer(int p, std::unique_lock<std::mutex>& lk, Completions& don
     const int err = errno;
     lk.lock();
     P.txBusy = false;
-    if (failure_->failed()) {
+    if (stopped_) {
       // The group failed while we were writing; failLocked left this request to us.
       failWithGroupLocked(req, done);
       return false;
@@ -121,7 +121,7 @@ void Engine::readPeer(int p, std::unique_lock<std::mutex>& lk, Completions& done
   FrameReceiver& rx = P.rx;
   size_t budget = kPassBytes;
   // Stops when paused (waiting for a receive to be posted), closed, broken or drained.
-  while (budget > 0 && !failure_->failed() && rx.readsSocket()) {
+  while (budget > 0 && !stopped_ && rx.readsSocket()) {
     const auto [dst, want] = rx.nextRead(budget);
     P.rxBusy = true;
     lk.unlock();
@@ -129,7 +129,7 @@ void Engine::readPeer(int p, std::unique_lock<std::mutex>& lk, Completions& done
     const int err = errno;
     lk.lock();
     P.rxBusy = false;
-    if (failure_->failed()) {
+    if (stopped_) {
       // The group failed while we were reading; failLocked left the receive state to us.
       RequestPtr into = rx.abandon();
       if (into && into->state.load() == Request::State::Pending) {
@@ -204,7 +204,7 @@ void Engine::routeHeader(int p, Completions& done) {
                  done);
       return;
   }
-  if (!failure_->failed() && rx.payloadComplete()) {
+  if (!stopped_ && rx.payloadComplete()) {
     finishPayload(p, done); // a 0-byte payload: the frame is whole already
   }
 }
