@@ -212,10 +212,6 @@ bool stagesInPieces(const OpQuery& q) {
   return staged && q.device && q.contiguous && q.apart && q.bytes >= kStagedMinBytes;
 }
 
-bool onArena(Algorithm a) {
-  return a == Algorithm::Arena || a == Algorithm::ArenaOneShot;
-}
-
 } // namespace
 
 bool planAsksDeviceReach(const OpQuery& q, const GroupShape& g) {

@@ -46,6 +46,10 @@ enum class Algorithm : uint8_t {
   Arena,        // the host arena's algorithm for the op (algorithms/arena_collectives.h)
 };
 const char* algorithmName(Algorithm a);
+// Whether `a` runs over the host arena (its one step or its op's algorithm).
+inline bool onArena(Algorithm a) {
+  return a == Algorithm::Arena || a == Algorithm::ArenaOneShot;
+}
 const char* collectiveName(Collective op);
 // The Collective collectiveName() calls `name`; TORCH_CHECK-fails, listing them, for any other.
 Collective collectiveNamed(const std::string& name);

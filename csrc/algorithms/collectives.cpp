@@ -104,11 +104,6 @@ OpQuery hostQuery(Collective op, size_t bytes, bool readBack = false) {
   return q;
 }
 
-// Whether `a` runs over the host arena.
-bool onArena(Algorithm a) {
-  return a == Algorithm::Arena || a == Algorithm::ArenaOneShot;
-}
-
 // Allreduce of a contiguous host tensor (of the kernels' dtype), in place, as `plan` says.
 void hostAllreduce(OpContext& c, const at::Tensor& host, const Reduction& red, const OpPlan& plan) {
   auto finalize = finalizer(red, host.scalar_type(), c.size());

@@ -1,7 +1,5 @@
 #include "algorithms/context.h"
 
-#include "algorithms/choice.h"
-
 #include <c10/util/StringUtil.h>
 
 #include <c10/util/irange.h>
