@@ -14,6 +14,12 @@
 //   DIRTY=1        each rank first rewrites its input, so its lines are modified in its
 //                  core's cache when the other reads them (a buffer computed just before
 //                  the op, as gradients are).
+// And where the buffers live:
+//   HUGEPAGES=1    input and output on 2 MiB-aligned memory advised MADV_HUGEPAGE before
+//                  their first touch (transparent huge pages wherever the kernel grants
+//                  them: sysfs `enabled` at madvise or always); else malloc's memory,
+//                  4 KiB pages where THP is `madvise`, as torch's CPU tensors are by
+//                  default.  process_vm_readv pins the pages it reads, one by one.
 //
 //   cc -O2 benchmarks/pair_floor.c -o /tmp/pair_floor
 //   POLLUTE=4194304 /tmp/pair_floor [BLOCK [ITERS]]     (defaults 131072 4000)
@@ -48,6 +54,17 @@ struct shared {
   pid_t pid[2];
 };
 
+// `bytes` rounded up to whole 2 MiB pages, 2 MiB-aligned, advised huge before first touch.
+static char* huge_alloc(size_t bytes) {
+  const size_t page = (size_t)2 << 20;
+  const size_t rounded = (bytes + page - 1) / page * page;
+  char* p = aligned_alloc(page, rounded);
+  if (p != NULL) {
+    madvise(p, rounded, MADV_HUGEPAGE);
+  }
+  return p;
+}
+
 // Both ranks reach barrier number `n`.
 static void barrier(struct shared* s, int me, long n) {
   atomic_store(&s->arrived[me], n);
@@ -68,8 +85,9 @@ int main(int argc, char** argv) {
   }
   const pid_t child = fork();
   const int me = child == 0 ? 1 : 0;
-  char* in = malloc(block);
-  char* out = malloc(2 * block);
+  const int huge = getenv("HUGEPAGES") != NULL && atoi(getenv("HUGEPAGES")) != 0;
+  char* in = huge ? huge_alloc(block) : malloc(block);
+  char* out = huge ? huge_alloc(2 * block) : malloc(2 * block);
   char* other = pollute ? malloc(pollute) : NULL;
   if (in == NULL || out == NULL || (pollute && other == NULL)) {
     perror("malloc");
@@ -113,8 +131,8 @@ int main(int argc, char** argv) {
   }
   if (me == 0) {
     qsort(times, (size_t)iters, sizeof(double), by_value);
-    printf("all-gather of 2 x %zu B (pollute %zu B, dirty %d): median %.1f us, best %.1f us over %d ops\n", block,
-           pollute, dirty, times[iters / 2], times[0], iters);
+    printf("all-gather of 2 x %zu B (pollute %zu B, dirty %d, hugepages %d): median %.1f us, best %.1f us over %d ops\n",
+           block, pollute, dirty, huge, times[iters / 2], times[0], iters);
     waitpid(child, NULL, 0);
   }
   return 0;
