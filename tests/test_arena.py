@@ -132,17 +132,21 @@ def test_the_arena_serves_every_op_of_a_group_on_one_host(size: int) -> None:
 @pytest.mark.parametrize("cached,streaming", [(False, False), (True, False), (False, True), (True, True)])
 def test_two_ranks_gather_as_a_pair_where_the_op_lends(cached: bool, streaming: bool) -> None:
     """Two ranks on one host's shared-memory link: an all-gather past the arena's volume is
-    one message each way (``pair``) exactly where its size class lends (single copy), and
-    the ring everywhere else: the slots' class, several hosts, three ranks, a set algorithm,
-    device tensors, and every other collective."""
+    one message each way (``pair``) exactly where its size class lends (single copy); in
+    the slots' class the arena up to its two-rank reach and the ring past it; the ring for
+    several hosts, three ranks without an arena, a set algorithm, device tensors, and every
+    other collective."""
     copy = {"copy_cached": cached, "copy_streaming": streaming}
     big = _C.streaming_op_bytes()
-    for nbytes in (4096, 1 << 17, 1 << 20, big - 4, big, 1 << 26):
+    reach = _C.arena_pair_all_gather_bytes()
+    for nbytes in (4096, 1 << 17, reach, reach + 4, 1 << 20, big - 4, big, 1 << 26):
         lends = _C.single_copy_for(cached, streaming, nbytes)
         small = nbytes <= _C.arena_oneshot_volume()
         for arena in (True, False):
             got = _choose("all_gather", 2, nbytes, arena=arena, **copy)
-            want = "arena" if arena and small else "pair" if lends else "ring"
+            # Through the slots, up to the arena's two-rank reach: its one round.
+            slotted = "arena" if arena and nbytes <= reach else "ring"
+            want = "arena" if arena and small else "pair" if lends else slotted
             assert got == want, (nbytes, arena, got)
         # Only the all-gather, and only on a two-rank shared-memory link the choice is left to.
         assert _choose("reduce_scatter", 2, nbytes, arena=False, **copy) == "ring"

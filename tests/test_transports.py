@@ -577,8 +577,8 @@ def pair_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]
             outs = [sentinel_like((n,), dtype) for _ in range(ws)]
             dist.all_gather(outs, x, group=g)
             chk.equal(case, torch.cat(outs), ref_all_gather(x, ref))
-    algos = {b.algorithm_for("all_gather", nbytes) for nbytes in (1 << 17, 1 << 20, 1 << 26)}
-    return {"report": chk.report(), "algos": algos, "lent": lent}
+    algos = {b.algorithm_for("all_gather", nbytes) for nbytes in (1 << 20, 1 << 26)}
+    return {"report": chk.report(), "algos": algos, "small": b.algorithm_for("all_gather", 1 << 17), "lent": lent}
 
 
 @pytest.mark.multiprocess
@@ -586,14 +586,20 @@ def pair_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]
 def test_two_ranks_all_gather_as_a_pair_matches_gloo(config: tuple[str, Any, str]) -> None:
     """Where both ranks lend, a two-rank all-gather is one message each way (the group
     says ``pair`` and lends exactly one message an op); where the kernel refuses single
-    copy or the ring is asked for, the ring runs; every form matches gloo."""
+    copy or the ring is asked for, the ring runs (or, single copy refused, the arena up to
+    its two-rank reach); every form matches gloo."""
     name, env, want = config
     results = run_workers(pair_worker, 2, None, InitSpec(env=env), timeout=240)
     assert_reports_ok([r["report"] for r in results])
     if backend_under_test() != "ringpg":
         return
+    # Past the arena's two-rank reach (arena_pair_all_gather_bytes) the pair or the ring;
+    # below it, where single copy is refused, the arena's one round instead of the ring.
+    small = "arena" if name == "cma-refused" else want
+    assert (1 << 17) <= _C.arena_pair_all_gather_bytes() < (1 << 20)
     for r in results:
         assert r["algos"] == {want}, (name, r["algos"])
+        assert r["small"] == small, (name, r["small"])
         if want == "pair":
             assert r["lent"] == [1] * len(r["lent"]), r["lent"]
         elif name == "cma-refused":

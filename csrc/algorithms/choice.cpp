@@ -39,7 +39,8 @@ Algorithm linksAllreduce(const GroupShape& g, const Config& cfg, size_t bytes, b
 // links are the same two-step exchange the arena would run, with single copy and a
 // pipeline of slots tuned for it, so the arena takes only what it was asked for there
 // and device tensors where device copies reach its buffers directly: then no CPU
-// copies a byte in or out (docs/internals.md, "Why these constants").
+// copies a byte in or out (docs/internals.md, "Why these constants").  (A two-rank
+// all-gather through the slots takes it up to kArenaPairAllGatherBytes: chooseAlgorithm.)
 bool arenaForLarge(const GroupShape& g, const Config& cfg, bool deviceContiguous) {
   return g.arena &&
          (cfg.algo == Config::Algo::Arena || g.size >= kArenaMinRanks || (deviceContiguous && g.arenaReachesDevice));
@@ -85,6 +86,12 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
       }
       if (op == Collective::AllGather && pairApplies(g, cfg, bytes, deviceContiguous)) {
         return Algorithm::Pair;
+      }
+      // Two ranks' all-gather through the slots: up to kArenaPairAllGatherBytes the
+      // arena's one round beats the ring's per-segment sends and receives.
+      if (op == Collective::AllGather && g.arena && g.size == 2 && g.hosts == 1 && cfg.algo == Config::Algo::Auto &&
+          !deviceContiguous && bytes <= kArenaPairAllGatherBytes) {
+        return Algorithm::Arena;
       }
       // Contiguous device tensors: chunked copies overlap the ring (staged_ring.h).
       return deviceContiguous ? Algorithm::StagedRing : Algorithm::Ring;

@@ -465,6 +465,7 @@ void bindBuildAndChoice(py::module_& m) {
   });
 
   m.def("arena_oneshot_volume", [] { return ringpg::kArenaOneShotVolume; });
+  m.def("arena_pair_all_gather_bytes", [] { return ringpg::kArenaPairAllGatherBytes; });
   m.def(
       "staged_min_bytes", [] { return ringpg::kStagedMinBytes; },
       "the bytes from which a device tensor's op may be staged in pieces (common/thresholds.h)");

@@ -24,6 +24,12 @@ constexpr int kOneShotMostRanks = 8;
 // reduce-scatter and all-gather in two; other ops take the arena below it at any size.
 constexpr size_t kArenaOneShotVolume = 64 * 1024;
 
+// Up to this many bytes (the output) a two-rank all-gather the pair does not take (its
+// size class copies through the slots) runs on the arena: its one flag round instead of
+// a send and a receive per segment, the same three copies.  Past it the arena's pieces
+// cost more than the ring's pipeline (2 MiB: twice the ring's time).
+constexpr size_t kArenaPairAllGatherBytes = 512 * 1024;
+
 // From this many ranks on one host the arena runs every op of a one-host group, and a
 // hierarchical group's host phases: at two, the links' one step over their one link,
 // copying once where single copy pays, is already the arena's exchange.
