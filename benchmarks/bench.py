@@ -45,7 +45,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 if __package__ in (None, ""):  # `python benchmarks/bench.py` or torchrun: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -141,6 +141,8 @@ class WorkerConfig:
     fresh: bool = False
     # --backends ...,vllm: the vLLM library the launcher found and loaded (benchmarks.vllm_shm).
     vllm_lib: Optional[str] = None
+    # --vllm-beside: vLLM's column alternates with the others in one pass (else apart).
+    vllm_beside: bool = False
     # --pin core: each rank bound to one CPU (rank r to the r-th allowed, round robin).
     pin: bool = False
     # An unreported run-in before each op's first case (timing runs; not --check).
@@ -157,6 +159,20 @@ def case_algorithm(group: Any, case: Case, device: str) -> Optional[str]:
     if group is None:
         return None
     return algorithm_for(group, RINGPG_OP[case.op], case.size_bytes, device)
+
+
+def measure_passes(col_groups: Mapping[str, Any], vllm_beside: bool) -> List[Dict[str, Any]]:
+    """The columns each case is measured in, pass by pass (each pass alternates its columns).
+
+    vLLM's column runs in a pass of its own after the others', as each MPI peer runs in
+    processes of its own: alternating with ringpg, its copies and its shared memory evict
+    what ringpg's next op finds cached (benchmarks/README.md, Fairness).  ``vllm_beside``
+    (``--vllm-beside``), or a run of vLLM columns only: one pass of every column."""
+    apart = {} if vllm_beside else {col: g for col, g in col_groups.items() if is_vllm(g)}
+    beside = {col: g for col, g in col_groups.items() if col not in apart}
+    if not beside:
+        return [dict(col_groups)]
+    return [beside] + [{col: g} for col, g in apart.items()]
 
 
 def run_worker(cfg: WorkerConfig, rank: int) -> int:
@@ -216,6 +232,7 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
     # torch's floor moves nothing: never verified, and the table sets the others against it.
     floor_labels = {lb for lb, name in zip(cfg.labels, cfg.backends) if split_spec(name)[0] == FLOOR}
     unverified = [col for col, (lb, _) in columns.items() if lb in floor_labels]
+    passes = measure_passes(col_groups, cfg.vllm_beside)
 
     progress = Progress(enabled=rank == 0 and cfg.progress)
     policy = IterationPolicy(**cfg.policy)
@@ -257,7 +274,8 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
                 f"#\n# world_size={ws} device={cfg.device} backends={','.join(cfg.labels)}{peers} "
                 f"baseline={baseline} threads/rank={cfg.threads} batch={policy.batch} timing={timing}"
                 f"{' fresh' if cfg.fresh else ''}{' pinned' if cfg.pin else ''}"
-                f" hugepages={hugepages_in_effect()}{via}",
+                f" hugepages={hugepages_in_effect()}{via}"
+                f"{' vllm=apart' if len(passes) > 1 else ''}",
                 progress,
             )
             record(
@@ -284,9 +302,14 @@ def run_worker(cfg: WorkerConfig, rank: int) -> int:
             return bufs
 
         def measure(case: Case) -> Any:
-            return measure_case(
-                buffers_for(case), col_groups, ref, policy, sync=sync, shared_clock=shared_clock, unverified=unverified
-            )
+            bufs = buffers_for(case)
+            res = [
+                measure_case(bufs, cols, ref, policy, sync=sync, shared_clock=shared_clock, unverified=unverified)
+                for cols in passes
+            ]
+            for later in res[1:]:
+                res[0].backends.update(later.backends)
+            return res[0]
 
         previous_op = None
         for i, (op, dtype, numel) in enumerate(cfg.cases):
@@ -859,6 +882,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "'ringpg#2' --baseline 'ringpg#2' (ratio = untraced time / traced time)",
     )
     g.add_argument(
+        "--vllm-beside",
+        action="store_true",
+        help="measure vLLM's column alternating with the others in one pass (by default it runs in a "
+        "pass of its own after theirs, as each MPI peer runs alone: its copies evict what the next "
+        "backend's op finds cached)",
+    )
+    g.add_argument(
         "--fresh",
         action="store_true",
         help="new input and output tensors for every op, as user code makes them: the input before "
@@ -1117,6 +1147,7 @@ def _config(
         untraced=list(args.untraced),
         fresh=args.fresh,
         vllm_lib=args.vllm_lib,
+        vllm_beside=args.vllm_beside,
         run_in=not args.check,
         pin=args.pin == "core",
     )

@@ -254,6 +254,25 @@ def test_backend_specs_name_transport_and_algorithm() -> None:
 
 
 @pytest.mark.inprocess
+def test_vllm_runs_in_a_pass_of_its_own_as_the_mpi_peers_do() -> None:
+    """vLLM's column is a peer's: measured after the other columns, alone, so that its
+    copies and shared memory never sit between two of ringpg's ops; ``--vllm-beside`` puts
+    it back in the alternation, and a run of vLLM alone is one pass."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.bench import measure_passes, parse_args
+    from benchmarks.vllm_shm import VllmShm
+
+    vllm = object.__new__(VllmShm)  # a column's group, as is_vllm sees it (no shm made)
+    ringpg, floor = object(), object()
+    cols = {"ringpg": ringpg, "vllm": vllm, "floor": floor}
+    assert measure_passes(cols, vllm_beside=False) == [{"ringpg": ringpg, "floor": floor}, {"vllm": vllm}]
+    assert measure_passes(cols, vllm_beside=True) == [cols]
+    assert measure_passes({"vllm": vllm}, vllm_beside=False) == [{"vllm": vllm}]
+    assert measure_passes({"ringpg": ringpg, "floor": floor}, vllm_beside=False) == [{"ringpg": ringpg, "floor": floor}]
+    assert parse_args(["--vllm-beside"]).vllm_beside and not parse_args([]).vllm_beside
+
+
+@pytest.mark.inprocess
 def test_header_says_whether_torch_records_each_op(monkeypatch: pytest.MonkeyPatch) -> None:
     """The backends line says whether torch's flight recorder (from torch 2.15 every ringpg
     op is recorded: a per-op cost) is on, as torch reads TORCH_FR_BUFFER_SIZE; before 2.15
@@ -466,6 +485,7 @@ def test_vllm_runs_its_cases_exactly_and_skips_the_rest(tmp_path: Path) -> None:
             assert r["skipped"] and r["time_us"] is None and r["error"] is None, r
             assert ("no shm" in r["skipped"]) == (r["op"] == "reduce_scatter_tensor"), r
     assert "ringpg/vllm" in p.stdout, p.stdout  # the ratio column: vLLM (the baseline) time / ringpg time
+    assert " vllm=apart" in p.stdout, p.stdout  # measured in a pass of its own
 
 
 @pytest.mark.multiprocess
