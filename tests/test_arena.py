@@ -165,10 +165,12 @@ def test_two_ranks_gather_as_a_pair_where_the_op_lends(cached: bool, streaming: 
 @pytest.mark.parametrize("size", range(1, 65))
 def test_without_an_arena_the_links_algorithms_run_as_before(size: int) -> None:
     limit = int(tuning_value("oneshot_bytes", {}))  # the default
-    for nbytes in (4, 4096, 65536, 1 << 20):
+    for nbytes in (4, 4096, 65536, limit, limit + 4, 2 * limit, 2 * limit + 4, 1 << 20):
         got = _choose("allreduce", size, nbytes, arena=False, ring_fused=False)
         if size == 1:
             assert got == "local"
+        elif size == 2 and nbytes <= 2 * limit:
+            assert got == "oneshot", (size, nbytes, got)  # two ranks: the volume counts half
         elif size <= 8 and nbytes * (size - 1) <= limit:
             assert got == "oneshot", (size, nbytes, got)
         elif size > 8 and nbytes * (size - 1).bit_length() <= limit:

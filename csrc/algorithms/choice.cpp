@@ -19,8 +19,13 @@ Algorithm linksAllreduce(const GroupShape& g, const Config& cfg, size_t bytes, b
   // past two ranks the one-shot would reach the others over TCP loopback, where the
   // ring beats it (docs/internals.md, "Why these constants").
   const bool overSockets = g.ringFusedEverywhere && g.size > 2;
+  // At two ranks the one-shot moves what the ring moves (each rank sends its whole buffer
+  // once; the ring sends two halves, one a step) and saves the ring's second step for
+  // reducing the whole buffer instead of half: its volume counts half there.  (Measured:
+  // docs/internals.md, "Why these constants".)
+  const size_t pairShare = g.size == 2 ? 2 : 1;
   if (!overSockets && g.size <= kOneShotMostRanks &&
-      bytes * static_cast<size_t>(g.size - 1) * sharers <= cfg.oneShotBytes) {
+      bytes * static_cast<size_t>(g.size - 1) * sharers <= cfg.oneShotBytes * pairShare) {
     return Algorithm::OneShot;
   }
   // Recursive doubling: log2(p) rounds of the whole buffer (one more for folded ranks).

@@ -190,10 +190,11 @@ def transport_expected(name: str, ranks: Union[int, Sequence[int]]) -> str:
 
 def oneshot_limit_bytes(world_size: int) -> int:
     """A size (bytes) every allreduce past which runs the ring, not the one-shot exchange:
-    tuning key ``oneshot_bytes`` x (world size - 1), at or above the documented limit (the
-    key divided by world size - 1, and in groups across hosts by the ranks a host holds too)."""
+    tuning key ``oneshot_bytes`` x (world size - 1), and twice the key at two ranks, at or
+    above the documented limit (the key divided by world size - 1, twice the key at two
+    ranks, and in groups across hosts divided by the ranks a host holds too)."""
     per_peer = int(tuning_value("oneshot_bytes"))
-    return per_peer * (world_size - 1)
+    return per_peer * (world_size - 1) * (2 if world_size == 2 else 1)
 
 
 def backend_under_test() -> str:
