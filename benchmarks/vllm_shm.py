@@ -8,8 +8,8 @@ puts those two files in ``DIR/vllm`` (``DIR`` as for the MPI peers, ``benchmarks
 ``$RINGPG_VLLM_LIB`` names a library file instead.  A missing or unloadable library is a
 skipped column with a one-line reason, never a failure.
 
-The column runs in the bench's own ranks, alternating with the other backends per
-iteration like gloo's: one shared-memory group of every rank, made as vLLM makes it
+The column runs in the bench's own ranks, in a pass of its own after the other columns'
+(``--vllm-beside``: alternating with them per iteration, like gloo's): one shared-memory group of every rank, made as vLLM makes it
 (``init_shm_manager``, a barrier, ``join_shm_manager``, a barrier).  Its barrier is its own
 allreduce of one element.  It does all_reduce (SUM) and all_gather_into_tensor of
 float32, bfloat16 and float16; any other case is skipped with the reason (:meth:`VllmShm.cannot`),

@@ -120,11 +120,39 @@ def test_the_arena_serves_every_op_of_a_group_on_one_host(size: int) -> None:
                 assert got == ("arena" if size > 2 else "direct"), (op, size, nbytes, got)
             elif size > 2 or small or op == "barrier":
                 assert got == "arena", (op, size, nbytes, got)
+            elif op == "reduce_scatter" and nbytes < _C.lent_reduce_from():
+                # Two ranks: one message each way (the next tests).
+                assert got == "pair", (op, size, nbytes, got)
             else:
                 assert got == LINKS_ALGORITHM.get(op, "ring"), (op, size, nbytes, got)
             # Asked for, the arena takes every size, two ranks too.
             forced = _choose(op, size, 0 if op in NO_BYTES else nbytes, algo="arena")
             assert forced in ARENA, (op, size, nbytes, forced)
+
+
+@pytest.mark.inprocess
+@needs_C
+@pytest.mark.parametrize("cached,streaming", [(False, False), (True, False), (False, True), (True, True)])
+def test_two_ranks_reduce_scatter_as_a_pair_below_the_lent_reduce(cached: bool, streaming: bool) -> None:
+    """Two ranks on one host's shared-memory link: a reduce-scatter the arena does not take
+    (past its volume, or no arena) is one message each way (``pair``) below the size from
+    which the ring lends its reduce step, whatever the size class's copy; the ring from
+    there, for several hosts, three ranks, links that do not fuse, a set algorithm and
+    device tensors staged in pieces."""
+    copy = {"copy_cached": cached, "copy_streaming": streaming}
+    lent = _C.lent_reduce_from()
+    for nbytes in (4096, _C.arena_oneshot_volume(), _C.arena_oneshot_volume() + 4, 1 << 20, lent - 4, lent, 1 << 26):
+        small = nbytes <= _C.arena_oneshot_volume()
+        for arena in (True, False):
+            got = _choose("reduce_scatter", 2, nbytes, arena=arena, **copy)
+            want = "arena" if arena and small else "pair" if nbytes < lent else "ring"
+            assert got == want, (nbytes, arena, got)
+        assert _choose("reduce_scatter", 2, nbytes, arena=False, algo="ring", **copy) == "ring"
+        assert _choose("reduce_scatter", 2, nbytes, arena=False, ring_fused=False, **copy) == "ring"
+        assert _choose("reduce_scatter", 3, nbytes, arena=False, **copy) == "ring"
+        assert _choose("reduce_scatter", 2, nbytes, arena=False, hosts=2, most_per_host=1, **copy) == "ring"
+        on_device = "staged_ring" if nbytes >= _C.staged_min_bytes() else "pair" if nbytes < lent else "ring"
+        assert _choose("reduce_scatter", 2, nbytes, arena=False, device=True, **copy) == on_device
 
 
 @pytest.mark.inprocess
@@ -148,8 +176,8 @@ def test_two_ranks_gather_as_a_pair_where_the_op_lends(cached: bool, streaming: 
             slotted = "arena" if arena and nbytes <= reach else "ring"
             want = "arena" if arena and small else "pair" if lends else slotted
             assert got == want, (nbytes, arena, got)
-        # Only the all-gather, and only on a two-rank shared-memory link the choice is left to.
-        assert _choose("reduce_scatter", 2, nbytes, arena=False, **copy) == "ring"
+        # Only on a two-rank shared-memory link the choice is left to; a reduce-scatter
+        # copies through the slots whatever its size class (test below).
         assert _choose("all_gather", 2, nbytes, arena=False, algo="ring", **copy) == "ring"
         assert _choose("all_gather", 2, nbytes, arena=False, ring_fused=False, **copy) == "ring"
         assert _choose("all_gather", 3, nbytes, arena=False, **copy) == "ring"
@@ -199,7 +227,11 @@ def test_without_an_arena_the_links_algorithms_run_as_before(size: int) -> None:
                 ), size
                 continue
             want = "local" if size == 1 else LINKS_ALGORITHM.get(op, "ring")
+            if op == "reduce_scatter" and size == 2:
+                want = "pair"  # every size below lent_reduce_from here: two ranks, one message each way
             assert _choose(op, size, nbytes, arena=False) == want, (op, size)
+            if op == "reduce_scatter":  # links that do not fuse their receives: the ring
+                assert _choose(op, size, nbytes, arena=False, ring_fused=False) == ("local" if size == 1 else "ring")
     # Hosts of equal numbers of ranks: the hierarchical algorithms, never the arena.
     if size >= 4 and size % 2 == 0:
         shape = {"hosts": 2, "most_per_host": size // 2, "hierarchical": True, "ring_fused": False}

@@ -608,6 +608,84 @@ def test_two_ranks_all_gather_as_a_pair_matches_gloo(config: tuple[str, Any, str
             assert all(r["lent"]), r["lent"]
 
 
+# ============================================= two ranks' reduce-scatter as a pair
+
+# (id, environment, what a two-rank group runs for a reduce-scatter past the arena's
+# volume and below lent_reduce_from): one message each way, copied through the slots and
+# reduced straight out of them (algorithms/direct.h, pairReduceScatter), whatever the copy;
+# the flat ring asked for: the ring, with the same results.
+PAIR_RS_CONFIGS = [
+    ("shm", TRANSPORT_ENVS["shm"], "pair"),
+    ("cma", (*TRANSPORT_ENVS["shm"], ("RINGPG_CMA_BYTES", "4096")), "pair"),
+    ("ring", (*TRANSPORT_ENVS["shm"], ("RINGPG_ALGO", "ring")), "ring"),
+]
+
+
+def pair_reduce_scatter_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
+    """reduce_scatter_tensor out of place, in place (the output this rank's chunk of the
+    input), into the peer's chunk of the input (the output overlaps the input elsewhere),
+    async, and reduce_scatter from a list; odd chunks past the arena's volume in three
+    dtypes and three ops, against gloo; what the group says it runs."""
+    import ringpg
+
+    chk = Checker(rank)
+    g, ref = groups.test, groups.ref
+    peer = 1 - rank
+    for dtype in (torch.float32, torch.bfloat16, torch.int32):
+        for name in ("SUM", "MAX", "AVG") if dtype.is_floating_point else ("SUM", "MIN"):
+            op = reduce_op(name)
+            for n in (40001, (1 << 20) // dtype.itemsize + 3):
+                tag = f"dtype={dtype_name(dtype)} op={name} chunk={n}"
+                case = f"reduce_scatter_tensor {tag}"
+                x = make_data(rank, case, (n * ws,), dtype)
+                want = ref_reduce_scatter_many([x], name, ref)[0]
+                out = sentinel_like((n,), dtype)
+                dist.reduce_scatter_tensor(out, x, op=op, group=g)
+                chk.equal(case, out, want)
+                chk.equal(f"{case}: input untouched", x, make_data(rank, case, (n * ws,), dtype))
+
+                for where, at in (("in place", rank), ("into the peer's chunk", peer)):
+                    case = f"reduce_scatter_tensor {where} {tag}"
+                    x = make_data(rank, case, (n * ws,), dtype)
+                    want = ref_reduce_scatter_many([x], name, ref)[0]
+                    dist.reduce_scatter_tensor(x.narrow(0, at * n, n), x, op=op, group=g)
+                    chk.equal(case, x.narrow(0, at * n, n), want)
+
+                case = f"reduce_scatter_tensor async {tag}"
+                x = make_data(rank, case, (n * ws,), dtype)
+                want = ref_reduce_scatter_many([x], name, ref)[0]
+                out = sentinel_like((n,), dtype)
+                dist.reduce_scatter_tensor(out, x, op=op, group=g, async_op=True).wait()
+                chk.equal(case, out, want)
+
+                case = f"reduce_scatter {tag}"
+                x = make_data(rank, case, (n * ws,), dtype)
+                want = ref_reduce_scatter_many([x], name, ref)[0]
+                out = sentinel_like((n,), dtype)
+                dist.reduce_scatter(out, list(x.chunk(ws)), op=op, group=g)
+                chk.equal(case, out, want)
+    b = ringpg.backend(g)
+    small = _C.arena_oneshot_volume()
+    algos = {b.algorithm_for("reduce_scatter", nbytes) for nbytes in (small + 4, 1 << 20, _C.lent_reduce_from() - 4)}
+    return {"report": chk.report(), "algos": algos, "lent": b.algorithm_for("reduce_scatter", _C.lent_reduce_from())}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("config", PAIR_RS_CONFIGS, ids=lambda c: c[0])
+def test_two_ranks_reduce_scatter_as_a_pair_matches_gloo(config: tuple[str, Any, str]) -> None:
+    """A two-rank reduce-scatter past the arena's volume and below the lent reduce is one
+    message each way (the group says ``pair``), by the slots or with single copy on; the
+    ring where asked for, and from lent_reduce_from; every form matches gloo."""
+    name, env, want = config
+    results = run_workers(pair_reduce_scatter_worker, 2, None, InitSpec(env=env), timeout=240)
+    assert_reports_ok([r["report"] for r in results])
+    if backend_under_test() != "ringpg":
+        return
+    for r in results:
+        assert r["algos"] == {want}, (name, r["algos"])
+        assert r["lent"] == "ring", (name, r["lent"])
+
+
 # ============================================= all-gather written past the caches
 
 # An all-gather whose output reaches tuning key stream_bytes writes it with streaming stores

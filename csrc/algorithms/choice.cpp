@@ -89,7 +89,8 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
       if (g.hierarchical) {
         return Algorithm::Hier;
       }
-      if (op == Collective::AllGather && pairApplies(g, cfg, bytes, deviceContiguous)) {
+      if (op == Collective::AllGather ? pairApplies(g, cfg, bytes, deviceContiguous)
+                                      : pairReduceScatterApplies(g, cfg, bytes, deviceContiguous)) {
         return Algorithm::Pair;
       }
       // Two ranks' all-gather through the slots: up to kArenaPairAllGatherBytes the
@@ -126,6 +127,11 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
 }
 
 } // namespace
+
+bool pairReduceScatterApplies(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
+  return g.size == 2 && g.hosts == 1 && g.ringFusedEverywhere && cfg.algo == Config::Algo::Auto && !deviceContiguous &&
+         bytes < kLentReduceFrom;
+}
 
 bool pairApplies(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
   return g.size == 2 && g.hosts == 1 && g.ringFusedEverywhere && cfg.algo == Config::Algo::Auto && !deviceContiguous &&

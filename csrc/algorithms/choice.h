@@ -38,7 +38,8 @@ enum class Algorithm : uint8_t {
   Direct,       // over the links: straight between ranks (gather, scatter: root and rank;
                 //   all-to-all: every pair)
   Pair,         // over the link of two ranks on one host: each block in one message each
-                //   way, read once straight from the sender's tensor (direct.h)
+                //   way, an all-gather's read once straight from the sender's tensor, a
+                //   reduce-scatter's reduced straight out of the slots (direct.h)
   Bruck,        // over the links: Bruck's all-to-all, ceil(log2 p) rounds (direct.h)
   StagedRing,   // the ring over pinned host memory in chunks, for large CUDA tensors
   Hier,         // host rings, then rings across hosts (algorithms/hierarchical.h)
@@ -76,6 +77,14 @@ struct GroupShape {
 // the receiver reads the sender's whole block in one go, and the sender copies its own
 // block meanwhile (docs/internals.md, "Why these constants").
 bool pairApplies(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous);
+
+// Whether a reduce-scatter on `bytes` (its input) that the arena does not take runs as a
+// pair (Algorithm::Pair, pairReduceScatter): two ranks on one host's shared-memory link,
+// host tensors, the algorithm left to the choice, below kLentReduceFrom (from there the
+// ring lends its reduce step, read in cache-sized pieces).  One message each way, copied
+// through the slots and reduced out of them, where the ring runs its segments through a
+// kept buffer of partial sums (docs/internals.md, "Why these constants").
+bool pairReduceScatterApplies(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous);
 
 // Whether an op on `bytes` (as OpQuery::bytes counts them) lends its large same-host
 // messages (single copy) under the group's `plan` (transport/link.h): its size class's

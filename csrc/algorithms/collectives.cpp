@@ -173,6 +173,18 @@ void hostReduceScatter(OpContext& c, const at::Tensor& input, const at::Tensor& 
     arenaReduceScatter(c, bytes(input), bytes(output), output.numel(), input.element_size(), red.op, job.finalize);
     return;
   }
+  if (algo == Algorithm::Pair) {
+    // An output overlapping the input elsewhere than this rank's chunk would be written
+    // while the peer's chunk is still being copied out of it: reduced aside, then put.
+    const size_t chunkBytes = nbytes(output);
+    const bool aside = shareBytes(input, output) && bytes(output) != bytes(input) + chunkBytes * c.rank();
+    char* dst = aside ? c.scratch(chunkBytes) : bytes(output);
+    pairReduceScatter(c, bytes(input), dst, output.numel(), input.element_size(), red.op, job.finalize);
+    if (aside) {
+      std::memcpy(bytes(output), dst, chunkBytes);
+    }
+    return;
+  }
   if (algo == Algorithm::Hier) {
     // Across hosts: the chunks in hierSlot order in the kept area (hierarchical.h).
     hierReduceScatter(c, bytes(input), bytes(output), input.numel(), input.element_size(), red.op, job.finalize,

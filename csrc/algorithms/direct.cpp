@@ -88,6 +88,25 @@ void pairAllGather(OpContext& c, const char* input, char* output, size_t nbytes,
   traced(TraceKind::Primitive, "finish", begin, me);
 }
 
+void pairReduceScatter(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t elemSize, RedOp op,
+                       const std::function<void(char*, int64_t)>& finalize) {
+  TORCH_INTERNAL_ASSERT(c.size() == 2 && c.ringFusedEverywhere(),
+                        "ringpg: a pair reduce-scatter has two ranks over shared memory");
+  const int me = c.rank();
+  const int peer = 1 - me;
+  const size_t chunkBytes = static_cast<size_t>(chunkCount) * elemSize;
+  // Copied, not lent: the peer reduces each fragment straight out of a slot as it lands.
+  RequestPtr send = c.sendCopied(peer, input + chunkBytes * peer, chunkBytes);
+  std::vector<RequestPtr> reqs{
+      c.recvReduce(peer, output, input + chunkBytes * me, chunkCount, elemSize, op, -1, -1, -1,
+                   peer == 0 ? OpContext::Operands::ReceivedFirst : OpContext::Operands::LocalFirst),
+      std::move(send)};
+  c.waitAll(reqs);
+  if (finalize) {
+    finalize(output, chunkCount);
+  }
+}
+
 void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, RedOp op,
                       const std::function<void(char*, int64_t)>& finalize) {
   const int p = c.size();

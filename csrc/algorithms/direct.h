@@ -28,6 +28,16 @@ void scatterFrom(OpContext& c, int root, const std::vector<const char*>& inputs,
 // as the ring's all-gather does (RingSweep::streaming_).
 void pairAllGather(OpContext& c, const char* input, char* output, size_t nbytes, bool streaming);
 
+// Reduce-scatter between two ranks on one host's shared memory (Algorithm::Pair): the
+// peer's chunk of `input` goes to it through the slots in one message, and ours is
+// reduced straight out of its slots with our own chunk into `output` (`chunkCount`
+// elements of `elemSize` bytes), rank 0's operand first on both ranks (the same bits
+// everywhere), then `finalize`d.  One flag round each way; each rank copies one chunk
+// and reduces one, where the arena copies the whole input first.  `output` is apart
+// from `input`, or exactly this rank's chunk of it.
+void pairReduceScatter(OpContext& c, const char* input, char* output, int64_t chunkCount, size_t elemSize, RedOp op,
+                       const std::function<void(char*, int64_t)>& finalize);
+
 // Small-message allreduce: every rank sends its whole buffer to every peer, then all
 // ranks reduce the p buffers locally in the same order (rank 0, 1, ..., p-1), so the
 // result is bitwise identical everywhere.  One round of latency instead of the ring's

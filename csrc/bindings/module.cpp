@@ -467,6 +467,10 @@ void bindBuildAndChoice(py::module_& m) {
   m.def("arena_oneshot_volume", [] { return ringpg::kArenaOneShotVolume; });
   m.def("arena_pair_all_gather_bytes", [] { return ringpg::kArenaPairAllGatherBytes; });
   m.def(
+      "lent_reduce_from", [] { return ringpg::kLentReduceFrom; },
+      "the op size (bytes) from which a ring of two lends its reduce steps, and below which two ranks' "
+      "reduce-scatter runs as a pair (common/thresholds.h)");
+  m.def(
       "staged_min_bytes", [] { return ringpg::kStagedMinBytes; },
       "the bytes from which a device tensor's op may be staged in pieces (common/thresholds.h)");
   m.def(
