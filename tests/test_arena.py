@@ -118,11 +118,11 @@ def test_the_arena_serves_every_op_of_a_group_on_one_host(size: int) -> None:
             elif op == "all_to_all":
                 # From three ranks; at two, every block over the one link between them.
                 assert got == ("arena" if size > 2 else "direct"), (op, size, nbytes, got)
+            elif size == 2 and op in ("reduce_scatter", "all_gather"):
+                # Two ranks: the arena's band, then one message each way (the next tests).
+                assert got == _two_ranks(op, nbytes, arena=True, lends=False), (op, size, nbytes, got)
             elif size > 2 or small or op == "barrier":
                 assert got == "arena", (op, size, nbytes, got)
-            elif op == "reduce_scatter" and nbytes < _C.lent_reduce_from():
-                # Two ranks: one message each way (the next tests).
-                assert got == "pair", (op, size, nbytes, got)
             else:
                 assert got == LINKS_ALGORITHM.get(op, "ring"), (op, size, nbytes, got)
             # Asked for, the arena takes every size, two ranks too.
@@ -130,62 +130,54 @@ def test_the_arena_serves_every_op_of_a_group_on_one_host(size: int) -> None:
             assert forced in ARENA, (op, size, nbytes, forced)
 
 
-@pytest.mark.inprocess
-@needs_C
-@pytest.mark.parametrize("cached,streaming", [(False, False), (True, False), (False, True), (True, True)])
-def test_two_ranks_reduce_scatter_as_a_pair_below_the_lent_reduce(cached: bool, streaming: bool) -> None:
-    """Two ranks on one host's shared-memory link: a reduce-scatter the arena does not take
-    (past its volume, or no arena) is one message each way (``pair``) below the size from
-    which the ring lends its reduce step, whatever the size class's copy; the ring from
-    there, for several hosts, three ranks, links that do not fuse, a set algorithm and
-    device tensors staged in pieces."""
-    copy = {"copy_cached": cached, "copy_streaming": streaming}
-    lent = _C.lent_reduce_from()
-    for nbytes in (4096, _C.arena_oneshot_volume(), _C.arena_oneshot_volume() + 4, 1 << 20, lent - 4, lent, 1 << 26):
-        small = nbytes <= _C.arena_oneshot_volume()
-        for arena in (True, False):
-            got = _choose("reduce_scatter", 2, nbytes, arena=arena, **copy)
-            want = "arena" if arena and small else "pair" if nbytes < lent else "ring"
-            assert got == want, (nbytes, arena, got)
-        assert _choose("reduce_scatter", 2, nbytes, arena=False, algo="ring", **copy) == "ring"
-        assert _choose("reduce_scatter", 2, nbytes, arena=False, ring_fused=False, **copy) == "ring"
-        assert _choose("reduce_scatter", 3, nbytes, arena=False, **copy) == "ring"
-        assert _choose("reduce_scatter", 2, nbytes, arena=False, hosts=2, most_per_host=1, **copy) == "ring"
-        on_device = "staged_ring" if nbytes >= _C.staged_min_bytes() else "pair" if nbytes < lent else "ring"
-        assert _choose("reduce_scatter", 2, nbytes, arena=False, device=True, **copy) == on_device
+def _two_ranks(op: str, nbytes: int, arena: bool, lends: bool) -> str:
+    """What a two-rank reduce-scatter or all-gather of ``nbytes`` (input, output) runs on one
+    host's shared-memory link, host tensors, the choice left to ringpg (choice.h): the arena
+    up to arena_pair_bytes, then the pair; a reduce-scatter's up to lent_reduce_from (the
+    ring's lent reduce step from there), an all-gather's where it is small enough to copy
+    through the slots or its size class lends (else the arena up to its two-rank reach,
+    then the ring)."""
+    if arena and nbytes <= _C.arena_pair_bytes():
+        return "arena"
+    if op == "reduce_scatter":
+        return "pair" if nbytes < _C.lent_reduce_from() else "ring"
+    if nbytes <= _C.pair_copied_most_bytes() or lends:
+        return "pair"
+    return "arena" if arena and nbytes <= _C.arena_pair_all_gather_bytes() else "ring"
 
 
 @pytest.mark.inprocess
 @needs_C
+@pytest.mark.parametrize("op", ["reduce_scatter", "all_gather"])
 @pytest.mark.parametrize("cached,streaming", [(False, False), (True, False), (False, True), (True, True)])
-def test_two_ranks_gather_as_a_pair_where_the_op_lends(cached: bool, streaming: bool) -> None:
-    """Two ranks on one host's shared-memory link: an all-gather past the arena's volume is
-    one message each way (``pair``) exactly where its size class lends (single copy); in
-    the slots' class the arena up to its two-rank reach and the ring past it; the ring for
-    several hosts, three ranks without an arena, a set algorithm, device tensors, and every
-    other collective."""
+def test_two_ranks_reduce_scatter_and_gather_as_a_pair(op: str, cached: bool, streaming: bool) -> None:
+    """Two ranks on one host's shared-memory link: past the arena's two-rank band a
+    reduce-scatter or an all-gather is one message each way (``pair``) -- a reduce-scatter
+    below the size from which the ring lends its reduce step, an all-gather where it is
+    small enough to copy or its size class lends (single copy), else the arena to its
+    two-rank reach and the ring past it; the pair lends exactly where it is past the
+    copied band and its class lends.  The ring for several hosts, three ranks without an
+    arena, links that do not fuse, a set algorithm; device tensors staged in pieces on the
+    staged ring, smaller ones as host tensors."""
     copy = {"copy_cached": cached, "copy_streaming": streaming}
-    big = _C.streaming_op_bytes()
-    reach = _C.arena_pair_all_gather_bytes()
-    for nbytes in (4096, 1 << 17, reach, reach + 4, 1 << 20, big - 4, big, 1 << 26):
+    band, copied, reach = _C.arena_pair_bytes(), _C.pair_copied_most_bytes(), _C.arena_pair_all_gather_bytes()
+    lent, big = _C.lent_reduce_from(), _C.streaming_op_bytes()
+    sizes = (4096, band, band + 4, copied, copied + 4, reach, reach + 4, 1 << 20, lent - 4, lent, big, 1 << 26)
+    for nbytes in sizes:
         lends = _C.single_copy_for(cached, streaming, nbytes)
-        small = nbytes <= _C.arena_oneshot_volume()
         for arena in (True, False):
-            got = _choose("all_gather", 2, nbytes, arena=arena, **copy)
-            # Through the slots, up to the arena's two-rank reach: its one round.
-            slotted = "arena" if arena and nbytes <= reach else "ring"
-            want = "arena" if arena and small else "pair" if lends else slotted
-            assert got == want, (nbytes, arena, got)
-        # Only on a two-rank shared-memory link the choice is left to; a reduce-scatter
-        # copies through the slots whatever its size class (test below).
-        assert _choose("all_gather", 2, nbytes, arena=False, algo="ring", **copy) == "ring"
-        assert _choose("all_gather", 2, nbytes, arena=False, ring_fused=False, **copy) == "ring"
-        assert _choose("all_gather", 3, nbytes, arena=False, **copy) == "ring"
-        assert _choose("all_gather", 2, nbytes, arena=False, hosts=2, most_per_host=1, **copy) == "ring"
-        # Device tensors: staged in pieces on the ring from staged_min_bytes(), else staged
-        # whole and gathered as host tensors are.
-        on_device = "staged_ring" if nbytes >= _C.staged_min_bytes() else "pair" if lends else "ring"
-        assert _choose("all_gather", 2, nbytes, arena=False, device=True, **copy) == on_device
+            got = _choose(op, 2, nbytes, arena=arena, **copy)
+            assert got == _two_ranks(op, nbytes, arena, lends), (op, nbytes, arena, got)
+            plan = _C.plan_op(op=op, size=2, nbytes=nbytes, arena=arena, ring_fused=True, **copy)
+            if got == "pair":
+                assert plan["lends"] == (nbytes > copied and lends), (op, nbytes, plan)
+        assert _choose(op, 2, nbytes, arena=False, algo="ring", **copy) == "ring"
+        assert _choose(op, 2, nbytes, arena=False, ring_fused=False, **copy) == "ring"
+        assert _choose(op, 3, nbytes, arena=False, **copy) == "ring"
+        assert _choose(op, 2, nbytes, arena=False, hosts=2, most_per_host=1, **copy) == "ring"
+        staged = nbytes >= _C.staged_min_bytes()
+        on_device = "staged_ring" if staged else _two_ranks(op, nbytes, arena=False, lends=lends)
+        assert _choose(op, 2, nbytes, arena=False, device=True, **copy) == on_device
 
 
 @pytest.mark.inprocess
@@ -227,10 +219,10 @@ def test_without_an_arena_the_links_algorithms_run_as_before(size: int) -> None:
                 ), size
                 continue
             want = "local" if size == 1 else LINKS_ALGORITHM.get(op, "ring")
-            if op == "reduce_scatter" and size == 2:
-                want = "pair"  # every size below lent_reduce_from here: two ranks, one message each way
+            if op in ("reduce_scatter", "all_gather") and size == 2:
+                want = _two_ranks(op, nbytes, arena=False, lends=False)  # two ranks: one message each way
             assert _choose(op, size, nbytes, arena=False) == want, (op, size)
-            if op == "reduce_scatter":  # links that do not fuse their receives: the ring
+            if op in ("reduce_scatter", "all_gather"):  # links that do not fuse their receives: the ring
                 assert _choose(op, size, nbytes, arena=False, ring_fused=False) == ("local" if size == 1 else "ring")
     # Hosts of equal numbers of ranks: the hierarchical algorithms, never the arena.
     if size >= 4 and size % 2 == 0:

@@ -97,7 +97,10 @@ def test_every_op_lends_as_its_size_class_does(size: int, arena: bool, cached: b
         for nbytes in (0, 4096, _C.streaming_op_bytes() - 1, _C.streaming_op_bytes(), 1 << 26):
             for device in (False, True):
                 p = _plan(op, size, nbytes, arena=arena, device=device, **copy)
-                assert p["lends"] == _C.single_copy_for(cached, streaming, nbytes), (op, nbytes, device, p)
+                lends = _C.single_copy_for(cached, streaming, nbytes)
+                if p["algorithm"] == "pair":  # a pair's small message is copied whatever its class
+                    lends = lends and nbytes > _C.pair_copied_most_bytes()
+                assert p["lends"] == lends, (op, nbytes, device, p)
 
 
 def test_only_a_plain_all_gather_streams() -> None:

@@ -549,15 +549,17 @@ def pair_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]
     g, ref = groups.test, groups.ref
     b = ringpg.backend(g)
     lent: list[int] = []
+    copied: list[int] = []  # the same, for outputs a pair copies through the slots (pair_copied_most_bytes)
     for dtype in (torch.float32, torch.bfloat16, torch.int8):
-        for n in (40001, (1 << 19) // dtype.itemsize + 3):
+        small = _C.pair_copied_most_bytes() // (2 * dtype.itemsize) - 5  # past the arena's band, copied
+        for n in (small, 40001, (1 << 19) // dtype.itemsize + 3):
             tag = f"dtype={dtype_name(dtype)} numel={n}"
             case = f"all_gather_into_tensor {tag}"
             x = make_data(rank, case, (n,), dtype)
             out = sentinel_like((n * ws,), dtype)
             before = b.same_host_lent
             dist.all_gather_into_tensor(out, x, group=g)
-            lent.append(b.same_host_lent - before)
+            (copied if n == small else lent).append(b.same_host_lent - before)
             chk.equal(case, out, ref_all_gather(x, ref))
 
             case = f"all_gather_into_tensor in place {tag}"
@@ -578,7 +580,15 @@ def pair_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]
             dist.all_gather(outs, x, group=g)
             chk.equal(case, torch.cat(outs), ref_all_gather(x, ref))
     algos = {b.algorithm_for("all_gather", nbytes) for nbytes in (1 << 20, 1 << 26)}
-    return {"report": chk.report(), "algos": algos, "small": b.algorithm_for("all_gather", 1 << 17), "lent": lent}
+    copied_algo = b.algorithm_for("all_gather", _C.pair_copied_most_bytes())
+    return {
+        "report": chk.report(),
+        "algos": algos,
+        "small": b.algorithm_for("all_gather", 1 << 17),
+        "lent": lent,
+        "copied": copied,
+        "copied_algo": copied_algo,
+    }
 
 
 @pytest.mark.multiprocess
@@ -600,6 +610,9 @@ def test_two_ranks_all_gather_as_a_pair_matches_gloo(config: tuple[str, Any, str
     for r in results:
         assert r["algos"] == {want}, (name, r["algos"])
         assert r["small"] == small, (name, r["small"])
+        # Past the arena's two-rank band and small enough to copy: a pair that lends nothing.
+        if name != "ring":
+            assert r["copied_algo"] == "pair" and not any(r["copied"]), (name, r["copied_algo"], r["copied"])
         if want == "pair":
             assert r["lent"] == [1] * len(r["lent"]), r["lent"]
         elif name == "cma-refused":
@@ -611,7 +624,7 @@ def test_two_ranks_all_gather_as_a_pair_matches_gloo(config: tuple[str, Any, str
 # ============================================= two ranks' reduce-scatter as a pair
 
 # (id, environment, what a two-rank group runs for a reduce-scatter past the arena's
-# volume and below lent_reduce_from): one message each way, copied through the slots and
+# two-rank band and below lent_reduce_from): one message each way, copied through the slots and
 # reduced straight out of them (algorithms/direct.h, pairReduceScatter), whatever the copy;
 # the flat ring asked for: the ring, with the same results.
 PAIR_RS_CONFIGS = [
@@ -634,7 +647,7 @@ def pair_reduce_scatter_worker(rank: int, ws: int, groups: Groups, args: Any) ->
     for dtype in (torch.float32, torch.bfloat16, torch.int32):
         for name in ("SUM", "MAX", "AVG") if dtype.is_floating_point else ("SUM", "MIN"):
             op = reduce_op(name)
-            for n in (40001, (1 << 20) // dtype.itemsize + 3):
+            for n in (_C.arena_pair_bytes() // (2 * dtype.itemsize) + 7, 40001, (1 << 20) // dtype.itemsize + 3):
                 tag = f"dtype={dtype_name(dtype)} op={name} chunk={n}"
                 case = f"reduce_scatter_tensor {tag}"
                 x = make_data(rank, case, (n * ws,), dtype)
@@ -665,8 +678,8 @@ def pair_reduce_scatter_worker(rank: int, ws: int, groups: Groups, args: Any) ->
                 dist.reduce_scatter(out, list(x.chunk(ws)), op=op, group=g)
                 chk.equal(case, out, want)
     b = ringpg.backend(g)
-    small = _C.arena_oneshot_volume()
-    algos = {b.algorithm_for("reduce_scatter", nbytes) for nbytes in (small + 4, 1 << 20, _C.lent_reduce_from() - 4)}
+    band = _C.arena_pair_bytes()
+    algos = {b.algorithm_for("reduce_scatter", nbytes) for nbytes in (band + 4, 1 << 20, _C.lent_reduce_from() - 4)}
     return {"report": chk.report(), "algos": algos, "lent": b.algorithm_for("reduce_scatter", _C.lent_reduce_from())}
 
 

@@ -83,15 +83,16 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
       return arenaForLarge(g, cfg, deviceContiguous) ? Algorithm::Arena : Algorithm::Ring;
     case Collective::ReduceScatter:
     case Collective::AllGather:
+      // Two ranks: one message each way past the arena's two-rank band (choice.h).
+      if (op == Collective::AllGather ? pairApplies(g, cfg, bytes, deviceContiguous)
+                                      : pairReduceScatterApplies(g, cfg, bytes, deviceContiguous)) {
+        return Algorithm::Pair;
+      }
       if (arenaOneShot || arenaForLarge(g, cfg, deviceContiguous)) {
         return Algorithm::Arena;
       }
       if (g.hierarchical) {
         return Algorithm::Hier;
-      }
-      if (op == Collective::AllGather ? pairApplies(g, cfg, bytes, deviceContiguous)
-                                      : pairReduceScatterApplies(g, cfg, bytes, deviceContiguous)) {
-        return Algorithm::Pair;
       }
       // Two ranks' all-gather through the slots: up to kArenaPairAllGatherBytes the
       // arena's one round beats the ring's per-segment sends and receives.
@@ -128,14 +129,27 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
 
 } // namespace
 
-bool pairReduceScatterApplies(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
+namespace {
+
+// Two ranks on one host's shared-memory link, host tensors, the algorithm left to the
+// choice, past the arena's two-rank band (or with no arena).
+bool pairShape(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
   return g.size == 2 && g.hosts == 1 && g.ringFusedEverywhere && cfg.algo == Config::Algo::Auto && !deviceContiguous &&
-         bytes < kLentReduceFrom;
+         (bytes > kArenaPairBytes || !g.arena);
+}
+
+} // namespace
+
+bool pairLends(const SameHostCopy& copy, size_t bytes) {
+  return bytes > kPairCopiedMostBytes && singleCopyFor(copy, bytes);
+}
+
+bool pairReduceScatterApplies(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
+  return pairShape(g, cfg, bytes, deviceContiguous) && bytes < kLentReduceFrom;
 }
 
 bool pairApplies(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
-  return g.size == 2 && g.hosts == 1 && g.ringFusedEverywhere && cfg.algo == Config::Algo::Auto && !deviceContiguous &&
-         singleCopyFor(g.copy, bytes);
+  return pairShape(g, cfg, bytes, deviceContiguous) && (bytes <= kPairCopiedMostBytes || singleCopyFor(g.copy, bytes));
 }
 
 const char* algorithmName(Algorithm a) {
@@ -249,7 +263,7 @@ OpPlan planOp(const OpQuery& q, const GroupShape& g, const Config& cfg) {
     p.algorithm = chooseAlgorithm(q.op, g, cfg, q.bytes);
     p.staging = q.device ? HostStaging::Whole : HostStaging::Host;
   }
-  p.lends = singleCopyFor(g.copy, q.bytes);
+  p.lends = p.algorithm == Algorithm::Pair ? pairLends(g.copy, q.bytes) : singleCopyFor(g.copy, q.bytes);
   // A plain all-gather only: an allreduce's gather lands where its reduce steps just
   // wrote, and the hierarchical phases and the staged ring move pieces the caches hold.
   const bool streamer =

@@ -71,18 +71,24 @@ struct GroupShape {
   SameHostCopy copy{};
 };
 
-// Whether an all-gather on `bytes` runs as a pair exchange (Algorithm::Pair): two ranks
-// on one host's shared-memory link, the op's size class lending (single copy), host
-// tensors, the algorithm left to the choice.  There the ring's segments buy nothing:
-// the receiver reads the sender's whole block in one go, and the sender copies its own
-// block meanwhile (docs/internals.md, "Why these constants").
+// Whether an all-gather on `bytes` (its output) runs as a pair exchange (Algorithm::Pair):
+// two ranks on one host's shared-memory link, host tensors, the algorithm left to the
+// choice, past the arena's two-rank band (kArenaPairBytes), and either small enough to
+// copy through the slots (kPairCopiedMostBytes) or of a size class that lends (single
+// copy).  There the ring's segments buy nothing: the receiver takes the sender's whole
+// block in one go, and the sender copies its own block meanwhile (docs/internals.md,
+// "Why these constants").
 bool pairApplies(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous);
 
-// Whether a reduce-scatter on `bytes` (its input) that the arena does not take runs as a
-// pair (Algorithm::Pair, pairReduceScatter): two ranks on one host's shared-memory link,
-// host tensors, the algorithm left to the choice, below kLentReduceFrom (from there the
-// ring lends its reduce step, read in cache-sized pieces).  One message each way, copied
-// through the slots and reduced out of them, where the ring runs its segments through a
+// Whether a pair's message on `bytes` is lent (single copy): past kPairCopiedMostBytes,
+// where its size class lends.
+bool pairLends(const SameHostCopy& copy, size_t bytes);
+
+// Whether a reduce-scatter on `bytes` (its input) runs as a pair (Algorithm::Pair,
+// pairReduceScatter): the same two ranks, past the arena's two-rank band, below
+// kLentReduceFrom (from there the ring lends its reduce step, read in cache-sized
+// pieces).  One message each way, copied through the slots and reduced out of them,
+// where the arena copies the whole input in and the ring runs its segments through a
 // kept buffer of partial sums (docs/internals.md, "Why these constants").
 bool pairReduceScatterApplies(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous);
 

@@ -30,6 +30,16 @@ constexpr size_t kArenaOneShotVolume = 64 * 1024;
 // cost more than the ring's pipeline (2 MiB: twice the ring's time).
 constexpr size_t kArenaPairAllGatherBytes = 512 * 1024;
 
+// Up to this many bytes a two-rank reduce-scatter or all-gather on one host runs on the
+// arena (its one round); past it the pair's one message each way, which copies half the
+// input where the arena's reduce-scatter copies all of it.
+constexpr size_t kArenaPairBytes = 16 * 1024;
+
+// Up to this many bytes a pair's message is copied through the slots whatever its size
+// class measured: pinning the sender's pages (single copy) costs more than two copies of
+// a message this small.
+constexpr size_t kPairCopiedMostBytes = 64 * 1024;
+
 // From this many ranks on one host the arena runs every op of a one-host group, and a
 // hierarchical group's host phases: at two, the links' one step over their one link,
 // copying once where single copy pays, is already the arena's exchange.
