@@ -466,10 +466,12 @@ void bindBuildAndChoice(py::module_& m) {
 
   m.def("arena_oneshot_volume", [] { return ringpg::kArenaOneShotVolume; });
   m.def("arena_pair_all_gather_bytes", [] { return ringpg::kArenaPairAllGatherBytes; });
-  m.def("arena_pair_bytes", [] { return ringpg::kArenaPairBytes; },
-        "up to this many bytes a two-rank reduce-scatter or all-gather runs on the arena (common/thresholds.h)");
-  m.def("pair_copied_most_bytes", [] { return ringpg::kPairCopiedMostBytes; },
-        "up to this many bytes a pair's message is copied through the slots (common/thresholds.h)");
+  m.def(
+      "arena_pair_bytes", [] { return ringpg::kArenaPairBytes; },
+      "up to this many bytes a two-rank reduce-scatter or all-gather runs on the arena (common/thresholds.h)");
+  m.def(
+      "pair_copied_most_bytes", [] { return ringpg::kPairCopiedMostBytes; },
+      "up to this many bytes a pair's message is copied through the slots (common/thresholds.h)");
   m.def(
       "lent_reduce_from", [] { return ringpg::kLentReduceFrom; },
       "the op size (bytes) from which a ring of two lends its reduce steps, and below which two ranks' "
