@@ -84,6 +84,19 @@ def test_a_killed_peer_fails_a_pair_all_gather_fast(tmp_path: Any) -> None:
     assert res[0]["op_algorithm"] == ("pair" if res[0]["copy"] == "cma" else "ring"), res[0]
 
 
+def test_a_killed_peer_fails_a_pair_reduce_scatter_fast(tmp_path: Any) -> None:
+    """Two ranks' mid-size reduce-scatter runs as a pair (one message each way through the
+    slots, reduced out of them); the peer dies mid-loop, and the survivor raises as for the
+    ring: typed, naming the op, its rank and the lost connection, within seconds."""
+    stamp = str(tmp_path / "died")
+    op = "reduce_scatter_tensor"
+    res = run_scenario(
+        harness.die_mid_collective, 2, (1, "sigkill", stamp, op, 1 << 17), expect={0}, env=TRANSPORTS["shm"]
+    )
+    harness.assert_survivors_raised_fast(res, stamp, op, harness.transport_expected("shm", 2))
+    assert res[0]["op_algorithm"] == "pair", res[0]
+
+
 def _freeze_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
     (victim,) = args
     _init(rank, ws, port, timeout_s=3.0)

@@ -99,12 +99,12 @@ def init_ringpg(rank: int, ws: int, port: int, timeout_s: float = 60.0) -> None:
 DEATH_NUMEL = 1 << 20
 
 
-def _looped_call(op: str, ws: int) -> Callable[[], None]:
+def _looped_call(op: str, ws: int, numel: int = DEATH_NUMEL) -> Callable[[], None]:
     if op == "all_reduce":
         x = torch.ones(DEATH_NUMEL)
         return lambda: dist.all_reduce(x)
     if op == "reduce_scatter_tensor":
-        inp, out = torch.ones(DEATH_NUMEL * ws), torch.empty(DEATH_NUMEL)
+        inp, out = torch.ones(numel * ws), torch.empty(numel)
         return lambda: dist.reduce_scatter_tensor(out, inp)
     if op == "all_gather_into_tensor":
         inp, out = torch.ones(DEATH_NUMEL), torch.empty(DEATH_NUMEL * ws)
@@ -130,21 +130,23 @@ _CHOICE_NAMES = {
 
 
 def die_mid_collective(rank: int, ws: int, port: int, args: Any) -> dict:
-    """args = (victim, how, stamp_file, op): every rank loops over ``op``; at the fourth
+    """args = (victim, how, stamp_file, op[, numel]): every rank loops over ``op`` (a
+    reduce-scatter of ``numel`` float32 a rank, DEATH_NUMEL unless given); at the fourth
     call the victim writes the time to ``stamp_file`` and dies (``how``: ``"sigkill"``,
     else ``os._exit(1)``).  A survivor returns its first error (type, message, time), the
     error of one more op after it, its group's transport, allreduce algorithm and
     same-host copy, and what ``op`` runs (tensor collectives; None for the others)."""
-    victim, how, stamp_file, op = args
+    victim, how, stamp_file, op = args[:4]
+    numel = args[4] if len(args) > 4 else DEATH_NUMEL
     init_ringpg(rank, ws, port)
-    call = _looped_call(op, ws)
+    call = _looped_call(op, ws, numel)
     import ringpg
 
     b = ringpg.backend()
     algorithm = b.allreduce_algorithm if b is not None else None
     op_algorithm, copy = None, b.same_host_copy if b is not None else None
     if b is not None and op in _CHOICE_NAMES:
-        op_algorithm = b.algorithm_for(_CHOICE_NAMES[op], DEATH_NUMEL * 4 * (1 if op == "all_reduce" else ws))
+        op_algorithm = b.algorithm_for(_CHOICE_NAMES[op], numel * 4 * (1 if op == "all_reduce" else ws))
     for i in range(1000):
         if rank == victim and i == 3:
             with open(stamp_file, "w") as f:
