@@ -897,6 +897,43 @@ def test_cpu_share_text_lists_this_process_mask() -> None:
     assert quota == "-" or int(quota) >= 1
 
 
+@pytest.mark.inprocess
+@needs_C
+def test_a_cpu_hint_is_confirmed_only_where_the_kernel_last_ran_its_thread() -> None:
+    """A waiter moves off its CPU only where the peer's hint names it *and* the kernel last
+    ran the peer's thread there (``/proc/<tid>/stat``): a hint is written only by its
+    thread's waits, so one the scheduler has made stale must not move anyone (the whole
+    cases at 3-11x of RESULTS 2026-12-06).  A thread pinned to one CPU is confirmed there
+    and refuted on the other; a thread the kernel does not know is taken at its hint."""
+    import threading
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs")
+    here, there = cpus[0], cpus[1]
+    ready, done = threading.Event(), threading.Event()
+    tid: list[int] = []
+
+    def spin_on_here() -> None:
+        os.sched_setaffinity(0, {here})  # this thread only
+        tid.append(threading.get_native_id())
+        ready.set()
+        while not done.is_set():
+            pass
+
+    t = threading.Thread(target=spin_on_here)
+    t.start()
+    try:
+        assert ready.wait(10)
+        assert _C.cpu_hint_confirms(tid=tid[0], cpu=here)
+        assert not _C.cpu_hint_confirms(tid=tid[0], cpu=there)
+    finally:
+        done.set()
+        t.join()
+    assert _C.cpu_hint_confirms(tid=0, cpu=there)  # no thread has waited: the hint is all there is
+    assert _C.cpu_hint_confirms(tid=(1 << 31) - 1, cpu=there)  # beyond any pid: the kernel cannot say
+
+
 def pinned_group_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:
     """Pins this rank to one CPU (its own, or the first for every rank when ``args``),
     creates a ringpg group there, and reports its spin and an allreduce against gloo."""

@@ -29,6 +29,7 @@
 #include "transport/receiver.h"
 #include "transport/request.h"
 #include "transport/shm_segment.h"
+#include "transport/shm_wait.h"
 #include "transport/socket.h"
 #include "transport/store_exchange.h"
 #include "transport/wire.h"
@@ -651,6 +652,17 @@ void bindSettingsAndHost(py::module_& m) {
   m.def("quota_cpus_along", &ringpg::quotaCpusAlong, py::arg("mount"), py::arg("path"), py::arg("v2"),
         "Tightest CFS quota, in CPUs, on a cgroup and its ancestors (None: no limit)");
   m.def("usable_cpus", &ringpg::usableCpus, "CPUs this process may use (affinity, lowered by a CFS quota)");
+  m.def(
+      "cpu_hint_confirms",
+      [](int tid, int cpu) {
+        ringpg::CpuHint hint{};
+        hint.cpu.store(cpu);
+        hint.tid.store(tid);
+        return hint.confirmedOn(cpu);
+      },
+      py::arg("tid"), py::arg("cpu"),
+      "transport/shm_wait.h's CpuHint::confirmedOn: whether the kernel last ran thread `tid` on `cpu` (true where "
+      "it cannot say)");
   m.def("cpu_share_text", &ringpg::cpuShareText,
         "This process's affinity mask as a CPU list and its quota ('0-3;-'), as a group exchanges it");
   m.def("cpus_together", &ringpg::cpusTogether, py::arg("shares"),

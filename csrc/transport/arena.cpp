@@ -364,7 +364,10 @@ ArenaWait HostArena::awaitAll(Deadline deadline, int* laggard, ArenaStamp* other
     return m >= 0;
   };
   // As the links' waits: the member we wait for may be queued behind us on this CPU.
-  const auto peerOn = [&](int cpu) { return seg_->member(from).cpu.on(cpu); };
+  const auto peerOn = [&](int cpu) -> const CpuHint* {
+    const CpuHint& hint = seg_->member(from).cpu;
+    return hint.on(cpu) ? &hint : nullptr;
+  };
   const auto causes = [] { return kStepComplete; };
   if (!waiter_.wait(seg_->bell(step_).bell, seg_->member(me_).cpu, deadline,
                     WaitCalls{look, otherOp, peerOn, causes})) {

@@ -698,8 +698,11 @@ bool ShmLink::failIfNeighbourLeft(const Departures& gone) {
   return !why.empty();
 }
 
-bool ShmLink::neighbourOn(int cpu) {
-  return (receivesLeft_ && fromLeft_->bell().cpu.on(cpu)) || (sendsRight_ && toRight().bell().cpu.on(cpu));
+const CpuHint* ShmLink::neighbourOn(int cpu) {
+  if (receivesLeft_ && fromLeft_->bell().cpu.on(cpu)) {
+    return &fromLeft_->bell().cpu;
+  }
+  return sendsRight_ && toRight().bell().cpu.on(cpu) ? &toRight().bell().cpu : nullptr;
 }
 
 BellCauses ShmLink::awaited() const {

@@ -229,9 +229,10 @@ class ShmLink final : public Link {
   // the last look at the slots, so that nothing it wrote is still unread).
   bool failIfNeighbourLeft(const Departures& gone);
   void finish(const RequestPtr& req);
-  // Whether a same-host neighbour last waited on `cpu`, the one this thread runs on:
-  // then it is queued behind us (or asleep), and a spin that pauses keeps it from running.
-  bool neighbourOn(int cpu);
+  // The hint of a same-host neighbour that last waited on `cpu`, the one this thread runs
+  // on (null if none): then it is queued behind us (or asleep), and a spin that pauses
+  // keeps it from running.
+  const CpuHint* neighbourOn(int cpu);
   // What a sleep in waitUntil waits for (a slot filled for a posted receive, or one
   // released for a queued send or a lent buffer): a neighbour's other movements ring
   // no bell for it.

@@ -5,8 +5,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <ctime>
 
 #include "common/host.h"
@@ -24,6 +29,43 @@ void futexWaitShared(std::atomic<uint32_t>* word, uint32_t expected, std::chrono
 
 } // namespace
 
+void CpuHint::publish(int now) {
+  static thread_local const auto self = static_cast<int32_t>(::syscall(SYS_gettid));
+  if (cpu.load(std::memory_order_relaxed) != now) {
+    cpu.store(now, std::memory_order_relaxed);
+  }
+  if (tid.load(std::memory_order_relaxed) != self) {
+    tid.store(self, std::memory_order_relaxed);
+  }
+}
+
+bool CpuHint::confirmedOn(int mine) const {
+  const int32_t t = tid.load(std::memory_order_relaxed);
+  if (t <= 0) {
+    return true;
+  }
+  char path[48];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", t);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return true; // gone, or in another PID namespace
+  }
+  char buf[1024];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) {
+    return true;
+  }
+  buf[n] = '\0';
+  // Field 39 (processor: the CPU the thread last ran on), counted from the field after
+  // the command's closing parenthesis (the 3rd), since a command may hold spaces.
+  const char* at = std::strrchr(buf, ')');
+  for (int field = 2; at != nullptr && field < 39; ++field) {
+    at = std::strchr(at + 1, ' ');
+  }
+  return at == nullptr || std::atoi(at + 1) == mine;
+}
+
 void Bell::wake() {
   // Release (seq_cst): what the waker published before is visible to a sleeper whose
   // key (read with acquire) already counts this bump.
@@ -36,6 +78,7 @@ bool ShmWaiter::wait(Bell& bell, CpuHint& mine, Deadline deadline, const WaitCal
   const auto spinEnd = start + std::chrono::microseconds(spinMicros_);
   auto nextCheck = start + kLookEvery;
   SpinGiveWay giveWay(spinYields_);
+  int refuted = -1; // a CPU the peer's hint named but the kernel ran the peer elsewhere
   mine.publish(::sched_getcpu()); // the vDSO or rseq's cpu_id: no system call
   while (true) {
     if (calls.look() == WaitLook::Done) {
@@ -72,7 +115,14 @@ bool ShmWaiter::wait(Bell& bell, CpuHint& mine, Deadline deadline, const WaitCal
       // The figures: docs/internals.md, "Why these constants".
       const int cpu = ::sched_getcpu();
       mine.publish(cpu);
-      if (giveWay.pause(cpu, calls.peerOn(cpu))) {
+      const CpuHint* peer = cpu == refuted ? nullptr : calls.peerOn(cpu);
+      // Before moving off on a hint, the kernel is asked once a wait (a read of /proc)
+      // whether the peer really ran here last (CpuHint::confirmedOn).
+      if (peer != nullptr && !spinYields_ && !peer->confirmedOn(cpu)) {
+        refuted = cpu;
+        peer = nullptr;
+      }
+      if (giveWay.pause(cpu, peer != nullptr)) {
         mine.publish(::sched_getcpu());
       }
       continue;

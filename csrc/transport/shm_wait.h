@@ -75,15 +75,19 @@ static_assert(std::is_standard_layout_v<Bell> && std::atomic<uint32_t>::is_alway
 // running (SpinGiveWay).
 struct CpuHint {
   std::atomic<int32_t> cpu;
+  std::atomic<int32_t> tid; // the kernel's id of the thread that last waited (0: none yet)
 
   // Stores only on a move, so the line stays shared while the waiter stays put.
-  void publish(int now) {
-    if (cpu.load(std::memory_order_relaxed) != now) {
-      cpu.store(now, std::memory_order_relaxed);
-    }
-  }
+  void publish(int now);
   // Whether the waiter last waited on `mine` (never where no CPU is known).
   bool on(int mine) const { return mine >= 0 && cpu.load(std::memory_order_relaxed) == mine; }
+  // Whether the kernel last ran that thread on `mine` (/proc/<tid>/stat).  Only its
+  // waits write a hint, and the scheduler moves a thread that is not waiting without a
+  // word, so a hint that names `mine` may be stale: moving off on it would put both
+  // ranks on one CPU, which the peer then leaves on its next wait, and so on.  True
+  // where the kernel cannot say (the thread in another PID namespace): the hint is all
+  // there is.
+  bool confirmedOn(int mine) const;
 };
 static_assert(std::is_standard_layout_v<CpuHint> && std::atomic<int32_t>::is_always_lock_free);
 
@@ -98,7 +102,8 @@ enum class WaitLook : uint8_t {
 struct WaitCalls {
   c10::function_ref<WaitLook()> look; // every pass, and once more before each sleep
   c10::function_ref<bool()> check;    // once a look interval: true ends the wait (Done)
-  c10::function_ref<bool(int)> peerOn; // whether the peer waited for last waited on this CPU
+  // The hint of a peer waited for that last waited on this CPU, or null.
+  c10::function_ref<const CpuHint*(int)> peerOn;
   c10::function_ref<BellCauses()> causes; // what a sleep waits for, asked just before it
 };
 
