@@ -932,6 +932,17 @@ def test_a_cpu_hint_is_confirmed_only_where_the_kernel_last_ran_its_thread() -> 
         t.join()
     assert _C.cpu_hint_confirms(tid=0, cpu=there)  # no thread has waited: the hint is all there is
     assert _C.cpu_hint_confirms(tid=(1 << 31) - 1, cpu=there)  # beyond any pid: the kernel cannot say
+    # The hint carries the publishing thread's id, asked again in a child a fork made.
+    assert _C.cpu_hint_published_tid() == threading.get_native_id()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own id, not the parent's cached one
+        os.write(write, str(_C.cpu_hint_published_tid() == os.getpid()).encode())
+        os._exit(0)
+    os.close(write)
+    assert os.read(read, 16) == b"True"
+    os.close(read)
+    os.waitpid(pid, 0)
 
 
 def pinned_group_worker(rank: int, ws: int, groups: Groups, args: Any) -> dict[str, Any]:

@@ -663,6 +663,14 @@ void bindSettingsAndHost(py::module_& m) {
       py::arg("tid"), py::arg("cpu"),
       "transport/shm_wait.h's CpuHint::confirmedOn: whether the kernel last ran thread `tid` on `cpu` (true where "
       "it cannot say)");
+  m.def(
+      "cpu_hint_published_tid",
+      [] {
+        ringpg::CpuHint hint{};
+        hint.publish(0);
+        return hint.tid.load();
+      },
+      "the thread id a CpuHint published by the calling thread carries (its kernel id, asked again after a fork)");
   m.def("cpu_share_text", &ringpg::cpuShareText,
         "This process's affinity mask as a CPU list and its quota ('0-3;-'), as a group exchanges it");
   m.def("cpus_together", &ringpg::cpusTogether, py::arg("shares"),
