@@ -6,13 +6,16 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -215,6 +218,28 @@ size_t lastLevelCacheBytes() {
 
 int usableCpus() {
   return cpusTogether({cpuShareText()}); // this process alone: its mask, lowered by its quota
+}
+
+namespace {
+
+// Bumped in every child a fork makes (registered on the first currentThreadId), so that
+// a thread id cached before the fork is asked for again after it.
+std::atomic<uint32_t> forkGeneration{0};
+
+} // namespace
+
+int32_t currentThreadId() {
+  static const bool registered =
+      ::pthread_atfork(nullptr, nullptr, [] { forkGeneration.fetch_add(1, std::memory_order_relaxed); }) == 0;
+  (void)registered;
+  thread_local uint32_t askedIn = UINT32_MAX;
+  thread_local int32_t self = 0;
+  const uint32_t now = forkGeneration.load(std::memory_order_relaxed);
+  if (askedIn != now) {
+    self = static_cast<int32_t>(::syscall(SYS_gettid));
+    askedIn = now;
+  }
+  return self;
 }
 
 bool moveOffCpu(int cpu) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <thread>
@@ -67,6 +68,10 @@ int usableCpus();
 // thread at once), then the mask again.  False, and the thread where it was, when the
 // mask holds no other CPU or the kernel refuses (a sandbox without sched_setaffinity).
 bool moveOffCpu(int cpu);
+
+// The calling thread's kernel id (gettid), asked once per thread and again in a child a
+// fork made (a cached id would be the forking thread's there).
+int32_t currentThreadId();
 
 // How a thread spinning on a same-host peer gives way, one look at a time (the waits
 // of the shared-memory links and of the host arena: ShmWaiter::wait, which says why at

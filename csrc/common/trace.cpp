@@ -4,7 +4,6 @@
 #include <c10/util/StringUtil.h>
 
 #include <pthread.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,12 +13,10 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/host.h"
+
 namespace ringpg {
 namespace {
-
-long currentThreadId() {
-  return static_cast<long>(::syscall(SYS_gettid));
-}
 
 // A group name as a file name part: letters, digits, '.', '-', '_' kept, others '_'.
 std::string fileSafe(const std::string& s) {

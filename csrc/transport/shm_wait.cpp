@@ -1,7 +1,6 @@
 #include "transport/shm_wait.h"
 
 #include <linux/futex.h>
-#include <pthread.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -9,9 +8,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,34 +29,11 @@ void futexWaitShared(std::atomic<uint32_t>* word, uint32_t expected, std::chrono
 
 } // namespace
 
-namespace {
-
-// Bumped in every child a fork makes (registered on the first thisThreadId), so that a
-// thread id cached before the fork is asked for again after it.
-std::atomic<uint32_t> forkGeneration{0};
-
-// The calling thread's kernel id, asked once per thread and fork (a system call).
-int32_t thisThreadId() {
-  static const bool registered =
-      ::pthread_atfork(nullptr, nullptr, [] { forkGeneration.fetch_add(1, std::memory_order_relaxed); }) == 0;
-  (void)registered;
-  thread_local uint32_t askedIn = UINT32_MAX;
-  thread_local int32_t self = 0;
-  const uint32_t now = forkGeneration.load(std::memory_order_relaxed);
-  if (askedIn != now) {
-    self = static_cast<int32_t>(::syscall(SYS_gettid));
-    askedIn = now;
-  }
-  return self;
-}
-
-} // namespace
-
 void CpuHint::publish(int now) {
   if (cpu.load(std::memory_order_relaxed) != now) {
     cpu.store(now, std::memory_order_relaxed);
   }
-  const int32_t self = thisThreadId();
+  const int32_t self = currentThreadId();
   if (tid.load(std::memory_order_relaxed) != self) {
     tid.store(self, std::memory_order_relaxed);
   }
