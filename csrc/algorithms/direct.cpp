@@ -15,6 +15,15 @@ namespace {
 
 enum class Direction : uint8_t { ToRoot, FromRoot };
 
+// Two ranks over shared memory: `peer`'s message reduced straight out of its slots with
+// `in` into `dst`, rank 0's operand first on both ranks, so that both hold the same bits
+// (the kernels' NaN payloads, MIN/MAX beside a NaN, depend on the order).
+RequestPtr recvReduceRankOrder(OpContext& c, int peer, char* dst, const char* in, int64_t count, size_t elemSize,
+                               RedOp op) {
+  return c.recvReduce(peer, dst, in, count, elemSize, op, -1, -1, -1,
+                      peer == 0 ? OpContext::Operands::ReceivedFirst : OpContext::Operands::LocalFirst);
+}
+
 // Moves one `nbytes` buffer between the root and every other rank: `mine` on a non-root
 // rank, atRoot[q] for rank q on the root (its own slot is a local copy).  Gather
 // receives at the root, scatter sends from it; the root posts in ring-distance order.
@@ -97,10 +106,8 @@ void pairReduceScatter(OpContext& c, const char* input, char* output, int64_t ch
   const size_t chunkBytes = static_cast<size_t>(chunkCount) * elemSize;
   // Copied, not lent: the peer reduces each fragment straight out of a slot as it lands.
   RequestPtr send = c.sendCopied(peer, input + chunkBytes * peer, chunkBytes);
-  std::vector<RequestPtr> reqs{
-      c.recvReduce(peer, output, input + chunkBytes * me, chunkCount, elemSize, op, -1, -1, -1,
-                   peer == 0 ? OpContext::Operands::ReceivedFirst : OpContext::Operands::LocalFirst),
-      std::move(send)};
+  std::vector<RequestPtr> reqs{recvReduceRankOrder(c, peer, output, input + chunkBytes * me, chunkCount, elemSize, op),
+                               std::move(send)};
   c.waitAll(reqs);
   if (finalize) {
     finalize(output, chunkCount);
@@ -127,10 +134,7 @@ void oneShotAllreduce(OpContext& c, char* data, int64_t count, size_t elemSize, 
     // 32-256 KiB allreduce a quarter of its time.
     const bool sent = send->state.load(std::memory_order_acquire) == Request::State::Done;
     char* acc = sent ? data : c.scratch(nbytes);
-    std::vector<RequestPtr> reqs{
-        c.recvReduce(peer, acc, data, count, elemSize, op, -1, -1, -1,
-                     peer == 0 ? OpContext::Operands::ReceivedFirst : OpContext::Operands::LocalFirst),
-        std::move(send)};
+    std::vector<RequestPtr> reqs{recvReduceRankOrder(c, peer, acc, data, count, elemSize, op), std::move(send)};
     c.waitAll(reqs);
     if (finalize) {
       finalize(acc, count);
