@@ -8,6 +8,12 @@
 namespace ringpg {
 namespace {
 
+// Two ranks on one host, host tensors (none staged in pieces), the algorithm left to
+// the choice: where the two-rank paths (the pair, the arena's two-rank bands) may run.
+bool twoRanksLeftToChoice(const GroupShape& g, const Config& cfg, bool deviceContiguous) {
+  return g.size == 2 && g.hosts == 1 && cfg.algo == Config::Algo::Auto && !deviceContiguous;
+}
+
 // The links' small-buffer allreduce, or nullopt-like Ring where the volume is too large.
 Algorithm linksAllreduce(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
   // One-shot sends (p-1) copies of the buffer from each rank in one round; the ring
@@ -96,8 +102,8 @@ Algorithm chooseAlgorithm(Collective op, const GroupShape& g, const Config& cfg,
       }
       // Two ranks' all-gather through the slots: up to kArenaPairAllGatherBytes the
       // arena's one round beats the ring's per-segment sends and receives.
-      if (op == Collective::AllGather && g.arena && g.size == 2 && g.hosts == 1 && cfg.algo == Config::Algo::Auto &&
-          !deviceContiguous && bytes <= kArenaPairAllGatherBytes) {
+      if (op == Collective::AllGather && g.arena && twoRanksLeftToChoice(g, cfg, deviceContiguous) &&
+          bytes <= kArenaPairAllGatherBytes) {
         return Algorithm::Arena;
       }
       // Contiguous device tensors: chunked copies overlap the ring (staged_ring.h).
@@ -134,7 +140,7 @@ namespace {
 // Two ranks on one host's shared-memory link, host tensors, the algorithm left to the
 // choice, past the arena's two-rank band (or with no arena).
 bool pairShape(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
-  return g.size == 2 && g.hosts == 1 && g.ringFusedEverywhere && cfg.algo == Config::Algo::Auto && !deviceContiguous &&
+  return twoRanksLeftToChoice(g, cfg, deviceContiguous) && g.ringFusedEverywhere &&
          (bytes > kArenaPairBytes || !g.arena);
 }
 
