@@ -343,13 +343,16 @@ void ShmLink::chooseCopyByMeasuring(GroupStore& store, int size, Deadline deadli
   // rank 0 sums every rank's figures and every rank reads the same sums, so all choose
   // alike.  Keys no op reaches (an op's key is its sequence number, counted from 1), so
   // no probe frame is taken for an op's.
-  constexpr uint64_t kLastKeys = ~uint64_t{0} - 8 * kProbeRounds;
+  constexpr uint64_t kWarmKeys = 4 * (kProbeWarmUpRounds + kProbeRounds); // probeCopies: 4 a round
+  constexpr uint64_t kLastKeys = ~uint64_t{0} - kWarmKeys - 4 * kProbeRounds;
   const size_t coldBytes = coldProbeBytes(slotBytes_);
   std::pair<double, double> warm{0.0, 0.0};
   std::pair<double, double> cold{0.0, 0.0};
   if (receivesLeft_) {
-    warm = probeCopies(slotBytes_, /*cold=*/false, kLastKeys, deadline);
-    cold = probeCopies(coldBytes, /*cold=*/true, kLastKeys + 4 * kProbeRounds, deadline);
+    warm = probeCopies(slotBytes_, /*cold=*/false, kProbeWarmUpRounds, kLastKeys, deadline);
+    // Cold: every round evicts its buffers first, and its class measured alike with and
+    // without warm-up rounds (the rounds would add milliseconds to each creation).
+    cold = probeCopies(coldBytes, /*cold=*/true, /*warmUps=*/0, kLastKeys + kWarmKeys, deadline);
   }
   const std::string sums =
       store.decide("shm/copy", rank_, size, c10::str(warm.first, " ", warm.second, " ", cold.first, " ", cold.second),
@@ -591,7 +594,8 @@ bool ShmLink::readLeftInto(const FragmentConsumer& consume, uint64_t remote, siz
   return true;
 }
 
-std::pair<double, double> ShmLink::probeCopies(size_t bytes, bool cold, uint64_t firstKey, Deadline deadline) {
+std::pair<double, double> ShmLink::probeCopies(size_t bytes, bool cold, int warmUps, uint64_t firstKey,
+                                               Deadline deadline) {
   uint64_t key = firstKey; // per round, two ways, each a start and a timed exchange
   // From the allocator an op's tensors come from: where single copy reads a peer's
   // pages, how they were allocated (alignment, huge pages) weighs as much as the bytes.
@@ -633,7 +637,7 @@ std::pair<double, double> ShmLink::probeCopies(size_t bytes, bool cold, uint64_t
   const size_t asked = cmaBytes_;
   cmaBytes_ = 1; // both ends take descriptors while measuring; each send says whether it lends
   std::array<double, 2> best{std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity()};
-  for (const auto round : c10::irange(kProbeRounds)) {
+  for (const auto round : c10::irange(warmUps + kProbeRounds)) {
     for (const auto k : c10::irange(2)) {
       const bool lend = (round + k) % 2 == 0; // which goes first alternates between rounds
       // Warm: in the caches, clean (read by the rounds before), as a buffer an op sends
@@ -650,7 +654,9 @@ std::pair<double, double> ShmLink::probeCopies(size_t bytes, bool cold, uint64_t
       const auto t0 = Clock::now();
       exchange(out, in, bytes, lend);
       const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-      best[lend ? 0 : 1] = std::min(best[lend ? 0 : 1], us);
+      if (round >= warmUps) {
+        best[lend ? 0 : 1] = std::min(best[lend ? 0 : 1], us);
+      }
     }
   }
   cmaBytes_ = asked;

@@ -201,9 +201,10 @@ class ShmLink final : public Link {
   // collective over the group's shared-memory ranks (all of them run it at once, after
   // the agreement).  {lent, copied}; throws if a neighbour fails to take part.
   // The best of kProbeRounds exchanges of `bytes` each way (single copy, the slots),
-  // microseconds; `cold`: with both buffers evicted from the caches before each.  Its
-  // frames' keys are `firstKey` and the 4 * kProbeRounds - 1 after it.
-  std::pair<double, double> probeCopies(size_t bytes, bool cold, uint64_t firstKey, Deadline deadline);
+  // microseconds, after `warmUps` rounds that are not timed; `cold`: with both buffers
+  // evicted from the caches before each.  Its frames' keys are `firstKey` and the
+  // 4 * (warmUps + kProbeRounds) - 1 after it.
+  std::pair<double, double> probeCopies(size_t bytes, bool cold, int warmUps, uint64_t firstKey, Deadline deadline);
   // connect's steps.  publishRegion: creates our region (where we have a same-host
   // neighbour; `*createWhy` says why it could not), publishes where it is and reads
   // where its same-host neighbours' are; mapNeighbours: maps the neighbours' regions and probes that we may read
@@ -218,6 +219,13 @@ class ShmLink final : public Link {
                      Deadline deadline);
   void chooseCopyByMeasuring(GroupStore& store, int size, Deadline deadline);
   static constexpr int kProbeRounds = 3;
+  // Rounds each way the warm class runs untimed before its kProbeRounds: the first
+  // exchanges over fresh buffers and slot pages pay for their first use (page tables,
+  // pins, a VM's first touch of a page), which an op that sends its buffers again does
+  // not, and single copy pays more of it, so timed from the start the probe kept the
+  // slots where the ops ran faster by single copy (docs/internals.md, "Single copy or
+  // the slots").
+  static constexpr int kProbeWarmUpRounds = 3;
   void failAll(const std::string& reason, bool network);
   // Why each neighbour has left the group (Engine::goneFrom; "" while it is present),
   // asked before a look at the slots: what it wrote before it left is there.
