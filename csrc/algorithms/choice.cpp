@@ -155,7 +155,8 @@ bool pairReduceScatterApplies(const GroupShape& g, const Config& cfg, size_t byt
 }
 
 bool pairApplies(const GroupShape& g, const Config& cfg, size_t bytes, bool deviceContiguous) {
-  return pairShape(g, cfg, bytes, deviceContiguous) && (bytes <= kPairCopiedMostBytes || singleCopyFor(g.copy, bytes));
+  // Copied through the slots up to kPairCopiedMostBytes, else only where it lends.
+  return pairShape(g, cfg, bytes, deviceContiguous) && (bytes <= kPairCopiedMostBytes || pairLends(g.copy, bytes));
 }
 
 const char* algorithmName(Algorithm a) {

@@ -350,8 +350,8 @@ void ShmLink::chooseCopyByMeasuring(GroupStore& store, int size, Deadline deadli
   std::pair<double, double> cold{0.0, 0.0};
   if (receivesLeft_) {
     warm = probeCopies(slotBytes_, /*cold=*/false, kProbeWarmUpRounds, kLastKeys, deadline);
-    // Cold: every round evicts its buffers first, and its class measured alike with and
-    // without warm-up rounds (the rounds would add milliseconds to each creation).
+    // Cold: no warm-up rounds.  Every round evicts its buffers first, and each takes
+    // milliseconds, which warm-up rounds would add to every creation.
     cold = probeCopies(coldBytes, /*cold=*/true, /*warmUps=*/0, kLastKeys + kWarmKeys, deadline);
   }
   const std::string sums =
