@@ -846,9 +846,25 @@ def test_cache_size_text_is_read_in_bytes(text: str, size: int | None) -> None:
 
 @pytest.mark.inprocess
 @needs_C
+@pytest.mark.parametrize(
+    "cache, start",
+    [
+        (0, 0),  # unknown: never
+        (4 << 20, 2 << 20),
+        (32 << 20, 16 << 20),  # the 2-vCPU EPYC guests' L3: half of it
+        (64 << 20, 32 << 20),
+        (480 << 20, 32 << 20),  # a whole socket's L3 as a 2-vCPU Xeon guest reports it: capped
+    ],
+)
+def test_auto_streaming_starts_at_half_the_cache_and_at_most_32_mib(cache: int, start: int) -> None:
+    assert _C.auto_stream_from(cache) == start
+
+
+@pytest.mark.inprocess
+@needs_C
 def test_last_level_cache_is_the_kernels_highest_level_data_cache() -> None:
-    """The size all-gather streams from by default (half of it) is the kernel's
-    highest-level data or unified cache of CPU 0, where sysfs lists one."""
+    """The size all-gather streams from by default (auto_stream_from of it) is the
+    kernel's highest-level data or unified cache of CPU 0, where sysfs lists one."""
     base = Path("/sys/devices/system/cpu/cpu0/cache")
     caches = []
     for d in sorted(base.glob("index*")) if base.is_dir() else []:

@@ -484,6 +484,9 @@ void bindBuildAndChoice(py::module_& m) {
       "streaming_op_bytes", [] { return ringpg::kStreamingOpBytes; },
       "the op size (bytes, as plan_op counts them) from which same-host messages move as the group "
       "measured for buffers the caches do not hold (same_host_copy's second class)");
+  m.def("auto_stream_from", &ringpg::Config::autoStreamFrom, py::arg("cache_bytes"),
+        "the output size (bytes) from which all-gather streams under stream_bytes=auto, for a last-level "
+        "cache of `cache_bytes` (0: never; common/thresholds.h)");
   m.def(
       "single_copy_for",
       [](bool cached, bool streaming, size_t nbytes) {
@@ -646,7 +649,7 @@ void bindSettingsAndHost(py::module_& m) {
   m.def("cache_bytes_from_text", &ringpg::cacheBytesFromText,
         "Bytes a sysfs cache size text reads ('32768K'; None: not a size); for tests");
   m.def("last_level_cache_bytes", &ringpg::lastLevelCacheBytes,
-        "Bytes of this CPU's last-level cache (0: unknown): half of it is where all-gather streams by default");
+        "Bytes of this CPU's last-level cache (0: unknown), from which auto_stream_from() takes its threshold");
   m.def("cgroup_path", &ringpg::cgroupPath, py::arg("proc_self_cgroup"), py::arg("controller"),
         "This process's cgroup path from /proc/self/cgroup text (controller '' = the v2 hierarchy)");
   m.def("quota_cpus_along", &ringpg::quotaCpusAlong, py::arg("mount"), py::arg("path"), py::arg("v2"),

@@ -285,14 +285,20 @@ const char* Config::allToAllName(AllToAll a) {
   return "?";
 }
 
-size_t Config::streamFrom() const {
-  // Half the last-level cache: streaming paid off only for outputs well past it
+size_t Config::autoStreamFrom(size_t cacheBytes) {
+  // Half the last-level cache: streaming paid off only for outputs well past it; but a
+  // reported cache of hundreds of MiB is a whole socket's, shared with its other cores
+  // and guests, and outputs from kStreamAutoMostBytes streamed faster there
   // (docs/internals.md, "Why these constants").
+  return std::min(cacheBytes / 2, kStreamAutoMostBytes);
+}
+
+size_t Config::streamFrom() const {
   if (streamBytes != kStreamAuto) {
     return static_cast<size_t>(streamBytes); // set: no sysfs read at all
   }
-  static const size_t halfCache = lastLevelCacheBytes() / 2; // read once: sysfs files, asked on every op
-  return halfCache;
+  static const size_t from = autoStreamFrom(lastLevelCacheBytes()); // read once: sysfs files, asked on every op
+  return from;
 }
 
 const Config& Config::get() {

@@ -60,12 +60,15 @@ struct Config {
   int64_t cmaOpBytes = kCmaOpAuto;
   // An all-gather whose output holds at least this many bytes writes its chunks into it
   // with streaming stores, past the caches (reduce.h, copyStreaming): tuning key
-  // stream_bytes (0: never); unset or "auto" (kStreamAuto), half this host's last-level cache, and
-  // never where that size is unknown (streamFrom()).
+  // stream_bytes (0: never); unset or "auto" (kStreamAuto), autoStreamFrom of this host's
+  // last-level cache (streamFrom()).
   static constexpr int64_t kStreamAuto = -1;
   int64_t streamBytes = kStreamAuto;
   // The output size from which all-gather streams; 0: never.
   size_t streamFrom() const;
+  // auto's threshold for a last-level cache of `cacheBytes`: half of it, at most
+  // kStreamAutoMostBytes; 0 (never) where its size is unknown (0).
+  static size_t autoStreamFrom(size_t cacheBytes);
   // Whether an output of `outputBytes` is written past the caches (streamFrom).
   bool streams(size_t outputBytes) const {
     const size_t from = streamFrom();

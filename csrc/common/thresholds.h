@@ -75,6 +75,14 @@ constexpr size_t kLentReduceFrom = 4 * 1024 * 1024;
 // a busy host tip either way by a little.
 constexpr double kSingleCopyClearWin = 0.9;
 
+// ---- Writing past the caches (common/config.cpp, Config::streamFrom) --------------
+
+// Under auto an all-gather streams from half the last-level cache the kernel reports,
+// but never from more than this: that cache is shared with every other core of the
+// socket (in a VM, with other guests), so an output this large is not kept there
+// whatever its reported size.
+constexpr size_t kStreamAutoMostBytes = 32 * 1024 * 1024;
+
 // ---- Sizes of the pipeline's units ---------------------------------------------------
 
 // A ring segment is never made smaller than this to reach the ring's segments a chunk:
