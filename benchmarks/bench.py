@@ -10,7 +10,7 @@ Run from the repository root::
 
 How a number is made (details in ``benchmarks/data.py`` and ``benchmarks/timing.py``):
 
-* The launcher starts ``ws`` ranks (forked from a server that imported torch once, ``--start``; tcp:// rendezvous on
+* The launcher starts ``ws`` ranks (fresh interpreters, or forked from a server that imported torch once: ``--start``; tcp:// rendezvous on
   127.0.0.1 with a free port; under ``--emulate`` one network namespace per rank (per host with ``--hosts``), see
   ``benchmarks/netns.py``).  The default group is gloo; every backend gets its own group
   over the same ranks (``dist.new_group(backend=...)``).

@@ -86,7 +86,7 @@ def main() -> int:
     ap.add_argument("--backends", default="ringpg,gloo,gloo-lazy")
     ap.add_argument("--repeat", type=int, default=3, help="runs per world size and backend, interleaved (default 3)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per run, seconds")
-    add_start_argument(ap)
+    add_start_argument(ap, default="forkserver")  # creation at many ranks: no interpreter starts
     args = ap.parse_args()
     print(
         f"# group creation on loopback: torch {torch.__version__}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"

@@ -76,14 +76,24 @@ def rank_context(method: str) -> Any:
 START_METHODS = ("forkserver", "spawn")
 
 
-def add_start_argument(ap: Any) -> None:
-    """The ``--start`` option of the launchers that run local ranks (rank_context)."""
+def add_start_argument(ap: Any, default: str = "spawn") -> None:
+    """The ``--start`` option of the launchers that run local ranks (rank_context).
+
+    Tools that time ops start fresh interpreters by default, as torchrun and mp.spawn
+    start a user's ranks: a rank forked from the server shares the server's memory
+    copy-on-write, and for its first thousands of ops each op's Python and torch call
+    path writes to some inherited page (a fault and a page copy, tens of µs on a VM),
+    so an in-process column ran slower than one in a process of its own (an MPI
+    peer's) by up to half a 1 MiB all-gather's time (benchmarks/RESULTS.md,
+    2026-12-06 (3)).  ``default="forkserver"``: tools that time group creation at many
+    ranks, where each interpreter's start would cost more than what is measured."""
     ap.add_argument(
         "--start",
         choices=START_METHODS,
-        default="forkserver",
-        help="how local ranks start: forked from a server that imported torch once (default), or "
-        "fresh interpreters (spawn: seconds of CPU per rank, as a launcher starts them)",
+        default=default,
+        help="how local ranks start: fresh interpreters (spawn: 1-2 s of CPU per rank, as a launcher "
+        "starts them), or forked from a server that imported torch once (forkserver: milliseconds; its "
+        "ranks' first thousands of ops pay copy-on-write faults)" + f" (default: {default})",
     )
 
 

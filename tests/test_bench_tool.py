@@ -205,6 +205,24 @@ def test_emulated_hosts_compare_hierarchical_flat_ring_and_gloo_in_one_run(tmp_p
 
 
 @pytest.mark.inprocess
+def test_timing_tools_start_fresh_interpreters_unless_asked() -> None:
+    """Ranks start as a launcher starts them (spawn) unless --start forkserver says so:
+    forked ranks pay copy-on-write faults on the server's pages for their first
+    thousands of ops, which the MPI peers beside them do not (devkit.launch)."""
+    import argparse
+
+    sys.path.insert(0, str(REPO))
+    from benchmarks.bench import parse_args
+    from devkit.launch import add_start_argument
+
+    assert parse_args([]).start == "spawn"
+    assert parse_args(["--start", "forkserver"]).start == "forkserver"
+    ap = argparse.ArgumentParser()
+    add_start_argument(ap, default="forkserver")  # benchmarks.scale: creation at many ranks
+    assert ap.parse_args([]).start == "forkserver"
+
+
+@pytest.mark.inprocess
 def test_backend_specs_name_transport_and_algorithm() -> None:
     """``ringpg[@transport][/algo][%copy]`` and the --transports/--algos axes, parsed without ranks."""
     sys.path.insert(0, str(REPO))
