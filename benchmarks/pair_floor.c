@@ -14,6 +14,12 @@
 //   DIRTY=1        each rank first rewrites its input, so its lines are modified in its
 //                  core's cache when the other reads them (a buffer computed just before
 //                  the op, as gradients are).
+// How the other block moves, and who reads the output:
+//   PUSH=1         each rank writes its block into the other's output (process_vm_writev)
+//                  instead of reading the other's block into its own (the default, as
+//                  ringpg and the MPIs' cross-memory attach do);
+//   READ=1         each rank reads its whole output (one byte a line) after the op,
+//                  inside the timed span, as a caller that uses what it gathered does.
 // And where the buffers live:
 //   HUGEPAGES=1    input and output on 2 MiB-aligned memory advised MADV_HUGEPAGE before
 //                  their first touch (transparent huge pages wherever the kernel grants
@@ -51,6 +57,7 @@ static int by_value(const void* a, const void* b) {
 struct shared {
   _Atomic long arrived[2]; // each rank's barrier count, on one page both map
   void* input[2];
+  void* output[2]; // PUSH: where the other rank writes its block
   pid_t pid[2];
 };
 
@@ -77,6 +84,8 @@ int main(int argc, char** argv) {
   const int iters = argc > 2 ? atoi(argv[2]) : 4000;
   const size_t pollute = getenv("POLLUTE") ? (size_t)atol(getenv("POLLUTE")) : 0;
   const int dirty = getenv("DIRTY") != NULL && atoi(getenv("DIRTY")) != 0;
+  const int push = getenv("PUSH") != NULL && atoi(getenv("PUSH")) != 0;
+  const int readOut = getenv("READ") != NULL && atoi(getenv("READ")) != 0;
   const int warmup = 50;
   struct shared* s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (s == MAP_FAILED) {
@@ -99,6 +108,7 @@ int main(int argc, char** argv) {
     memset(other, 3, pollute);
   }
   s->input[me] = in;
+  s->output[me] = out;
   s->pid[me] = getpid();
   barrier(s, me, 1); // both addresses published
   double* times = malloc(sizeof(double) * (size_t)iters);
@@ -117,13 +127,28 @@ int main(int argc, char** argv) {
     barrier(s, me, ++n);
     const double t0 = now_us();
     memcpy(out + me * block, in, block);
-    struct iovec local = {out + (1 - me) * block, block};
-    struct iovec remote = {s->input[1 - me], block};
-    if (process_vm_readv(s->pid[1 - me], &local, 1, &remote, 1, 0) != (ssize_t)block) {
-      perror("process_vm_readv");
+    ssize_t moved;
+    if (push) { // our block into the other's output, at our place in it
+      struct iovec local = {in, block};
+      struct iovec remote = {(char*)s->output[1 - me] + me * block, block};
+      moved = process_vm_writev(s->pid[1 - me], &local, 1, &remote, 1, 0);
+    } else { // the other's block into our output
+      struct iovec local = {out + (1 - me) * block, block};
+      struct iovec remote = {s->input[1 - me], block};
+      moved = process_vm_readv(s->pid[1 - me], &local, 1, &remote, 1, 0);
+    }
+    if (moved != (ssize_t)block) {
+      perror(push ? "process_vm_writev" : "process_vm_readv");
       return 1;
     }
-    barrier(s, me, ++n);
+    barrier(s, me, ++n); // PUSH: the other has written our output
+    if (readOut) {
+      volatile char sink = 0;
+      for (size_t i = 0; i < 2 * block; i += 64) {
+        sink += out[i];
+      }
+      (void)sink;
+    }
     const double us = now_us() - t0;
     if (it >= warmup) {
       times[it - warmup] = us;
@@ -131,8 +156,9 @@ int main(int argc, char** argv) {
   }
   if (me == 0) {
     qsort(times, (size_t)iters, sizeof(double), by_value);
-    printf("all-gather of 2 x %zu B (pollute %zu B, dirty %d, hugepages %d): median %.1f us, best %.1f us over %d ops\n",
-           block, pollute, dirty, huge, times[iters / 2], times[0], iters);
+    printf("all-gather of 2 x %zu B (pollute %zu B, dirty %d, hugepages %d, push %d, read %d): median %.1f us, best "
+           "%.1f us over %d ops\n",
+           block, pollute, dirty, huge, push, readOut, times[iters / 2], times[0], iters);
     waitpid(child, NULL, 0);
   }
   return 0;
