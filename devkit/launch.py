@@ -93,7 +93,7 @@ def add_start_argument(ap: Any, default: str = "spawn") -> None:
         default=default,
         help="how local ranks start: fresh interpreters (spawn: 1-2 s of CPU per rank, as a launcher "
         "starts them), or forked from a server that imported torch once (forkserver: milliseconds; its "
-        "ranks' first thousands of ops pay copy-on-write faults)" + f" (default: {default})",
+        "ranks' first thousands of ops pay copy-on-write faults) (default: %(default)s)",
     )
 
 
