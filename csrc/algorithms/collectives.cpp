@@ -20,10 +20,17 @@ namespace {
 
 // ---- Host buffers (host_buffer.h holds the ones p2p shares) -----------------------
 
-// The elements a reduction's kernels see: complex tensors as pairs of reals, flat.  A
-// flat real tensor is itself: a reshape is a dispatched op and a new view, a third of
-// a microsecond a call, which a 4 KiB allreduce's own time should not pay.
-at::Tensor asReal(const at::Tensor& t) {
+// The elements a reduction's kernels see on the host paths, which read a contiguous
+// tensor's bytes and counts and nothing of its shape: a real tensor is itself, whatever
+// its dims, and a complex one its pairs of reals.  No reshape: that is a dispatched op
+// and a new view, about half a microsecond a call on the 2-vCPU Xeon guest, which a
+// 4 KiB op's own time should not pay (benchmarks/RESULTS.md, 2026-12-06 (4)).
+at::Tensor hostReal(const at::Tensor& t) {
+  return t.is_complex() ? at::view_as_real(t) : t;
+}
+
+// The same, flat: for the staged device paths, which cut it in pieces along dim 0.
+at::Tensor flatReal(const at::Tensor& t) {
   if (t.is_complex()) {
     return at::view_as_real(t).reshape({-1});
   }
@@ -264,7 +271,7 @@ void allreduce(OpContext& c, const at::Tensor& t, const Reduction& red) {
   const c10::Device device = t.device();
   const OpPlan plan = planFor(c, q, &device);
   if (plan.staging == HostStaging::OnRing || plan.staging == HostStaging::OnArena) {
-    at::Tensor dev = asReal(premultiplied(red, t, /*inPlace=*/true));
+    at::Tensor dev = flatReal(premultiplied(red, t, /*inPlace=*/true));
     auto finalize = finalizer(red, reduceDtype(t.scalar_type()), c.size());
     if (plan.staging == HostStaging::OnRing) {
       stagedRingAllreduce(c, dev, red.op, finalize);
@@ -274,14 +281,14 @@ void allreduce(OpContext& c, const at::Tensor& t, const Reduction& red) {
     return;
   }
   at::Tensor host = premultiplied(red, toHost(t), /*inPlace=*/true);
-  hostAllreduce(c, asReal(host), red, plan);
+  hostAllreduce(c, hostReal(host), red, plan);
   writeBack(t, host);
 }
 
 void allreduceCoalesced(OpContext& c, const std::vector<at::Tensor>& ts, const Reduction& red) {
   at::Tensor flat = at::cat(flatHost(ts));
   premultiplied(red, flat, /*inPlace=*/true);
-  hostAllreduce(c, asReal(flat), red, planFor(c, hostQuery(Collective::Allreduce, nbytes(flat))));
+  hostAllreduce(c, hostReal(flat), red, planFor(c, hostQuery(Collective::Allreduce, nbytes(flat))));
   int64_t off = 0;
   for (const auto& t : ts) {
     t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
@@ -323,9 +330,9 @@ void reduce(OpContext& c, const at::Tensor& t, const Reduction& red, int root) {
   // times through a chain.
   const int p = c.size();
   at::Tensor host = premultiplied(red, toHost(t), /*inPlace=*/false);
-  at::Tensor input = asReal(host);
+  at::Tensor input = hostReal(host);
   at::Tensor resultHost = at::empty_like(host);
-  at::Tensor result = asReal(resultHost);
+  at::Tensor result = hostReal(resultHost);
   const Algorithm algo = planFor(c, hostQuery(Collective::Reduce, nbytes(input))).algorithm;
   if (onArena(algo)) {
     arenaReduce(c, bytes(input), bytes(result), input.numel(), input.element_size(), red.op,
@@ -409,14 +416,16 @@ void allGatherInto(OpContext& c, const at::Tensor& input, const at::Tensor& outp
                                         : stagedArenaAllGather(c, in, out, plan.streams);
     return;
   }
+  // Contiguous (toHost, hostBufferFor), so as good as flat for hostAllGather, which
+  // reads bytes and counts: no reshape (a dispatched op and a new view each: hostReal).
   at::Tensor hin = toHost(input);
   at::Tensor hout = hostBufferFor(output);
-  hostAllGather(c, hin.reshape({-1}), hout.reshape({-1}), plan);
+  hostAllGather(c, hin, hout, plan);
   writeBack(output, hout);
 }
 
 void allGather(OpContext& c, const at::Tensor& input, const std::vector<at::Tensor>& outputs) {
-  at::Tensor hin = toHost(input).reshape({-1});
+  at::Tensor hin = toHost(input); // contiguous: hostAllGather reads its bytes, unreshaped
   at::Tensor flat = at::empty({hin.numel() * c.size()}, hin.options());
   hostAllGather(c, hin, flat, planFor(c, hostQuery(Collective::AllGather, nbytes(flat), /*readBack=*/true)));
   for (const auto q : c10::irange(c.size())) {
@@ -453,8 +462,8 @@ void reduceScatterInto(OpContext& c, const at::Tensor& input, const at::Tensor& 
   const OpPlan plan = planFor(c, splitQuery(Collective::ReduceScatter, input, output, c.rank()), &device);
   if (plan.staging == HostStaging::OnRing || plan.staging == HostStaging::OnArena) {
     // PREMUL_SUM's product on the device, into a tensor of its own: the input stays as it was.
-    const at::Tensor in = asReal(premultiplied(red, input, /*inPlace=*/false));
-    const at::Tensor out = asReal(output);
+    const at::Tensor in = flatReal(premultiplied(red, input, /*inPlace=*/false));
+    const at::Tensor out = flatReal(output);
     auto finalize = finalizer(red, in.scalar_type(), c.size());
     if (plan.staging == HostStaging::OnArena) {
       stagedArenaReduceScatter(c, in, out, red.op, finalize);
@@ -469,9 +478,9 @@ void reduceScatterInto(OpContext& c, const at::Tensor& input, const at::Tensor& 
     stagedRingReduceScatter(c, in, out, red.op, finalize, work);
     return;
   }
-  at::Tensor hin = asReal(premultiplied(red, toHost(input), /*inPlace=*/false));
+  at::Tensor hin = hostReal(premultiplied(red, toHost(input), /*inPlace=*/false));
   at::Tensor hout = hostBufferFor(output);
-  hostReduceScatter(c, hin, asReal(hout), red, plan);
+  hostReduceScatter(c, hin, hostReal(hout), red, plan);
   writeBack(output, hout);
 }
 
@@ -479,7 +488,8 @@ void reduceScatter(OpContext& c, const std::vector<at::Tensor>& inputs, const at
                    const Reduction& red) {
   at::Tensor flat = premultiplied(red, at::cat(flatHost(inputs)), /*inPlace=*/true);
   at::Tensor hout = hostBufferFor(output);
-  hostReduceScatter(c, asReal(flat), asReal(hout), red, planFor(c, hostQuery(Collective::ReduceScatter, nbytes(flat))));
+  hostReduceScatter(c, hostReal(flat), hostReal(hout), red,
+                    planFor(c, hostQuery(Collective::ReduceScatter, nbytes(flat))));
   writeBack(output, hout);
 }
 
