@@ -639,6 +639,39 @@ def test_kernels_match_torch(dtype: torch.dtype, isa: str) -> None:
             ), (op, dtype, n, out[:8], ref[:8])
 
 
+def _same_floats(got: torch.Tensor, ref: torch.Tensor) -> bool:
+    """The same bits, or the same values with NaN where the other has NaN (its payload
+    may differ: torch's scalar and vector bf16 conversions quiet NaN differently)."""
+    if torch.equal(got.view(torch.uint8), ref.view(torch.uint8)):
+        return True
+    nan = got.isnan()
+    return torch.equal(nan, ref.isnan()) and torch.equal(got[~nan], ref[~nan])
+
+
+@pytest.mark.inprocess
+@needs_C
+@pytest.mark.parametrize("isa", _C.reduce_isas() if _C is not None else ["baseline"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_scaling_kernels_match_torch(dtype: torch.dtype, isa: str) -> None:
+    """AVG's last step and PREMUL_SUM's product on floating dtypes: ringpg's kernels give
+    torch's bits (fp16 and bf16 in fp32, rounded once), by true division, by the exact
+    reciprocal of a power-of-two world size, and by a factor of float64 precision; NaN,
+    infinities and denormal results included, in place and out of place."""
+    for n in LENGTHS:
+        x = _data(dtype, n, 1)
+        if n > 40:
+            x[40] = torch.finfo(dtype).tiny  # a denormal quotient
+            x[41] = -torch.finfo(dtype).max
+        for divisor in (1, 2, 3, 4, 5, 7, 8, 12, 16, 1000):
+            got = x.clone()
+            _C.scale_kernel(got, got, divisor, True, isa=isa)
+            assert _same_floats(got, torch.div(x, divisor)), (dtype, isa, divisor, n, got[:8])
+        for factor in (0.5, 1 / 3, -2.5e-3, 3.0, 1e30):
+            got = torch.empty_like(x)
+            _C.scale_kernel(got, x, factor, False, isa=isa)
+            assert _same_floats(got, x * factor), (dtype, isa, factor, n, got[:8])
+
+
 @pytest.mark.inprocess
 @needs_C
 def test_in_place_accumulate_and_dispatch_name() -> None:

@@ -572,6 +572,21 @@ void bindPlans(py::module_& m) {
       py::arg("op"), py::arg("out"), py::arg("a"), py::arg("b"), py::arg("isa") = "",
       "out = a (op) b with ringpg's kernels (for tests); `isa` picks one of reduce_isas()");
   m.def(
+      "scale_kernel",
+      [](at::Tensor out, const at::Tensor& in, double by, bool divide, const std::string& isa) {
+        TORCH_CHECK(out.is_contiguous() && in.is_contiguous() && out.is_cpu() && in.is_cpu());
+        TORCH_CHECK(out.numel() == in.numel() && out.scalar_type() == in.scalar_type());
+        const auto how = divide ? ringpg::Scale::Divide : ringpg::Scale::Multiply;
+        if (isa.empty()) {
+          ringpg::scaleFloats(in.scalar_type(), out.data_ptr(), in.data_ptr(), in.numel(), by, how);
+        } else {
+          ringpg::scaleFloatsWithIsa(isa, in.scalar_type(), out.data_ptr(), in.data_ptr(), in.numel(), by, how);
+        }
+      },
+      py::arg("out"), py::arg("in"), py::arg("by"), py::arg("divide"), py::arg("isa") = "",
+      "out = in / by (divide) or in * by with ringpg's AVG and PREMUL_SUM kernels (for tests); `isa` picks one "
+      "of reduce_isas()");
+  m.def(
       "ring_order_by_host",
       [](const std::vector<std::string>& hostIds) {
         const auto t = ringpg::Topology::fromHosts(hostIds);

@@ -115,10 +115,12 @@ namespace isa_sve {
 namespace {
 
 using ReduceFn = bool (*)(c10::ScalarType, RedOp, void*, const void*, const void*, int64_t);
+using ScaleFn = bool (*)(c10::ScalarType, void*, const void*, int64_t, double, bool);
 
 struct Dispatch {
   ReduceFn fn;
   const char* name;
+  ScaleFn scale; // scaleFloats' copy for the same instruction set
 };
 
 // Every compiled copy of the kernels this CPU can run, best first (baseline always).
@@ -129,27 +131,27 @@ std::vector<Dispatch> runnable() {
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   if (avx512 && __builtin_cpu_supports("avx512bf16")) {
-    copies.push_back({&isa_avx512bf16::detail::reduceImpl, "avx512+bf16"});
+    copies.push_back({&isa_avx512bf16::detail::reduceImpl, "avx512+bf16", &isa_avx512bf16::detail::scaleImpl});
   }
   if (avx512) {
-    copies.push_back({&isa_avx512::detail::reduceImpl, "avx512"});
+    copies.push_back({&isa_avx512::detail::reduceImpl, "avx512", &isa_avx512::detail::scaleImpl});
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    copies.push_back({&isa_avx2::detail::reduceImpl, "avx2"});
+    copies.push_back({&isa_avx2::detail::reduceImpl, "avx2", &isa_avx2::detail::scaleImpl});
   }
 #elif defined(__aarch64__)
   // The kernel's view of the CPU (HWCAP_SVE also means the kernel saves SVE state).
   const unsigned long hwcap = getauxval(AT_HWCAP);
 #if defined(RINGPG_HAVE_SVE)
   if ((hwcap & HWCAP_SVE) != 0) {
-    copies.push_back({&isa_sve::detail::reduceImpl, "sve"});
+    copies.push_back({&isa_sve::detail::reduceImpl, "sve", &isa_sve::detail::scaleImpl});
   }
 #endif
   if ((hwcap & HWCAP_ASIMD) != 0) {
-    copies.push_back({&isa_neon::detail::reduceImpl, "neon"});
+    copies.push_back({&isa_neon::detail::reduceImpl, "neon", &isa_neon::detail::scaleImpl});
   }
 #endif
-  copies.push_back({&isa_baseline::detail::reduceImpl, "baseline"});
+  copies.push_back({&isa_baseline::detail::reduceImpl, "baseline", &isa_baseline::detail::scaleImpl});
   return copies;
 }
 
@@ -328,6 +330,22 @@ void divideIntegers(c10::ScalarType dtype, void* data, int64_t n, int64_t diviso
     default:
       TORCH_INTERNAL_ASSERT(false, "ringpg: integer division of ", dtype);
   }
+}
+
+void scaleFloats(c10::ScalarType dtype, void* out, const void* in, int64_t n, double by, Scale how) {
+  TORCH_INTERNAL_ASSERT((how == Scale::Multiply || by > 0) &&
+                            dispatch().scale(dtype, out, in, n, by, how == Scale::Divide),
+                        "ringpg: no float scaling for ", dtype);
+}
+
+void scaleFloatsWithIsa(const std::string& isa, c10::ScalarType dtype, void* out, const void* in, int64_t n, double by,
+                        Scale how) {
+  const std::vector<Dispatch> copies = runnable();
+  const Dispatch* d = byName(copies, isa);
+  TORCH_CHECK(d, "ringpg: the ", isa, " kernels cannot run on this CPU (it runs: ", c10::Join(", ", namesOf(copies)),
+              ")");
+  TORCH_CHECK((how == Scale::Multiply || by > 0) && d->scale(dtype, out, in, n, by, how == Scale::Divide),
+              "ringpg: no float scaling for ", dtype);
 }
 
 const char* reduceIsa() {

@@ -39,7 +39,17 @@ void reduceInOrder(c10::ScalarType dtype, RedOp op, void* out, const std::vector
 // data[i] /= divisor for i < n, truncating toward zero (AVG on integer dtypes).
 // Precondition: dtype is an integer type (not bool).
 void divideIntegers(c10::ScalarType dtype, void* data, int64_t n, int64_t divisor);
-
+// out[i] = in[i] / by (Divide: AVG on floating dtypes, `by` the world size, > 0) or
+// in[i] * by (Multiply: PREMUL_SUM's factor) for i < n on a floating dtype (float,
+// double, float16, bfloat16), with the bits ATen's division or product by a scalar
+// gives: `by` taken in the dtype's opmath (fp32 for fp16/bf16/float), the result
+// rounded once to nearest even.  A divisor that is a power of two multiplies by its
+// reciprocal: the same bits.  `out` may be `in`.
+enum class Scale : uint8_t { Divide, Multiply };
+void scaleFloats(c10::ScalarType dtype, void* out, const void* in, int64_t n, double by, Scale how);
+// scaleFloats with the kernels of `isa` (one of reduceIsas(); for tests).
+void scaleFloatsWithIsa(const std::string& isa, c10::ScalarType dtype, void* out, const void* in, int64_t n, double by,
+                        Scale how);
 // dst[0, n) = src[0, n) with stores that bypass the caches where the architecture has
 // them (x86-64's movntdq; elsewhere a plain memcpy): for an output larger than the
 // caches keep, whose lines a plain copy would first read for ownership and then see

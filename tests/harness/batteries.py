@@ -302,10 +302,15 @@ def reduce_every_dst_worker(rank: int, ws: int, groups: Groups, args: Any) -> Ch
 
 
 def premul_sum_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckReport:
-    """PREMUL_SUM with a float factor and a 1-element tensor factor (input dtype)."""
+    """PREMUL_SUM with float factors and a 1-element tensor factor (input dtype), against
+    torch's own ``x * factor`` summed by gloo.  At two ranks also 1/3, whose products each
+    dtype rounds: a sum of two is the same in either order, one of three is not."""
     chk = Checker(rank)
     for dtype in FLOAT_DTYPES:
-        for kind, factor in (("float 0.5", 0.5), ("tensor [3.0]", torch.tensor([3.0], dtype=dtype))):
+        factors = [("float 0.5", 0.5), ("tensor [3.0]", torch.tensor([3.0], dtype=dtype))]
+        if ws == 2:
+            factors.append(("float 1/3", 1 / 3))
+        for kind, factor in factors:
             check_reducing(
                 chk,
                 groups,
