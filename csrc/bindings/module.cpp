@@ -556,6 +556,36 @@ void bindPlans(py::module_& m) {
   m.def("ring_schedule", &ringSchedule, py::arg("count"), py::arg("size"), py::arg("rank"),
         py::arg("max_segment_elems"));
   m.def(
+      "ring_order_by_host",
+      [](const std::vector<std::string>& hostIds) {
+        const auto t = ringpg::Topology::fromHosts(hostIds);
+        return std::make_tuple(t.ringOrder(), t.hostOfEach(), t.ranksPerHost());
+      },
+      py::arg("host_ids"),
+      "(ring order, host of each rank, ranks per host or 0) of ranks on these hosts "
+      "(transport/topology.h); for the tests");
+  m.def("run_frame_receiver", &runFrameReceiver, py::arg("stream"), py::arg("chunk"), py::arg("routes"),
+        py::arg("budget") = size_t(1) << 20,
+        "A FrameReceiver over `stream` (transport/receiver.h), `chunk` bytes a read, each header routed by the "
+        "next of `routes`: deliver, stash, discard, close; its events and where it stopped; for the tests");
+  m.def("cause_of_loss", &causeOfLoss, py::arg("before"), py::arg("routes"), py::arg("after"),
+        py::arg("op") = py::none(),
+        "Engine::causeOfLoss on a socket pair: what the frames a lost peer still had in flight say, after "
+        "`before` was received; (reason, network, remote); for the tests");
+  m.def(
+      "ring_peers",
+      [](const std::vector<std::string>& hostIds, int rank, const std::string& algo) {
+        return ringpg::ringPeers(ringpg::Topology::fromHosts(hostIds), rank, ringpg::Config::algoNamed(algo, "algo="));
+      },
+      py::arg("host_ids"), py::arg("rank"), py::arg("algo") = "auto",
+      "The peers rank's rings exchange with, which its group connects at creation "
+      "(algorithms/hierarchical.h); for the tests");
+}
+
+// Settings as this process read them, the wire and Store formats, and host facts, for the tests.
+// The reduction and scaling kernels, called on tensors directly (for tests).
+void bindKernels(py::module_& m) {
+  m.def(
       "reduce_kernel",
       [](const std::string& op, at::Tensor out, const at::Tensor& a, const at::Tensor& b, const std::string& isa) {
         TORCH_CHECK(out.is_contiguous() && a.is_contiguous() && b.is_contiguous() && out.is_cpu());
@@ -586,34 +616,8 @@ void bindPlans(py::module_& m) {
       py::arg("out"), py::arg("in"), py::arg("by"), py::arg("divide"), py::arg("isa") = "",
       "out = in / by (divide) or in * by with ringpg's AVG and PREMUL_SUM kernels (for tests); `isa` picks one "
       "of reduce_isas()");
-  m.def(
-      "ring_order_by_host",
-      [](const std::vector<std::string>& hostIds) {
-        const auto t = ringpg::Topology::fromHosts(hostIds);
-        return std::make_tuple(t.ringOrder(), t.hostOfEach(), t.ranksPerHost());
-      },
-      py::arg("host_ids"),
-      "(ring order, host of each rank, ranks per host or 0) of ranks on these hosts "
-      "(transport/topology.h); for the tests");
-  m.def("run_frame_receiver", &runFrameReceiver, py::arg("stream"), py::arg("chunk"), py::arg("routes"),
-        py::arg("budget") = size_t(1) << 20,
-        "A FrameReceiver over `stream` (transport/receiver.h), `chunk` bytes a read, each header routed by the "
-        "next of `routes`: deliver, stash, discard, close; its events and where it stopped; for the tests");
-  m.def("cause_of_loss", &causeOfLoss, py::arg("before"), py::arg("routes"), py::arg("after"),
-        py::arg("op") = py::none(),
-        "Engine::causeOfLoss on a socket pair: what the frames a lost peer still had in flight say, after "
-        "`before` was received; (reason, network, remote); for the tests");
-  m.def(
-      "ring_peers",
-      [](const std::vector<std::string>& hostIds, int rank, const std::string& algo) {
-        return ringpg::ringPeers(ringpg::Topology::fromHosts(hostIds), rank, ringpg::Config::algoNamed(algo, "algo="));
-      },
-      py::arg("host_ids"), py::arg("rank"), py::arg("algo") = "auto",
-      "The peers rank's rings exchange with, which its group connects at creation "
-      "(algorithms/hierarchical.h); for the tests");
 }
 
-// Settings as this process read them, the wire and Store formats, and host facts, for the tests.
 void bindSettingsAndHost(py::module_& m) {
   m.def("reduce_isa", &ringpg::reduceIsa);
   m.def("reduce_isas", &ringpg::reduceIsas, "instruction sets whose kernels this CPU can run, best first");
@@ -835,6 +839,7 @@ PYBIND11_MODULE(_C, m) {
   bindBuildAndChoice(m);
   bindOpPlan(m);
   bindPlans(m);
+  bindKernels(m);
   bindSettingsAndHost(m);
   bindTestSeams(m);
   bindGroupFailure(m);

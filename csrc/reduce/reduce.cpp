@@ -333,9 +333,9 @@ void divideIntegers(c10::ScalarType dtype, void* data, int64_t n, int64_t diviso
 }
 
 void scaleFloats(c10::ScalarType dtype, void* out, const void* in, int64_t n, double by, Scale how) {
-  TORCH_INTERNAL_ASSERT((how == Scale::Multiply || by > 0) &&
-                            dispatch().scale(dtype, out, in, n, by, how == Scale::Divide),
-                        "ringpg: no float scaling for ", dtype);
+  TORCH_INTERNAL_ASSERT(
+      (how == Scale::Multiply || by > 0) && dispatch().scale(dtype, out, in, n, by, how == Scale::Divide),
+      "ringpg: no float scaling for ", dtype);
 }
 
 void scaleFloatsWithIsa(const std::string& isa, c10::ScalarType dtype, void* out, const void* in, int64_t n, double by,
