@@ -1,6 +1,7 @@
 #include "algorithms/collectives.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DynamicCast.h>
 #include <c10/util/irange.h>
 
 #include <cstdint>
@@ -72,22 +73,6 @@ std::function<void(char*, int64_t)> finalizer(const Reduction& red, at::ScalarTy
   };
 }
 
-// The value of a floating dtype's element at `p`, exactly, as a double.
-double floatValueAt(at::ScalarType dtype, const void* p) {
-  switch (dtype) {
-    case at::kFloat:
-      return *static_cast<const float*>(p);
-    case at::kDouble:
-      return *static_cast<const double*>(p);
-    case at::kHalf:
-      return static_cast<float>(*static_cast<const c10::Half*>(p));
-    case at::kBFloat16:
-      return static_cast<float>(*static_cast<const c10::BFloat16*>(p));
-    default:
-      TORCH_INTERNAL_ASSERT(false, "ringpg: not a floating dtype: ", dtype);
-  }
-}
-
 // PREMUL_SUM's factor as the number the product below multiplies by, where it is one
 // without a device round trip: a scalar, or a factor tensor's one element on the CPU
 // (in its dtype).  Empty for a factor on a device.
@@ -97,7 +82,7 @@ std::optional<double> premulFactor(const Reduction& red) {
   }
   const at::Tensor& f = *red.premulTensor;
   if (f.is_cpu() && f.numel() == 1 && at::isFloatingType(f.scalar_type())) {
-    return floatValueAt(f.scalar_type(), f.data_ptr());
+    return c10::fetch_and_cast<double>(f.scalar_type(), f.data_ptr()); // exact: a wider type
   }
   return std::nullopt;
 }

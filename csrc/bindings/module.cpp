@@ -582,7 +582,6 @@ void bindPlans(py::module_& m) {
       "(algorithms/hierarchical.h); for the tests");
 }
 
-// Settings as this process read them, the wire and Store formats, and host facts, for the tests.
 // The reduction and scaling kernels, called on tensors directly (for tests).
 void bindKernels(py::module_& m) {
   m.def(
@@ -618,6 +617,7 @@ void bindKernels(py::module_& m) {
       "of reduce_isas()");
 }
 
+// Settings as this process read them, the wire and Store formats, and host facts, for the tests.
 void bindSettingsAndHost(py::module_& m) {
   m.def("reduce_isa", &ringpg::reduceIsa);
   m.def("reduce_isas", &ringpg::reduceIsas, "instruction sets whose kernels this CPU can run, best first");
