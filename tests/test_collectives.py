@@ -48,9 +48,11 @@ block, say) the reference is built from gloo's all_reduce / all_gather (harness 
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 import warnings
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable, Optional
 
 import pytest
@@ -804,6 +806,80 @@ def test_futures_then_and_wait_all(pool: WorkerPool, n: int) -> None:
 @ON_WS_1_3
 def test_async_barrier(pool: WorkerPool) -> None:
     assert_reports_ok(pool.run(async_barrier_worker, timeout=ASYNC_TIMEOUT_S))
+
+
+def waited_at_once_worker(rank: int, ws: int, groups: Groups, n: int) -> CheckReport:
+    """Async ops waited on at once, which the waiting thread may run itself: every kind
+    of op and the orders around it (one op queued behind another and waited first, a
+    wait with a timeout of its own, a wait from another thread, a late peer)."""
+    chk = Checker(rank)
+    t, ref = groups.test, groups.ref
+    for k in range(3):
+        # Each kind, issued and waited on at once, three times over (the first rounds
+        # find the worker asleep, later ones just back from an op).
+        x = make_data(rank, f"at once ar {k}", (n,), torch.float32)
+        y = x.clone()
+        w = dist.all_reduce(y, group=t, async_op=True)
+        w.wait()
+        chk.true(f"all_reduce #{k}: is_completed() after wait()", w.is_completed())
+        chk.equal(f"all_reduce #{k}", y, ref_all_reduce(x, "SUM", ref))
+        _check_future_value(chk, f"all_reduce #{k}", w.get_future().wait(), [y], [ref_all_reduce(x, "SUM", ref)])
+        xr = make_data(rank, f"at once rs {k}", (n * ws,), torch.float32)
+        out = sentinel_like((n,), torch.float32)
+        dist.reduce_scatter_tensor(out, xr, group=t, async_op=True).wait()
+        chk.equal(f"reduce_scatter_tensor #{k}", out, ref_reduce_scatter(xr, "SUM", ref))
+        g = make_data(rank, f"at once ag {k}", (n,), torch.int32)
+        gout = sentinel_like((n * ws,), torch.int32)
+        dist.all_gather_into_tensor(gout, g, group=t, async_op=True).wait()
+        chk.equal(f"all_gather_into_tensor #{k}", gout, ref_all_gather(g, ref))
+        b = make_data(rank, f"at once bcast {k}", (n,), torch.float64)
+        want = ref_broadcast(b, k % ws, ref)
+        dist.broadcast(b, src=k % ws, group=t, async_op=True).wait()
+        chk.equal(f"broadcast src={k % ws} #{k}", b, want)
+        dist.barrier(group=t, async_op=True).wait()
+
+    # Two in flight, the second waited on first: it is not next, so it waits its turn.
+    a = make_data(rank, "queued a", (n,), torch.float32)
+    b = make_data(rank, "queued b", (n,), torch.int64)
+    ya, yb = a.clone(), b.clone()
+    wa = dist.all_reduce(ya, group=t, async_op=True)
+    wb = dist.all_reduce(yb, op=dist.ReduceOp.MAX, group=t, async_op=True)
+    wb.wait()
+    chk.true("second of two: the first completed before it", wa.is_completed())
+    wa.wait()
+    chk.equal("first of two, waited second", ya, ref_all_reduce(a, "SUM", ref))
+    chk.equal("second of two, waited first", yb, ref_all_reduce(b, "MAX", ref))
+
+    # A wait with its own timeout leaves the op to the worker.
+    c = make_data(rank, "own timeout", (n,), torch.float32)
+    yc = c.clone()
+    dist.all_reduce(yc, group=t, async_op=True).wait(timeout=timedelta(seconds=30))
+    chk.equal("waited with a timeout of its own", yc, ref_all_reduce(c, "SUM", ref))
+
+    # Waited on from another thread than the one that issued it.
+    d = make_data(rank, "other thread", (n,), torch.float32)
+    yd = d.clone()
+    wd = dist.all_reduce(yd, group=t, async_op=True)
+    waiter = threading.Thread(target=wd.wait)
+    waiter.start()
+    waiter.join(ASYNC_TIMEOUT_S)
+    chk.true("waited from another thread: returned", not waiter.is_alive())
+    chk.equal("waited from another thread", yd, ref_all_reduce(d, "SUM", ref))
+
+    # A late peer: the waiter's op waits for it within the op's deadline.
+    e = make_data(rank, "late peer", (n,), torch.float32)
+    ye = e.clone()
+    if rank == ws - 1:
+        time.sleep(0.2)
+    dist.all_reduce(ye, group=t, async_op=True).wait()
+    chk.equal("one rank 0.2 s late", ye, ref_all_reduce(e, "SUM", ref))
+    return chk.report()
+
+
+@ON_WS_2_3
+@pytest.mark.parametrize("n", [1, 1000, 2**18], ids=lambda n: f"n{n}")
+def test_async_waited_at_once(pool: WorkerPool, n: int) -> None:
+    assert_reports_ok(pool.run(waited_at_once_worker, n, timeout=ASYNC_TIMEOUT_S))
 
 
 # ============================================= subgroups, world size 4

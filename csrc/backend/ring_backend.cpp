@@ -506,27 +506,53 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(const char* name, const char
   }
   Queued q{work, std::move(fn), OpTag{name, seq, getRank()}, sig, effectiveTimeout(timeout)};
   if (!asyncOp && !sync && !running_ && queue_.empty()) {
-    running_ = true;
-    lk.unlock();
-    execute(q);
-    lk.lock();
-    running_ = false;
-    // Wake the worker only if it has something to do: ops queued meanwhile by other
-    // threads, or a stop waiting for this op.  An unconditional notify costs a futex
-    // wake and a context switch per op, which is most of a small op's time on few cores.
-    const bool wakeWorker = !queue_.empty() || stopping_;
-    lk.unlock();
-    if (wakeWorker) {
-      queueCv_.notify_all();
-    }
+    runInline(q, lk);
     return work;
+  }
+  if (!sync) {
+    // An async host op that its caller waits on before the worker has taken it runs in
+    // the waiter's thread (runIfNext).  A weak reference: the Work may outlive the group.
+    work->setRunHere([group = c10::weak_intrusive_ptr<RingBackend>(
+                          c10::intrusive_ptr<RingBackend>::unsafe_reclaim_from_nonowning(this)),
+                      w = work.get()] {
+      if (auto g = group.lock()) {
+        g->runIfNext(w);
+      }
+    });
   }
   queue_.push_back(std::move(q));
   queueCv_.notify_all();
   return work;
 }
 
+void RingBackend::runInline(Queued& q, std::unique_lock<std::mutex>& lk) {
+  running_ = true;
+  lk.unlock();
+  execute(q);
+  lk.lock();
+  running_ = false;
+  // Wake the worker only if it has something to do: ops queued meanwhile by other
+  // threads, or a stop waiting for this op.  An unconditional notify costs a futex
+  // wake and a context switch per op, which is most of a small op's time on few cores.
+  const bool wakeWorker = !queue_.empty() || stopping_;
+  lk.unlock();
+  if (wakeWorker) {
+    queueCv_.notify_all();
+  }
+}
+
+void RingBackend::runIfNext(const RingWork* work) {
+  std::unique_lock<std::mutex> lk(queueMu_);
+  if (running_ || queue_.empty() || queue_.front().work.get() != work) {
+    return; // another op runs first, or the worker has taken this one
+  }
+  Queued q = std::move(queue_.front());
+  queue_.pop_front();
+  runInline(q, lk);
+}
+
 void RingBackend::workerLoop() {
+  uint64_t yieldedFor = 0; // the sequence number of the op this thread last yielded to its caller
   while (true) {
     Queued q;
     {
@@ -534,6 +560,17 @@ void RingBackend::workerLoop() {
       queueCv_.wait(lk, [&] { return (stopping_ && !running_) || (!queue_.empty() && !running_); });
       if (queue_.empty()) {
         return;
+      }
+      // An op its caller may run itself (runIfNext) is left to the caller for one yield
+      // of this thread's CPU: a caller that waits at once (async_op=True then wait(), or
+      // a functional collective's wait_tensor) then runs it on its own CPU, with no
+      // hand-off to this thread and back.  Where this CPU has nothing else to run, the
+      // yield returns at once and the op starts here as before.
+      if (queue_.front().work->canRunHere() && yieldedFor != queue_.front().tag.seq) {
+        yieldedFor = queue_.front().tag.seq;
+        lk.unlock();
+        std::this_thread::yield();
+        continue;
       }
       q = std::move(queue_.front());
       queue_.pop_front();

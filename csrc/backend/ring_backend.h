@@ -7,6 +7,9 @@
 //   3. the worker runs the op's collective (algorithms/collectives.h: it chooses the
 //      algorithm, stages tensors to host memory and back) with a deadline of the
 //      group's (or the op's) timeout, and completes the Work and its Future.
+// Host ops skip the hand-off where they can: a synchronous one issued while the group
+// is idle runs in the caller's thread, and an async one whose Work is waited on
+// before the worker took it runs in the waiter's (runIfNext), in the same order.
 // Point-to-point ops bypass the worker: they are posted to the engine at once and
 // completed by it, so a blocked receive never holds up collectives.
 #pragma once
@@ -271,6 +274,11 @@ class RingBackend final : public c10d::Backend {
                                          std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs,
                                          OpFn fn);
   void execute(Queued& q);
+  // Runs the op of `work` in this thread if it is next in the queue and no op is
+  // running (RingWork::setRunHere); else leaves it to the worker.
+  void runIfNext(const RingWork* work);
+  // Runs `q` in this thread; `lk` holds queueMu_ on entry and is released on return.
+  void runInline(Queued& q, std::unique_lock<std::mutex>& lk);
   c10::intrusive_ptr<c10d::Work> p2p(c10d::OpType type, const char* name, at::Tensor& tensor, int peer, int tag);
   void workerLoop();
   void stop(bool graceful);

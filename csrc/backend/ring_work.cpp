@@ -134,6 +134,11 @@ bool RingWork::wait(std::chrono::milliseconds timeout) {
     throwBackend(c10::str(describe(OpTag{opName_, seq_, rank_}), ": Work.wait() timed out after ", waited.count(),
                           " ms; the op has not completed (for a receive: no matching send arrived)"));
   };
+  if (runHere_ && timeout == ::kNoTimeout) {
+    // Only under the op's own deadline: a wait with a shorter timeout of its own must be
+    // able to give up while the op goes on, which an op run here could not.
+    runHere_();
+  }
   {
     std::unique_lock<std::mutex> lock(mutex_);
     if (timeout == ::kNoTimeout && !c10d::isP2POp(opType_)) {

@@ -61,6 +61,12 @@ class RingWork : public c10d::Work {
   // Run in the caller's thread by synchronize() (which Work::wait calls after completion):
   // (CUDA: make the current stream wait on the op's completion event).
   void setOnSynchronize(std::function<void()> fn) { onSynchronize_ = std::move(fn); }
+  // Set for a collective queued for the worker thread (an async op), before it is
+  // queued: wait() with no timeout of its own calls it first, and it runs the op right
+  // there in the waiter's thread if no other op runs and this one is next in the queue
+  // (RingBackend::runIfNext): an op waited on at once then costs no thread hand-off.
+  void setRunHere(std::function<void()> fn) { runHere_ = std::move(fn); }
+  bool canRunHere() const { return static_cast<bool>(runHere_); }
 
  private:
   // Completes `f` with this Work's outcome (complete() has run).
@@ -86,6 +92,7 @@ class RingWork : public c10d::Work {
   std::atomic<int64_t> startNs_;
   std::atomic<int64_t> endNs_{0};
   std::function<void()> onSynchronize_;
+  std::function<void()> runHere_; // see setRunHere; empty: the op never waits in the queue
   FlightRecord::Ticket flightTicket_;
 };
 
