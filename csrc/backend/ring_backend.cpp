@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Logging.h>
+#include <c10/util/ScopeExit.h>
 #include <c10/util/irange.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -145,6 +146,7 @@ RingBackend::RingBackend(std::unique_ptr<GroupLinks> net, int rank, int size, st
   reduceIsa(); // as connectForBackend: links made elsewhere fail here, not at the first op
   tracer_ = openTrace(*net_->engine, transport().c_str(), cfg_, groupName_, rank, size, Clock::now() + timeout);
   tracing_ = tracer_ != nullptr;
+  door_->group = this; // before any op: no Work can reach the door yet
   worker_ = std::thread([this] {
     nameThisThread("ringpg-worker");
     workerLoop();
@@ -175,6 +177,12 @@ std::string RingBackend::sameHostCopy() const {
 }
 
 RingBackend::~RingBackend() {
+  {
+    // Close the door to waiters (WaiterDoor): after this no Work runs an op here.
+    std::unique_lock<std::mutex> lk(door_->mu);
+    door_->group = nullptr;
+    door_->left.wait(lk, [&] { return door_->inside == 0; });
+  }
   runBlocking([this] { stop(/*graceful=*/true); });
 }
 
@@ -512,13 +520,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(const char* name, const char
   if (!sync) {
     // An async host op that its caller waits on before the worker has taken it runs in
     // the waiter's thread (runIfNext).  A weak reference: the Work may outlive the group.
-    work->setRunHere([group = c10::weak_intrusive_ptr<RingBackend>(
-                          c10::intrusive_ptr<RingBackend>::unsafe_reclaim_from_nonowning(this)),
-                      w = work.get()] {
-      if (auto g = group.lock()) {
-        g->runIfNext(w);
-      }
-    });
+    work->setRunHere([door = door_, w = work.get()] { door->runIfNext(w); });
   }
   queue_.push_back(std::move(q));
   queueCv_.notify_all();
@@ -539,6 +541,25 @@ void RingBackend::runInline(Queued& q, std::unique_lock<std::mutex>& lk) {
   if (wakeWorker) {
     queueCv_.notify_all();
   }
+}
+
+void RingBackend::WaiterDoor::runIfNext(const RingWork* work) {
+  RingBackend* g = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(mu); // group, inside
+    if (group == nullptr) {
+      return; // the group is going: the op ends with it
+    }
+    g = group;
+    ++inside;
+  }
+  const auto leave = c10::make_scope_exit([this] {
+    std::lock_guard<std::mutex> lk(mu); // inside
+    --inside;
+    left.notify_all();
+  });
+  // Not under mu: the op may run a completion callback that waits on another Work.
+  g->runIfNext(work);
 }
 
 void RingBackend::runIfNext(const RingWork* work) {

@@ -312,6 +312,22 @@ class RingBackend final : public c10d::Backend {
   // The group's links, connected once by the constructor (transport/connect.h).
   std::unique_ptr<GroupLinks> net_;
 
+  // How a queued op's Work reaches this group to run in its waiter's thread
+  // (RingWork::setRunHere).  A Work may outlive its group, and holding the group by a
+  // weak reference would defer its destructor to whichever thread drops the last Work
+  // (the worker's own, which cannot join itself), so the Work holds this instead.
+  // mu guards group and inside: the destructor clears group, then waits until no
+  // waiter is still inside runIfNext.
+  struct WaiterDoor {
+    std::mutex mu;
+    std::condition_variable left;
+    RingBackend* group = nullptr; // null once the group is being destroyed
+    int inside = 0;               // waiters in runIfNext now
+    // Runs runIfNext(work) unless the group is gone.
+    void runIfNext(const RingWork* work);
+  };
+  const std::shared_ptr<WaiterDoor> door_ = std::make_shared<WaiterDoor>();
+
   // queueMu_ guards queue_, seq_, running_ and stopping_: taking the sequence number and
   // queueing under one lock keeps queue order == sequence order.
   std::mutex queueMu_;
