@@ -1,5 +1,5 @@
 """Load and lifecycle (ringpg's own: skipped for other backends): 1000 async ops in
-flight; many groups and create/destroy cycles leak no threads, file descriptors or
+flight; async Works that outlive their group; many groups and create/destroy cycles leak no threads, file descriptors or
 memory; torch's DETAIL checking wrapper runs ringpg and reports mismatched collectives.
 """
 
@@ -39,6 +39,41 @@ def test_thousand_async_ops_in_flight() -> None:
     res = run_scenario(_thousand_async, 2)
     for v in res.values():
         assert v["n"] == 1000 and v["bad"] == [], v
+
+
+def _works_outlive_group(rank: int, ws: int, port: int, args: Any) -> dict:
+    """Async Works kept past their group's destruction: the ones waited on before it, and
+    ones first waited on after it (the group's shutdown ran them); dropping them after
+    the group is gone must neither crash nor hang.  Then Works never kept at all, whose
+    last reference the worker drops, on a group destroyed right after."""
+    _init(rank, ws, port)
+    g = dist.new_group(backend="ringpg")
+    tensors = [torch.full((1000,), float(i + rank)) for i in range(6)]
+    works = [dist.all_reduce(t, group=g, async_op=True) for t in tensors]
+    works[0].wait()
+    works[1].wait()
+    dist.destroy_process_group(g)  # drains the four not waited on yet
+    for w in works[2:]:
+        w.wait()  # the group is gone: nothing to run here, the Work is complete
+    done = [w.is_completed() for w in works]
+    bad = [i for i, t in enumerate(tensors) if not torch.equal(t, torch.full((1000,), float(2 * i + 1)))]
+    del works  # the last references, after the group
+    # Works never kept: the worker drops the last reference to each as it runs it.
+    g2 = dist.new_group(backend="ringpg")
+    fired = [torch.full((1000,), float(i + rank)) for i in range(6)]
+    for f in fired:
+        dist.all_reduce(f, group=g2, async_op=True)
+    dist.destroy_process_group(g2)
+    bad += [100 + i for i, f in enumerate(fired) if not torch.equal(f, torch.full((1000,), float(2 * i + 1)))]
+    t = torch.ones(3)
+    dist.all_reduce(t)  # the default group is unaffected
+    return {"done": done, "bad": bad, "after": float(t[0])}
+
+
+def test_works_outlive_their_group() -> None:
+    res = run_scenario(_works_outlive_group, 2)
+    for v in res.values():
+        assert v["done"] == [True] * 6 and v["bad"] == [] and v["after"] == 2.0, v
 
 
 def _counts() -> tuple[int, int]:
