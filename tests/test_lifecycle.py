@@ -1,6 +1,7 @@
 """Load and lifecycle (ringpg's own: skipped for other backends): 1000 async ops in
-flight; async Works that outlive their group; many groups and create/destroy cycles leak no threads, file descriptors or
-memory; torch's DETAIL checking wrapper runs ringpg and reports mismatched collectives.
+flight; async Works that outlive their group; many groups and create/destroy cycles
+leak no threads, file descriptors or memory; torch's DETAIL checking wrapper runs
+ringpg and reports mismatched collectives.
 """
 
 from __future__ import annotations

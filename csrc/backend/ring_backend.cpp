@@ -519,7 +519,7 @@ c10::intrusive_ptr<c10d::Work> RingBackend::enqueue(const char* name, const char
   }
   if (!sync) {
     // An async host op that its caller waits on before the worker has taken it runs in
-    // the waiter's thread (runIfNext).  A weak reference: the Work may outlive the group.
+    // the waiter's thread (runIfNext), through the door: the Work may outlive the group.
     work->setRunHere([door = door_, w = work.get()] { door->runIfNext(w); });
   }
   queue_.push_back(std::move(q));
