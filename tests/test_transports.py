@@ -266,6 +266,21 @@ def collectives_worker(rank: int, ws: int, groups: Groups, args: Any) -> CheckRe
             dist.all_to_all_single(got, x, group=g)
             dist.all_to_all_single(expected, x, group=ref)
             chk.equal(case, got, expected)
+
+        # Async ops waited on at once, which the waiting thread may run itself, and the
+        # second of two waited on first, which must wait its turn.
+        n = numels(ws, dtype)[-1]
+        tag = f"dtype={dtype_name(dtype)} ws={ws} numel={n}"
+        a, b = (make_data(rank, f"async waited at once {i} {tag}", (n,), dtype) for i in (0, 1))
+        ya, yb = a.clone(), b.clone()
+        dist.all_reduce(ya, group=g, async_op=True).wait()
+        chk.equal(f"all_reduce async waited at once {tag}", ya, ref_all_reduce(a, "SUM", ref))
+        ya = a.clone()
+        wa = dist.all_reduce(ya, group=g, async_op=True)
+        dist.all_reduce(yb, op=dist.ReduceOp.MAX, group=g, async_op=True).wait()
+        wa.wait()
+        chk.equal(f"all_reduce async, first of two waited second {tag}", ya, ref_all_reduce(a, "SUM", ref))
+        chk.equal(f"all_reduce async, second of two waited first {tag}", yb, ref_all_reduce(b, "MAX", ref))
     return chk.report()
 
 
