@@ -32,6 +32,7 @@ progress line on stderr.  Results go to ``benchmarks/results/`` (CSV, JSON, PNG)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import json
@@ -84,6 +85,7 @@ from devkit.groups import algorithm_for, algorithm_of, copy_of, transport_of  # 
 from devkit.launch import (  # noqa: E402
     HUGEPAGES,
     add_start_argument,
+    busy_processes,
     die_with_parent,
     free_port,
     hugepages_in_effect,
@@ -912,6 +914,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "the bench and of each MPI peer is bound to one CPU, round robin",
     )
     g.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="start this many processes that spin on a CPU each beside the ranks for the whole run "
+        "(another job on the host, one CPU short per process; default 0)",
+    )
+    g.add_argument(
         "--check",
         action="store_true",
         help="correctness only: 1 KiB..64 KiB plus odd counts, few iterations, exit 1 on any "
@@ -1206,6 +1215,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         extra["network"] = f"emulated, {args.emulate} per link (tc tbf), {per}"
     else:
         extra["network"] = "loopback 127.0.0.1 (GLOO_SOCKET_IFNAME/RINGPG_SOCKET_IFNAME=lo unless set)"
+    if args.busy:
+        extra["busy"] = f"{args.busy} spinning process(es) beside the ranks (--busy)"
     facts = machine_facts(info, args.device, extra)
     print("# ringpg benchmark (launcher; ranks are started below)")
     print(format_facts(facts), flush=True)
@@ -1228,8 +1239,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     interrupted = False
     running: Optional[str] = None  # events file of the world size being run
     peer_notes: set = set()  # why a peer is skipped, printed once
+    beside = contextlib.ExitStack()  # the --busy processes, for the whole run
     try:
         _interrupt_on_signals()
+        beside.enter_context(busy_processes(args.busy))
         if args.emulate:
             cluster = netns.EmulatedCluster(max(args.world_sizes), args.rate_bps, mtu=args.mtu, hosts=args.hosts)
             cluster.up()
@@ -1293,6 +1306,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if running is not None:
             events.extend(read_events(running))
     finally:
+        beside.close()
         if cluster is not None:
             cluster.down()
         shutil.rmtree(tmpdir, ignore_errors=True)
@@ -1317,6 +1331,8 @@ def main_torchrun(args: argparse.Namespace, rank: int, ws: int) -> int:
     facts: Dict[str, str] = {}
     if rank == 0 and args.peers:
         print("# --peers: skipped under torchrun (the bench's own launcher starts the peers)", flush=True)
+    if args.busy and rank == 0:
+        print("# --busy: ignored under torchrun (the bench's own launcher starts them)", flush=True)
     args.peers = []
     vllm_skipped = pick_vllm(args, torchrun=True)
     if rank == 0 and vllm_skipped:

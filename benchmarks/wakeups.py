@@ -13,8 +13,16 @@ ones, and counts the context switches the loop cost (``getrusage``):
 * ``sleeps/op``, ``wakes/op``: the arena's own counts (``arena_wait_counts`` of the
   rank's backend, where the build has it; ``-`` where not): futex waits of a rank, the
   mean over the ranks, and futex wake calls of all the ranks together;
+* ``migr/op``, ``queued us/op``: the op thread's moves between CPUs and its time
+  runnable but waiting for a CPU (the kernel's ``/proc/thread-self/sched`` and
+  ``schedstat``; ``-`` where the kernel has neither), the mean over the ranks;
 * ``us/op``: the slowest rank's mean time per op of the loop;
 * ``algo``: what the op ran (``algorithm_for``), ``arena_oneshot`` at 4 KiB.
+
+``--algos`` picks ringpg's algorithm per launch (``ringpg.use_algorithm``: ``auto``,
+or ``ring`` for the links alone), and ``--busy`` starts that many busy processes (one
+spinning loop each) beside the ranks for the launch: the host one CPU short, where 16
+ranks on 16 vCPUs once ran 10-60 times slower (issue 59 item 2).
 
 A wait that sleeps costs one voluntary switch, so with ``spin_us=0`` (every wait
 sleeps at once) the least is about (N-1)/N per op: every member but the last to arrive
@@ -22,6 +30,7 @@ sleeps once.  Prints one line per world size and tuning::
 
     python -m benchmarks.wakeups                              # N=4,6,8; spin_us=0 and the default
     python -m benchmarks.wakeups --world-sizes 4 --iters 2000 --tunings spin_us=0
+    python -m benchmarks.wakeups --world-sizes 16 --busy 0,1 --algos auto,ring --tunings default
 """
 
 from __future__ import annotations
@@ -32,13 +41,13 @@ import resource
 import sys
 import time
 from datetime import timedelta
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from benchmarks.units import parse_bytes
-from devkit.launch import add_start_argument, run_ranks
+from devkit.launch import add_start_argument, busy_processes, run_ranks
 
 DEFAULT = "default"  # a --tunings item: RINGPG_TUNING unset
 
@@ -46,6 +55,19 @@ DEFAULT = "default"  # a --tunings item: RINGPG_TUNING unset
 def _switches(who: int) -> tuple:
     u = resource.getrusage(who)
     return u.ru_nvcsw, u.ru_nivcsw
+
+
+def _sched() -> Optional[Tuple[int, int]]:
+    """The calling thread's moves between CPUs and its nanoseconds queued (runnable, not
+    running) so far, as the kernel counts them; None where it does not say."""
+    try:
+        with open("/proc/thread-self/sched") as f:
+            migrations = next(int(line.split(":")[1]) for line in f if line.startswith("se.nr_migrations"))
+        with open("/proc/thread-self/schedstat") as f:
+            queued = int(f.read().split()[1])
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return migrations, queued
 
 
 def _arena_counts(group: Any) -> Optional[Dict[str, int]]:
@@ -67,6 +89,7 @@ def measure(group: Any, rank: int, ws: int, nbytes: int, iters: int, warmup: int
     bad = 0
     a0 = _arena_counts(group)
     th0, pr0 = _switches(resource.RUSAGE_THREAD), _switches(resource.RUSAGE_SELF)
+    s0 = _sched()
     t0 = time.perf_counter()
     for _ in range(iters):
         t.fill_(rank + 1)
@@ -75,6 +98,7 @@ def measure(group: Any, rank: int, ws: int, nbytes: int, iters: int, warmup: int
             bad += 1
     t1 = time.perf_counter()
     th1, pr1 = _switches(resource.RUSAGE_THREAD), _switches(resource.RUSAGE_SELF)
+    s1 = _sched()
     a1 = _arena_counts(group)
     assert bad == 0, f"rank {rank}: {bad} of {iters} allreduces gave a wrong sum"
     return {
@@ -84,10 +108,12 @@ def measure(group: Any, rank: int, ws: int, nbytes: int, iters: int, warmup: int
         "us": (t1 - t0) / iters * 1e6,
         "sleeps": (a1["sleeps"] - a0["sleeps"]) / iters if a0 is not None and a1 is not None else -1.0,
         "wakes": (a1["wakes"] - a0["wakes"]) / iters if a0 is not None and a1 is not None else -1.0,
+        "migr": (s1[0] - s0[0]) / iters if s0 is not None and s1 is not None else -1.0,
+        "queued_us": (s1[1] - s0[1]) / iters / 1e3 if s0 is not None and s1 is not None else -1.0,
     }
 
 
-def _rank(rank: int, ws: int, port: int, args: argparse.Namespace, tuning: str, q: Any) -> None:
+def _rank(rank: int, ws: int, port: int, args: argparse.Namespace, tuning: str, algo: str, q: Any) -> None:
     if tuning == DEFAULT:
         os.environ.pop("RINGPG_TUNING", None)
     else:
@@ -96,7 +122,8 @@ def _rank(rank: int, ws: int, port: int, args: argparse.Namespace, tuning: str, 
     import ringpg  # noqa: F401 - registers the backend in a started rank
 
     torch.set_num_threads(1)
-    g = dist.new_group(backend="ringpg", timeout=timedelta(seconds=120))
+    with ringpg.use_algorithm(algo):
+        g = dist.new_group(backend="ringpg", timeout=timedelta(seconds=120))
     dist.barrier(group=g)
     figures: Dict[str, Any] = dict(measure(g, rank, ws, args.bytes, args.iters, args.warmup))
     figures["algo"] = ringpg.backend(g).algorithm_for("allreduce", args.bytes)
@@ -112,6 +139,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         default=f"spin_us=0;{DEFAULT}",
         help=f"';'-separated RINGPG_TUNING values, one launch each ('{DEFAULT}': unset)",
     )
+    ap.add_argument("--algos", default="auto", help="comma list of ringpg.use_algorithm names, one launch each")
+    ap.add_argument("--busy", default="0", help="comma list: busy processes beside the ranks, one launch each")
     ap.add_argument("--bytes", default="4KiB", help="the allreduce's buffer")
     ap.add_argument("--iters", type=int, default=2000, help="counted ops per launch")
     ap.add_argument("--warmup", type=int, default=200)
@@ -120,30 +149,41 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.world_sizes = [int(w) for w in args.world_sizes.split(",")]
     args.tunings = [t.strip() for t in args.tunings.split(";") if t.strip()]
+    args.algos = [a.strip() for a in args.algos.split(",") if a.strip()]
+    args.busy = [int(b) for b in args.busy.split(",")]
     args.bytes = parse_bytes(args.bytes)
     return args
+
+
+def _fmt(value: float, width: int, spec: str = ".3f") -> str:
+    """``value`` in ``width`` columns, or ``-`` where it was not counted (negative)."""
+    return f"{value:{width}{spec}}" if value >= 0 else f"{'-':>{width}s}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     print(f"# allreduce {args.bytes} B float32, {args.iters} ops; per op per rank; load {os.getloadavg()[0]:.2f}")
     print(
-        f"{'N':>3s} {'tuning':14s} {'vol/op':>8s} {'max vol/op':>10s} {'invol/op':>9s} {'proc vol/op':>11s} "
-        f"{'sleeps/op':>9s} {'wakes/op':>8s} {'us/op':>9s}  algo"
+        f"{'N':>3s} {'busy':>4s} {'tuning':14s} {'vol/op':>8s} {'max vol/op':>10s} {'invol/op':>9s} "
+        f"{'proc vol/op':>11s} {'sleeps/op':>9s} {'wakes/op':>8s} {'migr/op':>8s} {'queued us/op':>12s} "
+        f"{'us/op':>9s}  algo"
     )
     for ws in args.world_sizes:
-        for tuning in args.tunings:
-            rows: List[Dict[str, Any]] = [f for _, f in run_ranks(_rank, ws, (args, tuning), args.timeout, args.start)]
-            mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0] if k != "algo"}
-            counted = mean["sleeps"] >= 0
-            sleeps = f"{mean['sleeps']:9.3f}" if counted else f"{'-':>9s}"
-            wakes = f"{mean['wakes'] * len(rows):8.3f}" if counted else f"{'-':>8s}"
-            print(
-                f"{ws:3d} {tuning:14s} {mean['vol']:8.3f} {max(r['vol'] for r in rows):10.3f} "
-                f"{mean['invol']:9.3f} {mean['proc_vol']:11.3f} {sleeps} {wakes} "
-                f"{max(r['us'] for r in rows):9.1f}  {rows[0]['algo']}",
-                flush=True,
-            )
+        for busy in args.busy:
+            for algo in args.algos:
+                for tuning in args.tunings:
+                    with busy_processes(busy):
+                        launch = run_ranks(_rank, ws, (args, tuning, algo), args.timeout, args.start)
+                    rows: List[Dict[str, Any]] = [f for _, f in launch]
+                    mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0] if k != "algo"}
+                    wakes = mean["wakes"] * len(rows) if mean["wakes"] >= 0 else -1.0
+                    print(
+                        f"{ws:3d} {busy:4d} {tuning:14s} {mean['vol']:8.3f} {max(r['vol'] for r in rows):10.3f} "
+                        f"{mean['invol']:9.3f} {mean['proc_vol']:11.3f} {_fmt(mean['sleeps'], 9)} "
+                        f"{_fmt(wakes, 8)} {_fmt(mean['migr'], 8)} {_fmt(mean['queued_us'], 12, '.2f')} "
+                        f"{max(r['us'] for r in rows):9.1f}  {algo}: {rows[0]['algo']}",
+                        flush=True,
+                    )
     return 0
 
 

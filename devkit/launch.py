@@ -1,17 +1,20 @@
 """Starting ranks: a free rendezvous port, ranks that die with their launcher, torchrun's
-env, and local ranks as processes of one launcher (rank_context, run_ranks).
+env, local ranks as processes of one launcher (rank_context, run_ranks), and other work
+beside them (busy_processes).
 
 Shared by the benchmark launchers and the test harness (``tests/harness``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import socket
+import subprocess
 import sys
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -157,3 +160,16 @@ def run_ranks(
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
+
+
+@contextlib.contextmanager
+def busy_processes(count: int) -> Iterator[None]:
+    """``count`` processes that spin on a CPU each until the block ends: another job on
+    the ranks' host, which leaves it that many CPUs short (bench and wakeups ``--busy``)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

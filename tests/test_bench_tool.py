@@ -735,3 +735,90 @@ def test_backtoback_times_each_op_and_backend(mode: list) -> None:
     got = {(r[0], r[2]) for r in rows if float(r[3]) > 0 and r[1] == "4096"}
     ops = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
     assert got == {(o, b) for o in ops for b in ("ringpg", "gloo", "floor")}, p.stdout
+
+
+def _spinners_of(pid: int) -> list:
+    """The children of ``pid`` running busy_processes' loop."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+            cmd = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if int(parent) == pid and b"while True: pass" in cmd:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.inprocess
+def test_busy_processes_spin_while_the_block_runs_and_end_with_it() -> None:
+    """--busy's other work: each process is on a CPU (its CPU time grows) while the block
+    runs, and none is left after it, even when the block raises."""
+    import time
+
+    from devkit.launch import busy_processes
+
+    with pytest.raises(RuntimeError), busy_processes(2):
+        kids = _spinners_of(os.getpid())
+        assert len(kids) == 2
+        time.sleep(0.5)
+        for k in kids:
+            ticks = sum(int(f) for f in Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[11:13])
+            assert ticks > 0, f"spinner {k} has used no CPU"
+        raise RuntimeError("the block fails")
+    assert _spinners_of(os.getpid()) == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_bench_and_wakeups_run_beside_busy_processes(tmp_path: Path) -> None:
+    """--busy: the bench records the spinners in its header and JSON, its ops stay exact,
+    and the spinners end with the run; wakeups prints a row per busy count and algorithm,
+    with the kernel's moves and queued time of each rank's op thread counted."""
+    out = tmp_path / "busy.json"
+    p = _bench(*_tiny("--backends", "ringpg", "--ops", "ar", "--dtypes", "float32"), "--busy", "1", "--json", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    d = json.loads(out.read_text())
+    assert d["machine"]["busy"].startswith("1 spinning"), d["machine"]
+    assert d["results"] and all(r.get("wrong") == 0 and not r.get("error") for r in d["results"]), d["results"]
+    assert _spinners_of(os.getpid()) == []
+    w = run_module(
+        "benchmarks.wakeups",
+        *("--world-sizes", "2", "--busy", "0,1", "--algos", "auto,ring", "--tunings", "default"),
+        *("--iters", "50", "--warmup", "5", "--timeout", "100"),
+    )
+    assert w.returncode == 0, w.stdout + w.stderr
+    rows = [line.split() for line in w.stdout.splitlines() if line[:1] == " " and line.split()[0] == "2"]
+    assert {(r[1], r[-2]) for r in rows} == {(b, a) for b in ("0", "1") for a in ("auto:", "ring:")}, w.stdout
+    for r in rows:
+        migr, queued = r[9], r[10]
+        assert migr != "-" and queued != "-" and float(queued) >= 0, w.stdout
+
+
+@pytest.mark.inprocess
+def test_wake_latency_times_spin_futex_and_fan_out(tmp_path: Path) -> None:
+    """benchmarks/wake_latency.c (the device check's wake_latency stage) builds with the
+    host's C compiler and prints a positive median and 90th percentile for each way a
+    wait ends, the fan-out's last sleeper never before its first."""
+    exe = tmp_path / "wake_latency"
+    subprocess.run(["cc", "-O2", str(REPO / "benchmarks" / "wake_latency.c"), "-o", str(exe)], check=True, timeout=60)
+    p = subprocess.run([str(exe), "3", "50"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = {}
+    for line in p.stdout.splitlines()[1:]:
+        what, rest = line.split(" median ")
+        median, p90 = float(rest.split()[0]), float(rest.split("p90")[1].split()[0])
+        assert 0 < median <= p90, line
+        got[what.strip()] = median
+    assert set(got) == {
+        "spin ping-pong, one hand-off",
+        "futex ping-pong, one hand-off",
+        "futex ping-pong back to back",
+        "futex fan-out to 2, first runs",
+        "futex fan-out to 2, last runs",
+    }, p.stdout
+    assert got["futex fan-out to 2, first runs"] <= got["futex fan-out to 2, last runs"], p.stdout
+    assert subprocess.run([str(exe), "1"], capture_output=True, timeout=10).returncode == 2
