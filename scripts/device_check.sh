@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The GPU-machine check (issue 31 item 8, issue 48 item 5), from a fresh checkout, in
-# under 9 minutes on one GPU and 16 cores: build (scripts/setup.sh, without the torchft
-# extra), the CUDA tests, ringpg against gloo's CUDA path (allreduce, reduce-scatter,
-# all-gather, 4-64 MiB, two and four ranks sharing the GPU; NCCL joins only where there is
-# a GPU per rank) and against the same cases on CPU tensors; a DDP and an FSDP2 training
-# step on CUDA, ringpg beside gloo; where MPI wheels were carried (.whl) the peer table at 2, 4, 8 and 16 ranks
-# (ringpg, its links alone, torch's floor, MPICH, Open MPI), else the CPU bench at 4 and
-# 8 ranks beside gloo; two ranks' copy paths (the group's choice beside single copy and
-# the slots forced); two emulated hosts of 8 ranks where namespaces are allowed; 16
-# ranks' waits with the host one CPU short (issue 59 item 2: per-op sleeps, switches,
-# CPU moves and time queued, with and without a spinning process beside them, then the
-# peer table's small allreduces and all-gathers beside it); then one summary table.
+# The GPU-machine check (issue 31 item 8, issue 48 item 5, issue 59), from a fresh
+# checkout, on one GPU and 16 cores, in order: build (scripts/setup.sh, without the
+# torchft extra); the CUDA tests, ringpg against gloo's CUDA path (allreduce,
+# reduce-scatter, all-gather, 4-64 MiB, two and four ranks sharing the GPU; NCCL joins
+# only where there is a GPU per rank) and against the same cases on CPU tensors, a DDP and
+# an FSDP2 training step on CUDA beside gloo; what a futex wake costs there and 16 ranks'
+# waits, with and without a spinning process beside them (issue 59 item 2: per-op
+# sleeps, switches, CPU moves and time queued); where MPI wheels were carried (.whl) the
+# peer table at 2, 4, 8 and 16 ranks (ringpg, its links alone, torch's floor, MPICH, Open
+# MPI) and its small cells at 16 ranks beside a spinning process, else the CPU bench at 4
+# and 8 ranks beside gloo; two ranks' copy paths (the group's choice beside single copy
+# and the slots forced); two emulated hosts of 8 ranks where namespaces are allowed; then
+# one summary table.  The default budget does not reach the last stages once the peer
+# table runs: a second call with DEVICE_CHECK_SKIP for what the first did covers them.
 #
 #   bash scripts/device_check.sh [--quick]
 #
@@ -28,9 +30,10 @@
 # second call that needs only some of them.  DEVICE_CHECK_PEER_RUNS (default 1): how many
 # times the peer table runs, one stage each (peer_bench, peer_bench_2, ...), for the
 # three runs issue 59 item 3 asks; DEVICE_CHECK_WAIT_SIZE (default 16): the ranks of
-# the waits stage.  Issue 59's items 2 and 3 alone, after a first full call:
-#   DEVICE_CHECK_SKIP=pinned_copy,cuda_tests,cuda_bench,cpu_ref,train_step,emulated_2x8 \
-#   DEVICE_CHECK_PEER_RUNS=3 DEVICE_CHECK_BUDGET_S=560 bash scripts/device_check.sh
+# the waits stages.  Issue 59 item 3's other two runs of the table and the copy paths,
+# right after a first full call (the machine still warm, the build there):
+#   DEVICE_CHECK_SKIP=pinned_copy,cuda_tests,cuda_bench,cpu_ref,train_step,wake_latency,rank_waits,peer_busy,emulated_2x8 \
+#   DEVICE_CHECK_PEER_RUNS=2 DEVICE_CHECK_BUDGET_S=420 bash scripts/device_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,7 +41,7 @@ QUICK=0
 for a in "$@"; do
   case "$a" in
     --quick) QUICK=1 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^set -uo/ { exit } NR > 1' "$0"; exit 0 ;;
     *) echo "device_check: unknown option $a (--quick)" >&2; exit 2 ;;
   esac
 done
@@ -135,7 +138,22 @@ else
     stage train_step 120 "$PY" -m benchmarks.train_step --device cuda --world-sizes 2,4 --steps 6 --timeout 55 \
       --json "$OUTDIR/train_step.json"
   fi
-  # 5. The CPU bench at 4 and 8 ranks beside gloo (where no MPI wheels came: the peer
+  # 5. Ranks' waits with the host one CPU short (issue 59 item 2: 16 ranks on 16 vCPUs
+  # once ran 10-60x slower, arena and links alike, where the MPIs and the floor did not):
+  # per op and rank, sleeps, context switches, moves between CPUs and time queued for a
+  # CPU, the arena's choice and the links alone, with no spinning process beside the
+  # ranks and with one, spinning the default 100 us, never, and 1 ms before a sleep (if
+  # a wake there costs more than the spin, every step after one late rank sleeps too,
+  # and 1 ms holds where 100 us collapses).  Before the peer table: short, and what
+  # issue 59 asks first.
+  WAIT_WS=${DEVICE_CHECK_WAIT_SIZE:-16}
+  [ $QUICK = 1 ] && WAIT_WS=2
+  # What a futex sleep costs on this machine without ringpg (benchmarks/wake_latency.c).
+  stage wake_latency 30 bash -c "cc -O2 benchmarks/wake_latency.c -o '$OUTDIR/wake_latency' && \
+    '$OUTDIR/wake_latency' $WAIT_WS $([ $QUICK = 1 ] && echo 200 || echo 2000)"
+  stage rank_waits 120 "$PY" -m benchmarks.wakeups --world-sizes "$WAIT_WS" --busy 0,1 --algos auto,ring \
+    --tunings "default;spin_us=0;spin_us=1000" --iters $([ $QUICK = 1 ] && echo 100 || echo 1000) --warmup 50 --timeout 40
+  # 6. The CPU bench at 4 and 8 ranks beside gloo (where no MPI wheels came: the peer
   # table below, at 2-16 ranks, takes its place and its time).
   WHEELS=${DEVICE_CHECK_WHEELS:-.whl}
   if [ $QUICK = 0 ] && ls "$WHEELS"/mpi4py-*.whl > /dev/null 2>&1; then
@@ -149,16 +167,14 @@ else
       --max-bytes 64MiB --dtypes float32 --no-probe --warmup 1 --iters-max 20 --case-time 0.3 --timeout 95 \
       --quiet --json "$OUTDIR/cpu_bench.json" --csv "$OUTDIR/cpu_bench.csv" --plot "$OUTDIR/cpu_bench.png"
   fi
-  # 6. Beside MPICH and Open MPI at 2, 4, 8 and 16 ranks, where their wheels were
+  # 7. Beside MPICH and Open MPI at 2, 4, 8 and 16 ranks, where their wheels were
   # carried: DEVICE_CHECK_WHEELS, default .whl (benchmarks/README.md, --peers); ringpg's
   # own choice beside its links' algorithms alone (ringpg/ring: no host arena) and
   # torch's floor.
-  PEERS_OK=0
   if ls "$WHEELS"/mpi4py-*.whl > /dev/null 2>&1; then
     PEERS_DIR=$(mktemp -d -t ringpg-peers.XXXXXX)
     if stage peers_install 90 env RINGPG_PEERS_WHEELS="$WHEELS" PYTHON="$PY" bash scripts/install_peers.sh \
       "$PEERS_DIR" mpich ompi; then
-      PEERS_OK=1
       if [ $QUICK = 1 ]; then
         PEER_CASES=(--world-sizes 4 --min-bytes 4KiB --max-bytes 256KiB --iters-max 3 --case-time 0.05)
       else
@@ -173,11 +189,19 @@ else
           --timeout 290 --quiet --json "$OUTDIR/$name.json" --csv "$OUTDIR/$name.csv" \
           --plot "$OUTDIR/$name.png"
       done
+      # The small allreduces and all-gathers of the peer table at the waits' ranks with
+      # one spinning process beside every column (issue 59 item 2).
+      if [ $QUICK = 0 ]; then
+        stage peer_busy 90 "$PY" -m benchmarks.bench --backends ringpg,ringpg/ring,floor --peers mpich,ompi \
+          --peers-dir "$PEERS_DIR" --ops ar,ag --dtypes float32 --no-probe --warmup 2 --world-sizes "$WAIT_WS" \
+          --min-bytes 4KiB --max-bytes 256KiB --iters-max 30 --case-time 0.2 --busy 1 --timeout 85 --quiet \
+          --json "$OUTDIR/peer_busy.json" --csv "$OUTDIR/peer_busy.csv"
+      fi
     fi
   else
     skip peer_bench "no MPI wheels in $WHEELS"
   fi
-  # 6b. Two ranks' large same-host messages (issue 48 item 4): the group's own choice per op
+  # 7b. Two ranks' large same-host messages (issue 48 item 4): the group's own choice per op
   # size class beside single copy and the slots forced, interleaved in one run; the
   # summary sets the default's time against the faster forced path's.
   if [ $QUICK = 0 ]; then
@@ -185,28 +209,7 @@ else
       --ops ar,rs,ag --dtypes float32 --min-bytes 256KiB --max-bytes 64MiB --no-probe --warmup 1 --iters-max 20 \
       --case-time 0.2 --timeout 85 --quiet --json "$OUTDIR/copy_paths.json" --csv "$OUTDIR/copy_paths.csv"
   fi
-  # 6c. Ranks' waits with the host one CPU short (issue 59 item 2: 16 ranks on 16 vCPUs
-  # once ran 10-60x slower, arena and links alike, where the MPIs and the floor did not):
-  # per op and rank, sleeps, context switches, moves between CPUs and time queued for a
-  # CPU, the arena's choice and the links alone, with no spinning process beside the
-  # ranks and with one, spinning the default 100 us, never, and 1 ms before a sleep (if
-  # a wake there costs more than the spin, every step after one late rank sleeps too,
-  # and 1 ms holds where 100 us collapses); then, where the peers are installed, the small allreduces and
-  # all-gathers of the peer table with one spinning process beside every column.
-  WAIT_WS=${DEVICE_CHECK_WAIT_SIZE:-16}
-  [ $QUICK = 1 ] && WAIT_WS=2
-  # What a futex sleep costs on this machine without ringpg (benchmarks/wake_latency.c).
-  stage wake_latency 30 bash -c "cc -O2 benchmarks/wake_latency.c -o '$OUTDIR/wake_latency' && \
-    '$OUTDIR/wake_latency' $WAIT_WS $([ $QUICK = 1 ] && echo 200 || echo 2000)"
-  stage rank_waits 120 "$PY" -m benchmarks.wakeups --world-sizes "$WAIT_WS" --busy 0,1 --algos auto,ring \
-    --tunings "default;spin_us=0;spin_us=1000" --iters $([ $QUICK = 1 ] && echo 100 || echo 1000) --warmup 50 --timeout 40
-  if [ $PEERS_OK = 1 ] && [ $QUICK = 0 ]; then
-    stage peer_busy 90 "$PY" -m benchmarks.bench --backends ringpg,ringpg/ring,floor --peers mpich,ompi \
-      --peers-dir "$PEERS_DIR" --ops ar,ag --dtypes float32 --no-probe --warmup 2 --world-sizes "$WAIT_WS" \
-      --min-bytes 4KiB --max-bytes 256KiB --iters-max 30 --case-time 0.2 --busy 1 --timeout 85 --quiet \
-      --json "$OUTDIR/peer_busy.json" --csv "$OUTDIR/peer_busy.csv"
-  fi
-  # 7. Two emulated hosts of eight ranks (network namespaces, a 10 Gbit link each), the
+  # 8. Two emulated hosts of eight ranks (network namespaces, a 10 Gbit link each), the
   # hierarchical allreduce beside the flat ring, where the machine allows namespaces.
   if [ $QUICK = 0 ] && ! { command -v ip && command -v tc; } > /dev/null 2>&1; then
     skip emulated_2x8 "no ip or tc here (iproute2)"
@@ -218,7 +221,7 @@ else
   fi
 fi
 
-# 7. One summary: the stages, then per bench ringpg's and gloo's busbw and their ratio
+# 9. One summary: the stages, then per bench ringpg's and gloo's busbw and their ratio
 # (beside the MPIs: the best one's time / ringpg's).
 "$PY" - "$OUTDIR" "$(($(date +%s) - T0))" <<'EOF'
 import json, os, sys

@@ -52,3 +52,23 @@ def test_help_exits_zero_with_usage(module: str) -> None:
     run = run_module(module, "--help", timeout=120)
     assert run.returncode == 0, f"{module} --help: rc {run.returncode}\n{run.stdout}\n{run.stderr}"
     assert "usage" in run.stdout, f"{module} --help printed no usage:\n{run.stdout}\n{run.stderr}"
+
+
+@pytest.mark.inprocess
+def test_device_check_help_is_its_whole_header_and_a_wrong_option_is_refused() -> None:
+    """scripts/device_check.sh parses (bash -n); --help prints every line of its header
+    comment, up to the code, and an option it does not know exits 2."""
+    import subprocess
+
+    script = REPO / "scripts" / "device_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)], timeout=30).returncode == 0
+    header = []
+    for line in script.read_text().splitlines()[1:]:
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    run = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0 and run.stdout.splitlines() == header, run.stdout
+    assert "DEVICE_CHECK_PEER_RUNS" in run.stdout and "DEVICE_CHECK_SKIP" in run.stdout
+    wrong = subprocess.run(["bash", str(script), "--no-such"], capture_output=True, text=True, timeout=30)
+    assert wrong.returncode == 2 and "unknown option" in wrong.stderr
