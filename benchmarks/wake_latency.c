@@ -15,7 +15,9 @@
 //   ... back to back the rounds with no gap, as ranks running op after op do (a wake
 //                    can find the sleeper not yet asleep);
 //   futex fan-out    one process wakes N-1 sleepers with one FUTEX_WAKE (the host
-//                    arena's last arrival): until the first and the last of them runs.
+//                    arena's last arrival): until the waker's call returns (the kernel
+//                    wakes the sleepers one by one inside it), and until the first and
+//                    the last of them runs.
 //
 // The processes pin themselves to the CPUs of the mask round robin (the ping-pong's two to
 // the first two), so each wake crosses CPUs.  Medians and 90th percentiles in
@@ -162,6 +164,7 @@ static void fan_out(struct shared* s, int nprocs, int iters) {
   pin(0);
   double* first = malloc(sizeof(double) * iters);
   double* last = malloc(sizeof(double) * iters);
+  double* call = malloc(sizeof(double) * iters);
   for (int i = 0; i < iters; ++i) {
     while (atomic_load(&s->asleep) < (uint32_t)sleepers) {
     }
@@ -171,6 +174,7 @@ static void fan_out(struct shared* s, int nprocs, int iters) {
     const int64_t t0 = now_ns();
     atomic_fetch_add(&s->gen, 1);
     futex_wake(&s->gen);
+    call[i] = (now_ns() - t0) / 1e3;
     while (atomic_load(&s->arrived) < (uint32_t)sleepers) {
     }
     int64_t lo = INT64_MAX, hi = 0;
@@ -186,12 +190,15 @@ static void fan_out(struct shared* s, int nprocs, int iters) {
     waitpid(kids[k], NULL, 0);
   }
   char what[64];
+  snprintf(what, sizeof(what), "futex fan-out to %d, the wake call", sleepers);
+  report(what, call, iters);
   snprintf(what, sizeof(what), "futex fan-out to %d, first runs", sleepers);
   report(what, first, iters);
   snprintf(what, sizeof(what), "futex fan-out to %d, last runs", sleepers);
   report(what, last, iters);
   free(first);
   free(last);
+  free(call);
 }
 
 int main(int argc, char** argv) {

@@ -802,7 +802,7 @@ def test_bench_and_wakeups_run_beside_busy_processes(tmp_path: Path) -> None:
 def test_wake_latency_times_spin_futex_and_fan_out(tmp_path: Path) -> None:
     """benchmarks/wake_latency.c (the device check's wake_latency stage) builds with the
     host's C compiler and prints a positive median and 90th percentile for each way a
-    wait ends, the fan-out's last sleeper never before its first."""
+    wait ends and for the fan-out's wake call, its last sleeper never before its first."""
     exe = tmp_path / "wake_latency"
     subprocess.run(["cc", "-O2", str(REPO / "benchmarks" / "wake_latency.c"), "-o", str(exe)], check=True, timeout=60)
     p = subprocess.run([str(exe), "3", "50"], capture_output=True, text=True, timeout=60)
@@ -817,6 +817,7 @@ def test_wake_latency_times_spin_futex_and_fan_out(tmp_path: Path) -> None:
         "spin ping-pong, one hand-off",
         "futex ping-pong, one hand-off",
         "futex ping-pong back to back",
+        "futex fan-out to 2, the wake call",
         "futex fan-out to 2, first runs",
         "futex fan-out to 2, last runs",
     }, p.stdout
