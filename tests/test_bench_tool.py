@@ -739,16 +739,18 @@ def test_backtoback_times_each_op_and_backend(mode: list) -> None:
 
 def _spinners_of(pid: int) -> list:
     """The children of ``pid`` running busy_processes' loop."""
+    from devkit.launch import proc_stat
+
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
+        stat = proc_stat(int(entry.name))
         try:
-            parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
             cmd = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError):
+        except OSError:
             continue
-        if int(parent) == pid and b"while True: pass" in cmd:
+        if stat is not None and int(stat[1]) == pid and b"while True: pass" in cmd:
             found.append(int(entry.name))
     return found
 
@@ -759,14 +761,16 @@ def test_busy_processes_spin_while_the_block_runs_and_end_with_it() -> None:
     runs, and none is left after it, even when the block raises."""
     import time
 
-    from devkit.launch import busy_processes
+    from devkit.launch import busy_processes, proc_stat
 
     with pytest.raises(RuntimeError), busy_processes(2):
         kids = _spinners_of(os.getpid())
         assert len(kids) == 2
         time.sleep(0.5)
         for k in kids:
-            ticks = sum(int(f) for f in Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[11:13])
+            stat = proc_stat(k)
+            assert stat is not None, f"spinner {k} is gone"
+            ticks = int(stat[11]) + int(stat[12])  # utime + stime (fields 14 and 15)
             assert ticks > 0, f"spinner {k} has used no CPU"
         raise RuntimeError("the block fails")
     assert _spinners_of(os.getpid()) == []
