@@ -238,17 +238,17 @@ def mib(b):
     return f"{b / 2**20:g} MiB" if b >= 2**20 else f"{b / 1024:g} KiB"
 
 
-pc = os.path.join(out, "pinned_copy.log")
-if os.path.exists(pc):
-    print("\n  pinned_copy (device <-> host copies, GB/s):")
-    for line in open(pc):
-        print("  " + line.rstrip())
+def show_log(name, what):
+    """A stage's log, whole, under a heading: where the stage prints its own table."""
+    log = os.path.join(out, name + ".log")
+    if os.path.exists(log):
+        print(f"\n  {name} ({what}):")
+        for line in open(log):
+            print("  " + line.rstrip())
 
-ts = os.path.join(out, "train_step.log")
-if os.path.exists(ts):
-    print("\n  train_step (DDP and FSDP2 on CUDA; median step, the slowest rank's):")
-    for line in open(ts):
-        print("  " + line.rstrip())
+
+show_log("pinned_copy", "device <-> host copies, GB/s")
+show_log("train_step", "DDP and FSDP2 on CUDA; median step, the slowest rank's")
 
 def cases_of(path):
     out = {}
@@ -285,13 +285,8 @@ if os.path.exists(cp):
             print(f"  {op:<24} {mib(size):>9} {t['ringpg']:10.1f} {t['ringpg%cma']:9.1f} {t['ringpg%slots']:9.1f}"
                   f" {t['ringpg'] / best:6.2f}x")
 
-for name, what in (("wake_latency", "a futex sleep's cost, no ringpg"),
-                   ("rank_waits", "issue 59 item 2; busy: spinning processes beside the ranks")):
-    log = os.path.join(out, name + ".log")
-    if os.path.exists(log):
-        print(f"\n  {name} ({what}):")
-        for line in open(log):
-            print("  " + line.rstrip())
+show_log("wake_latency", "a futex sleep's cost, no ringpg")
+show_log("rank_waits", "issue 59 item 2; busy: spinning processes beside the ranks")
 
 runs = sorted((f[:-5] for f in os.listdir(out) if f.startswith("peer_bench_") and f.endswith(".json")),
               key=lambda n: int(n.rsplit("_", 1)[1]))
